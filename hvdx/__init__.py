@@ -1,0 +1,16 @@
+"""hvdx: network-aware synchronization for Horovod.
+
+Change one line of a Horovod script::
+
+    import hvdx.torch as hvd          # was: import horovod.torch as hvd
+
+and everything works as before, bit for bit. hvdx's strategies are then switched on
+through the optimizer's ``compression=`` and ``sync=`` arguments.
+
+Framework adapters: :mod:`hvdx.torch`, :mod:`hvdx.tensorflow`,
+:mod:`hvdx.tensorflow.keras`. Framework-neutral algorithms: :mod:`hvdx.core`.
+"""
+
+from hvdx._version import __version__
+
+__all__ = ["__version__"]

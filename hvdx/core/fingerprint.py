@@ -1,0 +1,94 @@
+"""Fingerprints of what every rank must agree on before the first collective.
+
+Horovod matches tensors across ranks by name and order. A rank whose model differs
+(an extra layer, another shape, another dtype) or whose hvdx settings differ (another
+compression ratio, another schedule seed) does not fail: it waits forever in a
+collective that the other ranks never enter, or silently averages unrelated tensors.
+
+hvdx therefore compares a fingerprint when an optimizer is built:
+
+1. each rank lists ``(kind, key, value)`` entries: one per parameter in the order the
+   optimizer iterates them (``value`` is dtype and shape), then one per setting;
+2. the ranks exchange a short digest of their list (one small allgather);
+3. only if the digests differ, they exchange the full lists and every rank computes the
+   same :func:`first_difference`, so every rank raises the same ``ValueError``.
+
+The functions here are pure; the exchange is in :mod:`hvdx.mpi.consistency`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Iterable, Optional, Sequence, Tuple
+
+__all__ = ["Entry", "Fingerprint", "first_difference"]
+
+#: ``(kind, key, value)``: kind is ``"parameter"`` or ``"setting"``.
+Entry = Tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What one rank believes the whole job agrees on, in iteration order."""
+
+    entries: Tuple[Entry, ...]
+    #: Human names for entries whose key is positional (TensorFlow variable names may
+    #: legitimately differ between ranks); used in messages, never compared.
+    labels: Tuple[str, ...] = field(default=(), compare=False)
+
+    @classmethod
+    def build(cls, parameters: Iterable[Tuple[str, str, Sequence[int]]] = (),
+              settings: Iterable[Tuple[str, object]] = (),
+              labels: Sequence[str] = ()) -> "Fingerprint":
+        """Build from ``(name, dtype, shape)`` triples and ``(name, value)`` settings.
+
+        Settings are rendered with ``repr`` so that ``0.01`` and ``0.010000001`` differ.
+        """
+        entries = [("parameter", str(name), f"{dtype}{list(int(d) for d in shape)}")
+                   for name, dtype, shape in parameters]
+        entries += [("setting", str(name), repr(value)) for name, value in settings]
+        return cls(tuple(entries), tuple(labels))
+
+    def label(self, i: int) -> str:
+        """The entry's key, with its human name where one was given."""
+        key = self.entries[i][1]
+        if i < len(self.labels) and self.labels[i]:
+            return f"{key} ({self.labels[i]})"
+        return key
+
+    def digest(self) -> str:
+        """A short, order-sensitive hash of all entries (the only thing sent normally)."""
+        h = hashlib.sha256()
+        for kind, key, value in self.entries:
+            h.update(f"{kind}\x1f{key}\x1f{value}\x1e".encode())
+        return h.hexdigest()[:32]
+
+
+def first_difference(fingerprints: Sequence[Fingerprint]) -> Optional[str]:
+    """Describe the first entry on which the ranks disagree, or return ``None``.
+
+    The result depends only on the list of fingerprints (index = rank), so every rank
+    that evaluates it on the same gathered list produces the same message.
+    """
+    if not fingerprints:
+        return None
+    base = fingerprints[0]
+    for rank, other in enumerate(fingerprints[1:], start=1):
+        if other == base:
+            continue
+        n = min(len(base.entries), len(other.entries))
+        for i in range(n):
+            a, b = base.entries[i], other.entries[i]
+            if a != b:
+                if a[:2] == b[:2]:
+                    return (f"{a[0]} '{base.label(i)}' differs between ranks: rank 0 has "
+                            f"{a[2]}, rank {rank} has {b[2]}")
+                return (f"rank 0 has {a[0]} '{base.label(i)}' ({a[2]}) where rank {rank} "
+                        f"has {b[0]} '{other.label(i)}' ({b[2]})")
+        longer, who, missing = ((base, 0, rank) if len(base.entries) > n
+                                else (other, rank, 0))
+        extra = longer.entries[n]
+        return (f"{extra[0]} '{longer.label(n)}' ({extra[2]}) exists on rank {who} "
+                f"but not on rank {missing}")
+    return None

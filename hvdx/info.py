@@ -1,0 +1,83 @@
+"""``hvdx info``: what this installation can do, for bug reports and set-up checks."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import subprocess
+from typing import Callable, List, Tuple
+
+from hvdx._version import __version__
+
+__all__ = ["collect", "render"]
+
+
+def _version(module: str) -> str:
+    try:
+        return importlib.import_module(module).__version__
+    except Exception as e:  # not installed, or fails to import: say which
+        return f"not available ({type(e).__name__}: {e})".splitlines()[0]
+
+
+def _horovod_framework(module: str) -> str:
+    try:
+        hvd = importlib.import_module(module)
+    except Exception as e:
+        return f"not available ({type(e).__name__}: {e})".splitlines()[0]
+    if not getattr(hvd, "_MPI_LIB_AVAILABLE", True):
+        return "extension missing"
+    controllers = [n for n, f in (("MPI", hvd.mpi_built), ("Gloo", hvd.gloo_built)) if f()]
+    ops = [n for n, f in (("MPI", hvd.mpi_built), ("NCCL", hvd.nccl_built),
+                          ("DDL", hvd.ddl_built), ("CCL", hvd.ccl_built),
+                          ("Gloo", hvd.gloo_built)) if f()]
+    return f"yes (controllers: {', '.join(controllers) or 'none'}; ops: {', '.join(ops) or 'none'})"
+
+
+def _mpi_library() -> str:
+    try:
+        from mpi4py import MPI
+    except Exception as e:
+        return f"not available ({type(e).__name__}: {e})"
+    return MPI.Get_library_version().strip().splitlines()[0]
+
+
+def _run_ok(cmd: List[str]) -> bool:
+    try:
+        return subprocess.run(cmd, capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _emulation() -> str:
+    is_root = os.geteuid() == 0
+    ip = shutil.which("ip") is not None and _run_ok(["ip", "netns", "list"])
+    tc = shutil.which("tc") is not None
+    ready = is_root and ip and tc
+    parts = [f"root: {'yes' if is_root else 'no'}", f"ip netns: {'yes' if ip else 'no'}",
+             f"tc: {'yes' if tc else 'no'}"]
+    return f"{'available' if ready else 'not available'} ({', '.join(parts)})"
+
+
+CHECKS: List[Tuple[str, Callable[[], str]]] = [
+    ("hvdx", lambda: __version__),
+    ("horovod", lambda: _version("horovod")),
+    ("horovod.torch", lambda: _horovod_framework("horovod.torch")),
+    ("horovod.tensorflow", lambda: _horovod_framework("horovod.tensorflow")),
+    ("torch", lambda: _version("torch")),
+    ("tensorflow", lambda: _version("tensorflow")),
+    ("numpy", lambda: _version("numpy")),
+    ("mpi4py", lambda: _version("mpi4py")),
+    ("MPI library", _mpi_library),
+    ("network emulation", _emulation),
+]
+
+
+def collect() -> List[Tuple[str, str]]:
+    """``(name, description)`` for each check, in display order."""
+    return [(name, check()) for name, check in CHECKS]
+
+
+def render(rows: List[Tuple[str, str]]) -> str:
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)

@@ -1,0 +1,44 @@
+"""Bring the whole MPI job down when one rank dies of an uncaught exception.
+
+Without this, a rank that raises before a collective exits alone while its peers wait
+in that collective forever (the job hangs until a wall-clock limit). mpi4py's
+``python -m mpi4py`` runner does the same thing; hvdx installs it from ``hvd.init()`` so
+that users need not change how they launch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+__all__ = ["install_abort_on_error"]
+
+_installed = False
+
+
+def install_abort_on_error() -> None:
+    """Print the traceback with the rank, then ``MPI_Abort`` the job (once per process).
+
+    Set ``HVDX_ABORT_ON_ERROR=0`` to keep Python's default behaviour.
+    """
+    global _installed
+    if _installed or os.environ.get("HVDX_ABORT_ON_ERROR", "1") == "0":
+        return
+    from mpi4py import MPI
+
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        if MPI.Is_finalized() or MPI.COMM_WORLD.Get_size() == 1 or exc_type is KeyboardInterrupt:
+            previous(exc_type, exc, tb)
+            return
+        rank = MPI.COMM_WORLD.Get_rank()
+        text = "".join(traceback.format_exception(exc_type, exc, tb))
+        sys.stderr.write("".join(f"[hvdx rank {rank}] {line}\n" for line in text.splitlines()))
+        sys.stderr.write(f"[hvdx rank {rank}] uncaught exception: aborting all ranks\n")
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+
+    sys.excepthook = hook
+    _installed = True

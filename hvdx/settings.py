@@ -1,0 +1,33 @@
+"""Settings shared by the framework adapters: validation and fingerprint entries."""
+
+from __future__ import annotations
+
+from typing import List, Tuple
+
+from hvdx._version import __version__
+
+__all__ = ["horovod_settings", "validate_sync"]
+
+
+def validate_sync(sync) -> None:
+    """``sync=`` takes an hvdx strategy; ``None`` keeps Horovod's gradient allreduce."""
+    if sync is not None:
+        raise TypeError(
+            f"sync={sync!r} is not a synchronization strategy this hvdx release provides; "
+            "pass sync=None for Horovod's gradient allreduce.")
+
+
+def horovod_settings(**settings) -> List[Tuple[str, object]]:
+    """Fingerprint entries for the optimizer's settings, rendered rank-independently.
+
+    Classes (Horovod compressors) are rendered by qualified name, process sets by their
+    ranks, so that the same settings give the same text on every rank.
+    """
+    entries: List[Tuple[str, object]] = [("hvdx.version", __version__)]
+    for name, value in settings.items():
+        if isinstance(value, type):
+            value = f"{value.__module__}.{value.__qualname__}"
+        elif hasattr(value, "process_set_id") and hasattr(value, "ranks"):
+            value = ("process_set", value.ranks)
+        entries.append((name, value))
+    return entries

@@ -1,0 +1,24 @@
+"""Drop-in replacement for ``horovod.tensorflow``.
+
+``import hvdx.tensorflow as hvd`` gives every public name of ``horovod.tensorflow``
+unchanged, except:
+
+- :func:`init` also makes an uncaught exception on one rank abort the whole job;
+- :func:`DistributedGradientTape` accepts every Horovod argument plus ``sync=``, and on
+  its first ``gradient()`` call checks that all ranks agree on the variables and
+  settings before the first allreduce.
+
+With no hvdx feature switched on, the tape is Horovod's own, so training is bitwise
+identical to Horovod's. Keras users import :mod:`hvdx.tensorflow.keras`.
+"""
+
+from hvdx._horovod import import_framework
+
+_hvd = import_framework("tensorflow")
+
+# Every public name of horovod.tensorflow (it has no __all__; a test checks none is missing).
+from horovod.tensorflow import *  # noqa: E402,F401,F403
+from horovod.tensorflow import Compression  # noqa: E402,F401
+
+from hvdx.tensorflow.runtime import init  # noqa: E402,F401
+from hvdx.tensorflow.gradient_tape import DistributedGradientTape  # noqa: E402,F401

@@ -1,0 +1,39 @@
+"""``hvdx.tensorflow.DistributedGradientTape``: Horovod's tape, checked across ranks."""
+
+import horovod.tensorflow as _hvd
+
+from hvdx.settings import horovod_settings, validate_sync
+from hvdx.tensorflow.runtime import check_variables_once, flat_variables
+
+__all__ = ["DistributedGradientTape"]
+
+
+def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
+                            compression=_hvd.Compression.none, sparse_as_dense=False,
+                            op=_hvd.Average, gradient_predivide_factor=1.0,
+                            num_groups=0, groups=None,
+                            process_set=_hvd.global_process_set,
+                            scale_local_gradients=True, sync=None):
+    """A ``tf.GradientTape`` whose ``gradient()`` averages across ranks.
+
+    Takes exactly the arguments of ``horovod.tensorflow.DistributedGradientTape``, plus
+    ``sync=`` (an hvdx strategy; ``None`` keeps Horovod's gradient allreduce). The first
+    ``gradient()`` call checks that every rank has the same variables (shape, dtype, in
+    order) and settings, and raises the same ``ValueError`` on every rank otherwise.
+    """
+    validate_sync(sync)
+    tape = _hvd.DistributedGradientTape(
+        gradtape, device_dense=device_dense, device_sparse=device_sparse,
+        compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+        gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
+        groups=groups, process_set=process_set,
+        scale_local_gradients=scale_local_gradients)
+    settings = horovod_settings(
+        compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+        gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
+        groups=None if groups is None or isinstance(groups, int) else [len(g) for g in groups],
+        process_set=process_set, scale_local_gradients=scale_local_gradients, sync=sync)
+    return check_variables_once(
+        tape, "gradient",
+        lambda args, kwargs: flat_variables(kwargs.get("sources", args[1] if len(args) > 1 else None)),
+        settings, "DistributedGradientTape")

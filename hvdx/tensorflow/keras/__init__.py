@@ -1,0 +1,19 @@
+"""Drop-in replacement for ``horovod.tensorflow.keras``.
+
+``import hvdx.tensorflow.keras as hvd`` gives every public name of
+``horovod.tensorflow.keras`` (``callbacks``, ``broadcast_global_variables``, ...)
+unchanged, except :func:`init` (job-wide abort on an uncaught exception) and
+:func:`DistributedOptimizer`, which accepts every Horovod argument plus ``sync=`` and
+checks on its first gradient aggregation that all ranks agree on the variables and
+settings. With no hvdx feature switched on, the optimizer is Horovod's own.
+"""
+
+from hvdx._horovod import import_framework
+
+import_framework("tensorflow")
+
+from horovod.tensorflow.keras import *  # noqa: E402,F401,F403
+from horovod.tensorflow.keras import Compression, callbacks, elastic  # noqa: E402,F401
+
+from hvdx.tensorflow.runtime import init  # noqa: E402,F401
+from hvdx.tensorflow.keras.optimizer import DistributedOptimizer  # noqa: E402,F401

@@ -1,0 +1,46 @@
+"""``hvdx.tensorflow.keras.DistributedOptimizer``: Horovod's, checked across ranks."""
+
+import horovod.tensorflow.keras as _hvd_keras
+from horovod.tensorflow import Average, Compression, global_process_set
+
+from hvdx.settings import horovod_settings, validate_sync
+from hvdx.tensorflow.runtime import check_variables_once
+
+__all__ = ["DistributedOptimizer"]
+
+
+def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse='',
+                         compression=Compression.none, sparse_as_dense=False,
+                         gradient_predivide_factor=1.0, op=Average,
+                         backward_passes_per_step=1, average_aggregated_gradients=False,
+                         num_groups=0, groups=None, process_set=global_process_set,
+                         scale_local_gradients=True, sync=None):
+    """Wrap a Keras optimizer for distributed training.
+
+    Takes exactly the arguments of ``horovod.tensorflow.keras.DistributedOptimizer``,
+    plus ``sync=`` (an hvdx strategy; ``None`` keeps Horovod's gradient allreduce). The
+    first gradient aggregation (inside ``fit``'s traced step, or eagerly) checks that
+    every rank trains the same variables with the same settings.
+    """
+    validate_sync(sync)
+    opt = _hvd_keras.DistributedOptimizer(
+        optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
+        compression=compression, sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor, op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients,
+        num_groups=num_groups, groups=groups, process_set=process_set,
+        scale_local_gradients=scale_local_gradients)
+    settings = horovod_settings(
+        optimizer=type(optimizer).__name__, compression=compression,
+        sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor, op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups,
+        groups=None if groups is None or isinstance(groups, int) else [len(g) for g in groups],
+        process_set=process_set, scale_local_gradients=scale_local_gradients, sync=sync)
+    # Every Horovod code path (compute_gradients, get_gradients, legacy optimizers)
+    # funnels the gradients through _allreduce(grads, vars) before any collective.
+    return check_variables_once(
+        opt, "_allreduce", lambda args, kwargs: list(args[1]), settings,
+        "keras DistributedOptimizer")

@@ -1,0 +1,65 @@
+"""``hvd.init`` for hvdx on TensorFlow, and the once-per-object consistency check."""
+
+import functools
+
+import horovod.tensorflow as _hvd
+import tensorflow as tf
+
+from hvdx.core.fingerprint import Fingerprint
+from hvdx.mpi import check_consistent, communicator_for, install_abort_on_error
+
+__all__ = ["init", "check_variables_once"]
+
+
+@functools.wraps(_hvd.init)
+def init(*args, **kwargs):
+    """Horovod's ``init`` (same arguments), then abort-on-uncaught-exception for the job."""
+    result = _hvd.init(*args, **kwargs)
+    install_abort_on_error()
+    return result
+
+
+def check_variables_once(owner, method_name: str, variables_of, settings, what: str):
+    """Check consistency on the first call of ``owner.<method_name>``, then step aside.
+
+    TensorFlow only tells which variables are trained when gradients are first taken,
+    often while a ``tf.function`` is being traced. The check is plain Python (mpi4py),
+    so it runs at trace time, and it runs once: every rank takes its first step, so
+    every rank joins it, whereas a later retrace (a smaller last batch) may happen on
+    some ranks only.
+
+    Args:
+        owner: Horovod's tape or optimizer object; the bound method is shadowed by an
+            attribute of this instance only (Horovod's classes are left untouched).
+        method_name: the method whose first call carries the variables.
+        variables_of: ``(args, kwargs) -> list of tf.Variable``.
+        settings: fingerprint settings (from :func:`hvdx.settings.horovod_settings`).
+        what: the object's name for error messages.
+    """
+    original = getattr(owner, method_name)
+    process_set = owner.process_set if hasattr(owner, "process_set") else None
+
+    @functools.wraps(original)
+    def first_call(*args, **kwargs):
+        variables = list(variables_of(args, kwargs))
+        fingerprint = Fingerprint.build(
+            parameters=[(f"variable[{i}]", v.dtype.name, tuple(v.shape))
+                        for i, v in enumerate(variables)],
+            settings=settings,
+            labels=[v.name for v in variables])
+        ps = process_set or _hvd.global_process_set
+        if ps.included():
+            comm = communicator_for(ps, _hvd.global_process_set, _hvd.size())
+            check_consistent(fingerprint, comm, what)
+        # From now on the instance resolves the method on its class again.
+        if method_name in owner.__dict__:
+            object.__delattr__(owner, method_name)
+        return original(*args, **kwargs)
+
+    object.__setattr__(owner, method_name, first_call)
+    return owner
+
+
+def flat_variables(structure):
+    """The variables of a (possibly nested) structure, in ``tf.nest`` order."""
+    return tf.nest.flatten(structure)

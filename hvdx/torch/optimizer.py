@@ -1,0 +1,71 @@
+"""``hvdx.torch.DistributedOptimizer``: Horovod's, plus a cross-rank consistency check."""
+
+from __future__ import annotations
+
+import horovod.torch as _hvd
+
+from hvdx.core.fingerprint import Fingerprint
+from hvdx.mpi import check_consistent, communicator_for
+from hvdx.settings import horovod_settings, validate_sync
+
+__all__ = ["DistributedOptimizer"]
+
+
+def DistributedOptimizer(optimizer, named_parameters=None,
+                         compression=_hvd.Compression.none,
+                         backward_passes_per_step=1,
+                         op=_hvd.Average,
+                         gradient_predivide_factor=1.0,
+                         num_groups=0, groups=None,
+                         sparse_as_dense=False,
+                         process_set=_hvd.global_process_set,
+                         sync=None):
+    """Wrap a ``torch.optim.Optimizer`` for distributed training.
+
+    Takes exactly the arguments of ``horovod.torch.DistributedOptimizer`` (same order,
+    same defaults), plus:
+
+    Args:
+        sync: an hvdx synchronization strategy, or ``None`` for Horovod's gradient
+            allreduce. No strategy ships yet in this release.
+
+    Before anything is sent, every rank of ``process_set`` compares the parameter names,
+    shapes and dtypes and the settings; a mismatch raises the same ``ValueError`` on
+    every rank instead of hanging in an allreduce.
+
+    Returns:
+        With no hvdx feature switched on, Horovod's own optimizer object.
+    """
+    validate_sync(sync)
+    fingerprint = Fingerprint.build(
+        parameters=_parameter_entries(optimizer, named_parameters),
+        settings=horovod_settings(
+            compression=compression, backward_passes_per_step=backward_passes_per_step,
+            op=op, gradient_predivide_factor=gradient_predivide_factor,
+            num_groups=num_groups, groups=_group_sizes(groups),
+            sparse_as_dense=sparse_as_dense, process_set=process_set, sync=sync))
+    if process_set.included():
+        comm = communicator_for(process_set, _hvd.global_process_set, _hvd.size())
+        check_consistent(fingerprint, comm, "DistributedOptimizer")
+    return _hvd.DistributedOptimizer(
+        optimizer, named_parameters=named_parameters, compression=compression,
+        backward_passes_per_step=backward_passes_per_step, op=op,
+        gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
+        groups=groups, sparse_as_dense=sparse_as_dense, process_set=process_set)
+
+
+def _parameter_entries(optimizer, named_parameters):
+    """``(name, dtype, shape)`` for every parameter, in the optimizer's iteration order."""
+    names = {}
+    if named_parameters is not None:
+        names = {id(p): n for n, p in list(named_parameters)}
+    for g, group in enumerate(optimizer.param_groups):
+        for i, p in enumerate(group["params"]):
+            name = names.get(id(p), f"param_groups[{g}][{i}]")
+            yield name, str(p.dtype).replace("torch.", ""), tuple(p.shape)
+
+
+def _group_sizes(groups):
+    if groups is None or isinstance(groups, int):
+        return groups
+    return [len(g) for g in groups]

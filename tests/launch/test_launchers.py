@@ -1,0 +1,50 @@
+"""Jobs started the way users start them: mpirun and horovodrun, several ranks."""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BIN = pathlib.Path(sys.executable).parent
+
+
+def run(cmd, timeout=240):
+    env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
+               PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    return proc, time.monotonic() - start
+
+
+def test_an_exception_on_one_rank_aborts_the_whole_job_promptly():
+    script = ("import torch, hvdx.torch as hvd\n"
+              "hvd.init()\n"
+              "if hvd.rank() == 1:\n"
+              "    raise RuntimeError('rank one fails here')\n"
+              "hvd.allreduce(torch.ones(1), name='never_matched')\n")
+    proc, elapsed = run(["mpirun", "-n", "2", sys.executable, "-c", script], timeout=120)
+    assert proc.returncode != 0
+    assert "[hvdx rank 1] RuntimeError: rank one fails here" in proc.stderr, proc.stderr
+    assert elapsed < 60
+
+
+def test_torch_example_under_horovodrun():
+    proc, _ = run([str(BIN / "horovodrun"), "-np", "2", sys.executable,
+                   "examples/torch_digits.py", "--epochs", "2"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    accuracy = float(re.search(r"final test accuracy (\S+)", proc.stdout).group(1))
+    assert accuracy > 0.8, proc.stdout
+
+
+def test_keras_example_under_mpirun():
+    proc, _ = run(["mpirun", "-n", "2", sys.executable, "examples/keras_digits.py",
+                   "--epochs", "3"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    accuracy = float(re.search(r"final test accuracy (\S+)", proc.stdout).group(1))
+    assert accuracy > 0.8, proc.stdout

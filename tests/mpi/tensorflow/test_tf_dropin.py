@@ -1,0 +1,143 @@
+"""`import hvdx.tensorflow(.keras) as hvd` is a drop-in for Horovod's modules."""
+
+import inspect
+
+import horovod.tensorflow
+import horovod.tensorflow.keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hvdx.tensorflow as hvd
+import hvdx.tensorflow.keras as hvd_keras
+from tf_models import batches, copy_of, small_cnn
+
+LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+STEPS = 20
+
+
+@pytest.mark.parametrize("ours,theirs", [(hvd, horovod.tensorflow),
+                                         (hvd_keras, horovod.tensorflow.keras)],
+                         ids=["tensorflow", "keras"])
+def test_every_public_horovod_name_is_exported(ours, theirs):
+    public = {n for n in dir(theirs) if not n.startswith("_")}
+    assert not sorted(n for n in public if not hasattr(ours, n))
+
+
+@pytest.mark.parametrize("ours,theirs", [
+    (hvd.DistributedGradientTape, horovod.tensorflow.DistributedGradientTape),
+    (hvd_keras.DistributedOptimizer, horovod.tensorflow.keras.DistributedOptimizer)],
+    ids=["tape", "keras"])
+def test_same_signature_as_horovod_plus_sync(ours, theirs):
+    a, b = inspect.signature(ours).parameters, inspect.signature(theirs).parameters
+    assert list(a) == list(b) + ["sync"]
+    for name, p in b.items():
+        assert a[name].default is p.default or a[name].default == p.default, name
+
+
+def initial_model():
+    model = small_cnn()
+    model.build((None, 8, 8, 1))
+    # Rank 0's weights everywhere, as a Horovod script would broadcast them.
+    model.set_weights(hvd.broadcast_object(model.get_weights(), root_rank=0))
+    return model
+
+
+def train_with_tape(make_tape, model, compiled, **kwargs):
+    optimizer = tf.keras.optimizers.SGD(learning_rate=0.05, momentum=0.9)
+    x, y = batches(hvd.rank(), STEPS)
+
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = LOSS(yb, model(xb, training=True))
+        tape = make_tape(tape, **kwargs)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+    if compiled:
+        step = tf.function(step)
+    for i in range(STEPS):
+        step(x[i * 16:(i + 1) * 16], y[i * 16:(i + 1) * 16])
+    return model
+
+
+TAPE_ARGUMENTS = [{}, {"op": hvd.Sum}, {"compression": hvd.Compression.fp16},
+                  {"gradient_predivide_factor": 2.0}, {"num_groups": 2}]
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "tf.function"])
+@pytest.mark.parametrize("kwargs", TAPE_ARGUMENTS, ids=lambda k: ",".join(k) or "defaults")
+def test_gradient_tape_twenty_steps_bitwise_identical_to_horovod(compiled, kwargs):
+    initial = initial_model()
+    ours = train_with_tape(hvd.DistributedGradientTape, copy_of(initial), compiled, **kwargs)
+    theirs = train_with_tape(horovod.tensorflow.DistributedGradientTape, copy_of(initial),
+                             compiled, **kwargs)
+    assert_trained_identically(ours, theirs, initial)
+
+
+def train_with_fit(make_optimizer, model, **kwargs):
+    optimizer = make_optimizer(tf.keras.optimizers.SGD(learning_rate=0.05, momentum=0.9),
+                               **kwargs)
+    model.compile(optimizer=optimizer, loss=LOSS)
+    x, y = batches(hvd.rank(), STEPS)
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    return model
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("kwargs", [{}, {"backward_passes_per_step": 2},
+                                    {"op": hvd.Sum}], ids=lambda k: ",".join(k) or "defaults")
+def test_keras_fit_twenty_steps_bitwise_identical_to_horovod(kwargs):
+    initial = initial_model()
+    ours = train_with_fit(hvd_keras.DistributedOptimizer, copy_of(initial), **kwargs)
+    theirs = train_with_fit(horovod.tensorflow.keras.DistributedOptimizer, copy_of(initial),
+                            **kwargs)
+    assert_trained_identically(ours, theirs, initial)
+
+
+def assert_trained_identically(ours, theirs, initial):
+    for a, b, start in zip(ours.get_weights(), theirs.get_weights(), initial.get_weights()):
+        np.testing.assert_array_equal(a, b)
+        assert not np.array_equal(a, start), "a weight did not train"
+        everyone = hvd.allgather_object(a)
+        assert all(np.array_equal(everyone[0], w) for w in everyone)
+
+
+def test_an_unknown_sync_strategy_is_rejected():
+    with tf.GradientTape() as tape:
+        pass
+    with pytest.raises(TypeError, match="sync='gossip'"):
+        hvd.DistributedGradientTape(tape, sync="gossip")
+    with pytest.raises(TypeError, match="sync='gossip'"):
+        hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(), sync="gossip")
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "tf.function"])
+def test_tape_with_a_different_layer_on_one_rank_raises_on_every_rank(compiled):
+    model = small_cnn(hidden=32 if hvd.rank() != 1 else 48)
+    x, y = batches(hvd.rank(), 1)
+
+    def step():
+        with tf.GradientTape() as tape:
+            loss = LOSS(y, model(x))
+        return hvd.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
+
+    with pytest.raises(ValueError) as info:
+        (tf.function(step) if compiled else step)()
+    message = str(info.value)
+    assert "variable[2]" in message and "float32[128, 32]" in message
+    assert "float32[128, 48]" in message
+    assert len(set(hvd.allgather_object(message))) == 1
+
+
+@pytest.mark.mpi(min_size=2)
+def test_keras_fit_with_a_different_layer_on_one_rank_raises_on_every_rank():
+    model = small_cnn(hidden=32 if hvd.rank() != 1 else 48)
+    model.compile(optimizer=hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD()),
+                  loss=LOSS)
+    x, y = batches(hvd.rank(), 2)
+    with pytest.raises(ValueError, match=r"variable\[2\].*differs between ranks"):
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    assert hvd.allreduce(tf.ones(2), op=hvd.Sum).numpy().tolist() == [hvd.size()] * 2
