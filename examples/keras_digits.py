@@ -51,9 +51,15 @@ def main():
     hvd.init()
     tf.keras.utils.set_random_seed(args.seed)
     tf.config.threading.set_intra_op_parallelism_threads(1)
-    data = digits().shard(hvd.rank(), hvd.size())
+    full = digits()
+    data = full.shard(hvd.rank(), hvd.size())
     to_nhwc = lambda x: np.transpose(x, (0, 2, 3, 1))  # noqa: E731
-    steps = min(hvd.allgather_object(len(data.x_train) // args.batch_size))
+    # Every rank takes the same number of steps (Horovod needs matching collectives):
+    # the smallest shard holds len // size samples.
+    steps = len(full.x_train) // hvd.size() // args.batch_size
+    train = (tf.data.Dataset.from_tensor_slices((to_nhwc(data.x_train), data.y_train))
+             .shuffle(len(data.y_train), seed=args.seed + hvd.rank())
+             .batch(args.batch_size, drop_remainder=True).repeat())
 
     model = digits_cnn()
     optimizer = tf.keras.optimizers.SGD(learning_rate=args.lr * hvd.size(), momentum=0.9)
@@ -61,8 +67,7 @@ def main():
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
     timer = StepTimer()
-    model.fit(to_nhwc(data.x_train), data.y_train, batch_size=args.batch_size,
-              epochs=args.epochs, steps_per_epoch=steps,
+    model.fit(train, epochs=args.epochs, steps_per_epoch=steps,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                          hvd.callbacks.MetricAverageCallback(), timer],
               verbose=2 if hvd.rank() == 0 else 0)

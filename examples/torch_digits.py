@@ -48,7 +48,8 @@ def main():
     hvd.init()
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
-    data = digits().shard(hvd.rank(), hvd.size())
+    full = digits()
+    data = full.shard(hvd.rank(), hvd.size())
     x_train, y_train = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
     x_test, y_test = torch.from_numpy(data.x_test), torch.from_numpy(data.y_test)
 
@@ -58,9 +59,9 @@ def main():
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
 
-    # Every rank takes the same number of steps (Horovod needs matching collectives).
-    steps_per_epoch = hvd.allreduce(torch.tensor(len(x_train) // args.batch_size),
-                                    op=hvd.Min, name="steps").item()
+    # Every rank takes the same number of steps (Horovod needs matching collectives):
+    # the smallest shard holds len // size samples.
+    steps_per_epoch = len(full.x_train) // hvd.size() // args.batch_size
     rng = np.random.default_rng(args.seed + hvd.rank())
     step_times = []
     for epoch in range(args.epochs):

@@ -10,6 +10,8 @@ from typing import Callable, List, Tuple
 
 from hvdx._version import __version__
 
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow prints CPU-feature notices at import
+
 __all__ = ["collect", "render"]
 
 
@@ -39,7 +41,7 @@ def _mpi_library() -> str:
         from mpi4py import MPI
     except Exception as e:
         return f"not available ({type(e).__name__}: {e})"
-    return MPI.Get_library_version().strip().splitlines()[0]
+    return " ".join(MPI.Get_library_version().split("\n")[0].split())
 
 
 def _run_ok(cmd: List[str]) -> bool:

@@ -27,14 +27,20 @@ def _mpi_world():
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
+    # Before the junitxml plugin opens its file: one report per rank.
     world = _mpi_world()
-    if world is None or world.Get_rank() == 0:
-        return
-    if getattr(config.option, "xmlpath", None):
+    if world is not None and world.Get_rank() > 0 and getattr(config.option, "xmlpath", None):
         config.option.xmlpath = f"{config.option.xmlpath}.rank{world.Get_rank()}"
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        config.pluginmanager.unregister(reporter)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session):
+    # After the terminal plugin registered its reporter: silence it on ranks > 0.
+    world = _mpi_world()
+    if world is not None and world.Get_rank() > 0:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            session.config.pluginmanager.unregister(reporter)
 
 
 @pytest.hookimpl(hookwrapper=True)

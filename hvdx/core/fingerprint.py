@@ -68,8 +68,10 @@ class Fingerprint:
 def first_difference(fingerprints: Sequence[Fingerprint]) -> Optional[str]:
     """Describe the first entry on which the ranks disagree, or return ``None``.
 
-    The result depends only on the list of fingerprints (index = rank), so every rank
-    that evaluates it on the same gathered list produces the same message.
+    Parameters are compared first, then settings; within each kind, position by
+    position (order matters: Horovod matches collectives in order). The result depends
+    only on the list of fingerprints (index = rank), so every rank that evaluates it on
+    the same gathered list produces the same message.
     """
     if not fingerprints:
         return None
@@ -77,18 +79,29 @@ def first_difference(fingerprints: Sequence[Fingerprint]) -> Optional[str]:
     for rank, other in enumerate(fingerprints[1:], start=1):
         if other == base:
             continue
-        n = min(len(base.entries), len(other.entries))
-        for i in range(n):
-            a, b = base.entries[i], other.entries[i]
-            if a != b:
-                if a[:2] == b[:2]:
-                    return (f"{a[0]} '{base.label(i)}' differs between ranks: rank 0 has "
-                            f"{a[2]}, rank {rank} has {b[2]}")
-                return (f"rank 0 has {a[0]} '{base.label(i)}' ({a[2]}) where rank {rank} "
-                        f"has {b[0]} '{other.label(i)}' ({b[2]})")
-        longer, who, missing = ((base, 0, rank) if len(base.entries) > n
-                                else (other, rank, 0))
-        extra = longer.entries[n]
-        return (f"{extra[0]} '{longer.label(n)}' ({extra[2]}) exists on rank {who} "
-                f"but not on rank {missing}")
+        for kind in ("parameter", "setting"):
+            message = _compare_kind(kind, base, other, rank)
+            if message:
+                return message
     return None
+
+
+def _compare_kind(kind: str, base: Fingerprint, other: Fingerprint, rank: int) -> Optional[str]:
+    a = [i for i, e in enumerate(base.entries) if e[0] == kind]
+    b = [i for i, e in enumerate(other.entries) if e[0] == kind]
+    for i, j in zip(a, b):
+        ea, eb = base.entries[i], other.entries[j]
+        if ea == eb:
+            continue
+        if ea[1] == eb[1]:
+            return (f"{kind} '{base.label(i)}' differs between ranks: rank 0 has {ea[2]}, "
+                    f"rank {rank} has {eb[2]}")
+        return (f"rank 0 has {kind} '{base.label(i)}' ({ea[2]}) where rank {rank} has "
+                f"{kind} '{other.label(j)}' ({eb[2]})")
+    if len(a) == len(b):
+        return None
+    longer, indices, who, missing = ((base, a, 0, rank) if len(a) > len(b)
+                                     else (other, b, rank, 0))
+    k = indices[min(len(a), len(b))]
+    return (f"{kind} '{longer.label(k)}' ({longer.entries[k][2]}) exists on rank {who} "
+            f"but not on rank {missing}")

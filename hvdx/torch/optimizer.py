@@ -37,6 +37,9 @@ def DistributedOptimizer(optimizer, named_parameters=None,
         With no hvdx feature switched on, Horovod's own optimizer object.
     """
     validate_sync(sync)
+    if named_parameters is not None:
+        # Often a generator (model.named_parameters()): read it once, hand Horovod a list.
+        named_parameters = list(named_parameters)
     fingerprint = Fingerprint.build(
         parameters=_parameter_entries(optimizer, named_parameters),
         settings=horovod_settings(
@@ -58,7 +61,7 @@ def _parameter_entries(optimizer, named_parameters):
     """``(name, dtype, shape)`` for every parameter, in the optimizer's iteration order."""
     names = {}
     if named_parameters is not None:
-        names = {id(p): n for n, p in list(named_parameters)}
+        names = {id(p): n for n, p in named_parameters}
     for g, group in enumerate(optimizer.param_groups):
         for i, p in enumerate(group["params"]):
             name = names.get(id(p), f"param_groups[{g}][{i}]")

@@ -1,6 +1,7 @@
 """`import hvdx.torch as hvd` is a drop-in for `import horovod.torch as hvd`."""
 
 import copy
+import types
 
 import horovod.torch
 import pytest
@@ -12,9 +13,11 @@ from torch_models import SmallCNN, batches
 
 
 def test_every_public_horovod_torch_name_is_exported():
-    public = {n for n in dir(horovod.torch) if not n.startswith("_")}
-    missing = sorted(n for n in public if not hasattr(hvd, n))
-    assert not missing
+    # Submodules become attributes whenever anything imports them; hvd.elastic is API.
+    public = {n for n in dir(horovod.torch) if not n.startswith("_")
+              and not isinstance(getattr(horovod.torch, n), types.ModuleType)}
+    assert not sorted(n for n in public if not hasattr(hvd, n))
+    assert hvd.elastic is horovod.torch.elastic
 
 
 def test_same_signature_as_horovod_plus_sync():
@@ -24,7 +27,7 @@ def test_same_signature_as_horovod_plus_sync():
     assert list(ours)[:len(theirs)] == list(theirs)
     assert list(ours)[len(theirs):] == ["sync"]
     for name, p in theirs.items():
-        assert ours[name].default is p.default, name
+        assert ours[name].default is p.default or ours[name].default == p.default, name
 
 
 def train(make_optimizer, model, steps=20, **kwargs):
