@@ -113,13 +113,24 @@ def mpiexec_command(cluster: EmulatedCluster, argv: Sequence[str],
 def run_mpi(cluster: EmulatedCluster, argv: Sequence[str], timeout: Optional[float] = None,
             hosts: Optional[Sequence[Any]] = None, ppn: int = 1, np: Optional[int] = None,
             env: Optional[Mapping[str, str]] = None,
+            process_env: Optional[Mapping[str, str]] = None,
             **run_kwargs: Any) -> subprocess.CompletedProcess:
-    """Runs :func:`mpiexec_command` to completion (output captured as text by default).
+    """Runs :func:`mpiexec_command` to completion.
 
-    The job's environment drops ``HVDX_CLUSTER_HOST``/``HVDX_CLUSTER_RACK`` so that each
-    rank sees its own host's values, not the caller's.
+    Args:
+        cluster, argv, hosts, ppn, np, env: as for :func:`mpiexec_command`.
+        timeout: seconds before the job is killed (``subprocess.TimeoutExpired``). Set
+            one: Hydra waits forever for a proxy that never starts.
+        process_env: environment of ``mpiexec`` itself (default this process's),
+            which Hydra hands on to every rank. ``HVDX_CLUSTER_HOST``/``_RACK`` are
+            dropped from it so that each rank sees its own host's values.
+        **run_kwargs: passed to :func:`subprocess.run`; output is captured as text
+            unless they say otherwise.
+
+    Returns:
+        The finished process (``returncode``, ``stdout``, ``stderr``).
     """
-    base_env: Dict[str, str] = dict(run_kwargs.pop("process_env", None) or os.environ)
+    base_env: Dict[str, str] = dict(os.environ if process_env is None else process_env)
     for key in ("HVDX_CLUSTER_HOST", "HVDX_CLUSTER_RACK"):
         base_env.pop(key, None)
     run_kwargs.setdefault("capture_output", True)

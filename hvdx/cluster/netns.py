@@ -87,9 +87,9 @@ def _run(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess
 
 
 def _tbf_args(rate: int) -> List[str]:
-    # The bucket holds 4 ms of traffic (at least two full frames): a smaller one loses
-    # tokens whenever a busy 2-core machine runs the dequeue timer late, and the run's
-    # average rate drops below the configured one.
+    # The bucket holds 4 ms of traffic (at least two full frames). Too small a bucket
+    # loses tokens whenever the dequeue timer runs late: on a 2-core machine a 0.1 ms
+    # bucket at 1gbit carried only 675 Mbit/s, while 1 ms and 4 ms gave the full rate.
     burst = max(rate // 8 * 4 // 1000, 3200)
     return ["tbf", "rate", f"{rate}bit", "burst", str(burst), "latency", _TBF_QUEUE]
 
@@ -155,17 +155,18 @@ class EmulatedCluster:
 
         Args:
             spec: the cluster to build.
-            prefix: start of every namespace name (letters and digits).
+            prefix: start of every namespace name (letters only).
 
         Raises:
             TypeError: if ``spec`` is not a :class:`ClusterSpec`.
-            ValueError: if ``prefix`` is not alphanumeric.
+            ValueError: if ``prefix`` is not 1 to 16 letters.
         """
         if not isinstance(spec, ClusterSpec):
             raise TypeError(f"spec={spec!r} must be a ClusterSpec")
-        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9]{0,15}", prefix or ""):
-            raise ValueError(f"prefix={prefix!r} must be 1-16 letters and digits, "
-                             "starting with a letter")
+        # Letters only: the pid follows the prefix, and cleanup_stale must read it back
+        # unambiguously ("hvdx2" + pid 123 would read as "hvdx" + pid 2123).
+        if not isinstance(prefix, str) or not re.fullmatch(r"[A-Za-z]{1,16}", prefix):
+            raise ValueError(f"prefix={prefix!r} must be 1 to 16 letters")
         with EmulatedCluster._count_lock:
             seq = EmulatedCluster._count
             EmulatedCluster._count += 1
@@ -187,6 +188,9 @@ class EmulatedCluster:
         self._lock = threading.RLock()
         self._timers: List["ContentionTimer"] = []
         self._closed = False
+        # A forked child inherits this object and the atexit hook; only the creating
+        # process may tear the cluster down.
+        self._owner_pid = os.getpid()
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -230,7 +234,12 @@ class EmulatedCluster:
         return self
 
     def close(self) -> None:
-        """Removes everything :meth:`start` made. Safe to call more than once."""
+        """Removes everything :meth:`start` made. Safe to call more than once.
+
+        Does nothing in a forked child of the process that started the cluster.
+        """
+        if os.getpid() != self._owner_pid:
+            return
         with self._lock:
             self._closed = True
             for timer in self._timers:
@@ -252,14 +261,23 @@ class EmulatedCluster:
     # -- building -----------------------------------------------------------------------
 
     def _add_netns(self, name: str, probe: bool = False) -> None:
-        # Recorded before it exists, so that a signal arriving mid-way still removes it.
-        self._created.append(name)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the cluster was closed while it was being built")
+            # Recorded before it exists, so that a signal arriving mid-way removes it.
+            self._created.append(name)
         proc = _run(["ip", "netns", "add", name], check=False)
         if proc.returncode != 0:
-            self._created.remove(name)
-            message = (f"hvdx.cluster: cannot create network namespace {name}: "
-                       f"{proc.stderr.strip()}")
-            raise (ClusterUnavailable if probe else RuntimeError)(message)
+            with self._lock:
+                if name in self._created:
+                    self._created.remove(name)
+            if probe:
+                raise ClusterUnavailable(
+                    f"hvdx.cluster: this process cannot create network namespaces "
+                    f"({proc.stderr.strip()}); it needs root with CAP_SYS_ADMIN and "
+                    "CAP_NET_ADMIN; run on localhost instead")
+            raise RuntimeError(f"hvdx.cluster: cannot create network namespace {name}: "
+                               f"{proc.stderr.strip()}")
         # No IPv6: its router solicitations and DAD would add stray bytes to the interface
         # counters that tests and benchmarks read. A kernel without IPv6 needs nothing.
         _run(["ip", "netns", "exec", name, "sysctl", "-q", "-w",
@@ -349,7 +367,9 @@ class EmulatedCluster:
 
     def interface_counters(self, host: HostKey, iface: str = DATA_IFACE) -> Tuple[int, int]:
         """``(tx_bytes, rx_bytes)`` of ``host``'s data interface, as the kernel counts
-        them (frames with their Ethernet/IP/TCP headers)."""
+        them: frames with their headers (one set per GSO super-frame, so within a rack
+        the count is close to the payload), and TX includes TCP retransmissions, which
+        a full uplink queue causes. RX at the receiver counts what was delivered."""
         out = _run(["ip", "-n", self.host(host).netns, "-s", "-j", "link", "show", "dev",
                     iface]).stdout
         stats = json.loads(out)[0]["stats64"]
@@ -473,7 +493,8 @@ def _require_support() -> None:
 # Strong references: a started cluster that its caller dropped must still be torn down.
 _live: "set[EmulatedCluster]" = set()
 _previous_handlers: Dict[int, object] = {}
-_hooks_lock = threading.Lock()
+# Reentrant: a signal handler that tears clusters down may interrupt _register.
+_hooks_lock = threading.RLock()
 _atexit_registered = False
 
 
@@ -524,7 +545,7 @@ def _kill_netns_processes(ns: str) -> None:
             try:
                 os.kill(pid, sig)
                 alive.append(pid)
-            except ProcessLookupError:
+            except (ProcessLookupError, PermissionError):
                 pass
         deadline = time.monotonic() + 1.0
         while alive and time.monotonic() < deadline:

@@ -2,10 +2,10 @@
 
 Hydra, started with ``-launcher ssh -launcher-exec PROG``, calls ``PROG [options] HOST
 COMMAND...`` as it would call ssh: its own options first, then the host, then the
-remote command (which ssh joins with spaces for the remote shell). This script plays ssh: it maps HOST (an emulated host's
-control address) to that host's network namespace and runs
-``ip netns exec NS bash -c COMMAND`` with ``HVDX_CLUSTER_HOST``/``HVDX_CLUSTER_RACK``
-set, which Hydra's proxy passes on to the ranks it starts.
+remote command, which ssh would join with spaces for the remote shell. This script
+plays ssh: it maps HOST (an emulated host's control address) to that host's network
+namespace and runs ``ip netns exec NS bash -c COMMAND`` with ``HVDX_CLUSTER_HOST`` and
+``HVDX_CLUSTER_RACK`` set, which Hydra's proxy passes on to the ranks it starts.
 
 Usage (the cluster writes a wrapper that supplies ``--hosts``)::
 
@@ -34,7 +34,8 @@ def split_args(argv: Sequence[str]) -> "tuple[str, str, str]":
     Parsed as ssh parses its own: options (Hydra passes ``-x``) come first and mean
     nothing here, the first other word is the host, and every later word is joined
     with spaces into the command for the remote shell. Hydra 4.0 passes the command as
-    several words (``"/usr/bin/hydra_pmi_proxy" --control-port ...``), others as one.
+    several words (``"/usr/bin/hydra_pmi_proxy" --control-port ...``); a command given
+    as one word comes out the same.
 
     Raises:
         ValueError: if the arguments do not have that form.

@@ -209,16 +209,16 @@ class ClusterSpec:
         if self.racks * self.hosts_per_rack > MAX_HOSTS:
             raise ValueError(f"racks={self.racks} x hosts_per_rack={self.hosts_per_rack} "
                              f"is more than {MAX_HOSTS} hosts")
-        set_ = lambda key, value: object.__setattr__(self, key, value)  # noqa: E731
-        set_("nic", parse_rate(self.nic, "nic"))
-        set_("uplink", parse_rate(self.uplink, "uplink"))
+        # Frozen dataclass: normalised values are written past its __setattr__.
+        object.__setattr__(self, "nic", parse_rate(self.nic, "nic"))
+        object.__setattr__(self, "uplink", parse_rate(self.uplink, "uplink"))
         for key in ("latency", "uplink_latency"):
             value = getattr(self, key)
-            set_(key, None if value is None else parse_time(value, key))
+            object.__setattr__(self, key, None if value is None else parse_time(value, key))
         events = self.contention
         if isinstance(events, (str, bytes, dict)) or not isinstance(events, Iterable):
             raise ValueError(f"contention={events!r} must be a list of contention events")
-        set_("contention", tuple(self._event(e) for e in events))
+        object.__setattr__(self, "contention", tuple(self._event(e) for e in events))
 
     def _event(self, event: Any) -> ContentionEvent:
         if isinstance(event, str):

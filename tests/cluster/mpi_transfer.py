@@ -1,11 +1,11 @@
 """MPI job for the cluster tests: rank 0 sends MEGABYTES to every other rank in turn.
 
-Usage: ``mpi_transfer.py MEGABYTES``. Rank 0 prints one JSON line:
-``{"transfers": [{"peer": r, "bytes": n, "seconds": t, "tx_bytes": b}, ...],
-"hosts": [...],
-"node_groups": [...]}``, where ``hosts`` is each rank's ``HVDX_CLUSTER_HOST`` and
-``node_groups`` the sizes of the shared-memory groups MPI sees; ``tx_bytes`` is what
-rank 0's data interface sent during that transfer.
+Usage: ``mpi_transfer.py MEGABYTES``. Rank 0 prints one JSON line with
+
+- ``transfers``: per peer, ``{"peer", "bytes", "seconds", "tx_bytes"}``, where
+  ``tx_bytes`` is what rank 0's data interface sent during that transfer;
+- ``hosts``: each rank's ``HVDX_CLUSTER_HOST``;
+- ``node_groups``: the sizes of the shared-memory groups MPI sees, per rank.
 """
 
 import json

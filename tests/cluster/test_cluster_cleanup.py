@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from cluster_helpers import child_env, netns_names, root_skip_reason
-from hvdx.cluster import ClusterSpec, EmulatedCluster, cleanup_stale
+from hvdx.cluster import ClusterSpec, ClusterUnavailable, EmulatedCluster, cleanup_stale
 
 pytestmark = pytest.mark.skipif(root_skip_reason() is not None,
                                 reason=str(root_skip_reason()))
@@ -109,3 +109,21 @@ def test_a_failure_half_way_through_set_up_removes_what_was_made(monkeypatch):
             pass
     assert _ours(cluster.run_id) == set()
     assert cluster.workdir is None
+
+
+def test_latency_needs_netem_and_a_kernel_without_it_is_told_so():
+    spec = ClusterSpec(racks=2, hosts_per_rack=1, latency="1ms", uplink_latency="2ms")
+    cluster = EmulatedCluster(spec)
+    try:
+        cluster.start()
+    except ClusterUnavailable as error:
+        assert "netem" in str(error) and "latency" in str(error)
+        assert _ours(cluster.run_id) == set()
+        return
+    with cluster:
+        out = subprocess.run(["tc", "-n", cluster.hosts[0].netns, "qdisc", "show", "dev",
+                              "data0"], capture_output=True, text=True, check=True).stdout
+        assert "netem" in out and "delay 1ms" in out and "tbf" in out
+        cluster.set_rate("uplink", "20mbit")
+        assert cluster.rate("uplink1") == 20 * 10**6
+    assert _ours(cluster.run_id) == set()

