@@ -1,4 +1,4 @@
-"""The ``hvdx`` command line."""
+"""The ``hvdx`` command line: ``info``, ``cluster``, ``bench`` and ``plan``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import List, Optional
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser"]
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -16,19 +16,104 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cluster(args: argparse.Namespace) -> int:
+    """Create the emulated cluster, measure its links, optionally run an MPI job on it."""
+    from hvdx.cluster import ClusterSpec, EmulatedCluster, format_rate, measure_bandwidth, run_mpi
+
+    spec = ClusterSpec.from_args(args)  # every bad value is reported before anything exists
+    with EmulatedCluster(spec) as cluster:
+        for host in cluster.hosts:
+            print(f"{host.name}: rack {host.rack}, data {host.data_addr}, netns {host.netns}")
+        if args.probe:
+            pairs = [("h0", "h1", "within a rack", spec.nic)]
+            if spec.racks > 1:
+                pairs.append(("h0", cluster.hosts[spec.hosts_per_rack].name, "across racks",
+                               spec.uplink))
+            for src, dst, where, configured in pairs:
+                rate = measure_bandwidth(cluster, src, dst) * 8
+                print(f"{src} -> {dst} ({where}): {format_rate(int(rate))} measured, "
+                      f"{configured} configured")
+        if args.command:
+            command = args.command[1:] if args.command[0] == "--" else args.command
+            proc = run_mpi(cluster, command, ppn=args.ranks_per_host, timeout=args.timeout,
+                           capture_output=False)
+            return proc.returncode
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from hvdx.bench.harness import render_table, run_bench
+    from hvdx.cluster import ClusterSpec
+
+    spec = None if args.localhost else ClusterSpec.from_args(args)
+    rows = run_bench(spec, args.workloads.split(","), args.strategies.split(","),
+                     args.steps, args.eval_every, args.out,
+                     ranks_per_host=args.ranks_per_host, localhost_ranks=args.ranks,
+                     timeout=args.timeout, say=lambda s: print(s, flush=True))
+    print()
+    print(render_table(rows))
+    print(f"\nwritten: {args.out}/results.json, results.csv, results.png")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from hvdx.bench.strategies import STRATEGIES
+    from hvdx.cluster import add_cluster_arguments
+    import hvdx.plan
+
     parser = argparse.ArgumentParser(
         prog="hvdx", description="Network-aware synchronization for Horovod.")
     sub = parser.add_subparsers(dest="command", required=True)
+
     info = sub.add_parser("info", help="versions of hvdx, Horovod, frameworks and MPI; "
                                        "whether network emulation is available")
     info.set_defaults(func=_info)
+
+    cluster = sub.add_parser(
+        "cluster", help="emulate racks of hosts with shaped links (root); run an MPI job there",
+        description="Create an emulated cluster, print its hosts, optionally measure its "
+                    "links and run a command as an MPI job across it, then remove it all.")
+    add_cluster_arguments(cluster)
+    cluster.add_argument("--probe", action="store_true", help="measure link bandwidths")
+    cluster.add_argument("--ranks-per-host", type=int, default=1)
+    cluster.add_argument("--timeout", type=float, default=3600.0,
+                         help="seconds before the MPI job is killed")
+    cluster.add_argument("command", nargs=argparse.REMAINDER,
+                         help="-- PROGRAM ARGS...: run as an MPI job, one rank per host")
+    cluster.set_defaults(func=_cluster)
+
+    bench = sub.add_parser(
+        "bench", help="every strategy against Horovod on the emulated cluster",
+        description="Train each workload under Horovod and every hvdx strategy on the same "
+                    "emulated cluster and compare step time, time to accuracy and bytes.")
+    add_cluster_arguments(bench)
+    bench.add_argument("--localhost", action="store_true",
+                       help="no emulated cluster: ranks on this host, shared memory")
+    bench.add_argument("--ranks", type=int, default=4, help="ranks with --localhost (4)")
+    bench.add_argument("--ranks-per-host", type=int, default=1)
+    bench.add_argument("--workloads", default="digits_vgg,digits_cnn")
+    bench.add_argument("--strategies", default=",".join(STRATEGIES),
+                       help=f"comma-separated, from {','.join(STRATEGIES)}")
+    bench.add_argument("--steps", type=int, help="training steps (default per workload)")
+    bench.add_argument("--eval-every", type=int, default=5)
+    bench.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
+    bench.add_argument("--out", default="results/bench", help="output directory")
+    bench.set_defaults(func=_bench)
+
+    plan = sub.add_parser("plan", help="predict which strategy wins on a network (alpha-beta)")
+    hvdx.plan.add_arguments(plan)
+    plan.set_defaults(func=hvdx.plan.run_plan)
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ValueError as e:
+        # Bad input: one clear line, no traceback, nothing created.
+        print(f"hvdx {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,0 +1,270 @@
+"""``hvdx bench``: every strategy on the same cluster, in the same run, against Horovod.
+
+Steps:
+1. build the emulated cluster (:mod:`hvdx.cluster`; without root or network
+   namespaces, plain localhost, labelled as such: no link is then a bottleneck);
+2. for each workload, run Horovod's ring allreduce first, then every other strategy,
+   each as an MPI job of :mod:`hvdx.bench.runner`, relaying its progress;
+3. summarise each run: median step time, time to the workload's target accuracy, final
+   accuracy, bytes sent per rank per step by hvdx's count and by the interface
+   counters of the emulated hosts, and the speedups over the Horovod run;
+4. write ``results.json``, ``results.csv`` and ``results.png`` (accuracy against
+   training time, and step-time bars), and print the table.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+from hvdx.bench.strategies import STRATEGIES
+from hvdx.bench.workloads import WORKLOADS
+
+__all__ = ["Summary", "run_bench", "summarize", "render_table"]
+
+#: Interface bytes per rank against hvdx's count: within this, the counts agree.
+BYTES_TOLERANCE = 0.10
+#: Seconds a job may take to exit after its result is written. MPICH's MPI_Finalize
+#: over UCX's TCP transport was seen to spin forever on one rank (rarely); the result
+#: is complete by then, so the job is killed instead of waited for.
+EXIT_GRACE_S = 30.0
+
+
+@dataclass
+class Summary:
+    """One row of the comparison table."""
+
+    workload: str
+    strategy: str
+    network: str
+    ranks: int
+    steps: int
+    median_step_s: float
+    time_to_target_s: Optional[float]
+    target_accuracy: float
+    final_accuracy: float
+    hvdx_bytes_per_step: float
+    interface_tx_per_step: Optional[float]
+    interface_rx_per_step: Optional[float]
+    step_speedup: Optional[float] = None
+    target_speedup: Optional[float] = None
+    predicted_step_s: Optional[float] = None
+
+    @property
+    def prediction_error(self) -> Optional[float]:
+        """``hvdx plan``'s predicted step time against the measured one (0 = exact)."""
+        if self.predicted_step_s is None:
+            return None
+        return self.predicted_step_s / self.median_step_s - 1.0
+
+    @property
+    def bytes_agreement(self) -> Optional[float]:
+        """Received interface bytes over hvdx's count (1.0 = identical)."""
+        if not self.interface_rx_per_step or not self.hvdx_bytes_per_step:
+            return None
+        return self.interface_rx_per_step / self.hvdx_bytes_per_step
+
+
+def summarize(result: Dict, target: float, network: str) -> Summary:
+    """Reduce one runner result (see :mod:`hvdx.bench.runner`) to a table row."""
+    reached = [p["time"] for p in result["curve"] if p["accuracy"] >= target]
+    detail = [r["interface_tx_rx"] for r in result["ranks_detail"] if r["interface_tx_rx"]]
+    steps = result["steps"]
+    tx = rx = None
+    if detail and len(detail) == result["ranks"]:
+        # Counters are per emulated host and cover the training loop only.
+        tx = float(np.mean([d[0] for d in detail])) / steps
+        rx = float(np.mean([d[1] for d in detail])) / steps
+    return Summary(
+        workload=result["workload"], strategy=result["strategy"], network=network,
+        ranks=result["ranks"], steps=steps,
+        median_step_s=float(np.median(result["step_times"])),
+        time_to_target_s=reached[0] if reached else None, target_accuracy=target,
+        final_accuracy=result["curve"][-1]["accuracy"],
+        hvdx_bytes_per_step=result["hvdx_bytes_per_rank_per_step"],
+        interface_tx_per_step=tx, interface_rx_per_step=rx)
+
+
+def _add_predictions(rows: List[Summary], raw: List[Dict], spec) -> None:
+    """Price every run with the cost model, from the cluster spec and measured compute."""
+    from hvdx.core.cost_model import Cluster, Workload, predict
+
+    if spec is None:
+        return  # localhost: shared memory, nothing the model describes
+    cluster = Cluster(racks=spec.racks, hosts_per_rack=spec.hosts_per_rack,
+                      nic_bps=spec.nic, uplink_bps=spec.uplink)
+    for row, result in zip(rows, raw):
+        model_name = STRATEGIES[row.strategy].cost_model
+        if model_name is None:
+            continue
+        conv, fc = result["parameter_split"]
+        other = result["parameters"] - conv - fc  # batch norm and friends: in the body
+        workload = Workload(conv_params=conv + other, fc_params=fc,
+                            compute_s=result["compute_s"])
+        row.predicted_step_s = predict(model_name, cluster, workload).step_s
+
+
+def _add_speedups(rows: List[Summary]) -> None:
+    for row in rows:
+        base = next((r for r in rows if r.workload == row.workload
+                     and r.strategy == "horovod"), None)
+        if base is None:
+            continue
+        row.step_speedup = base.median_step_s / row.median_step_s
+        if base.time_to_target_s and row.time_to_target_s:
+            row.target_speedup = base.time_to_target_s / row.time_to_target_s
+
+
+def _launch_command(cluster, ranks_per_host: int, argv: List[str], ranks: int):
+    env = {"OMP_NUM_THREADS": "1"}
+    if cluster is None:
+        return ["mpirun", "-n", str(ranks)] + argv, env
+    from hvdx.cluster import DATA_IFACE, mpiexec_command
+
+    env["HVDX_BENCH_IFACE"] = DATA_IFACE
+    return mpiexec_command(cluster, argv, ppn=ranks_per_host, env=env), {}
+
+
+def run_one(cluster, workload: str, strategy: str, steps: int, eval_every: int,
+            out_dir: str, ranks: int, ranks_per_host: int, timeout: float,
+            say: Callable[[str], None]) -> Dict:
+    """Run one strategy on one workload as an MPI job; return the runner's result."""
+    out = os.path.join(out_dir, f"{workload}-{strategy}.json")
+    log = os.path.join(out_dir, f"{workload}-{strategy}.log")
+    argv = [sys.executable, "-m", "hvdx.bench.runner", "--workload", workload,
+            "--strategy", strategy, "--steps", str(steps), "--eval-every", str(eval_every),
+            "--out", os.path.abspath(out)]
+    command, extra_env = _launch_command(cluster, ranks_per_host, argv, ranks)
+    env = dict(os.environ, **extra_env)
+    started = time.monotonic()
+    with open(log, "w") as errors:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True,
+                                env=env)
+        done = False
+        try:
+            for line in proc.stdout:
+                if line.startswith('{"event": "progress"'):
+                    p = json.loads(line)
+                    wall = time.monotonic() - started
+                    left = wall / p["step"] * (p["steps"] - p["step"])
+                    say(f"  {workload} / {strategy}: step {p['step']}/{p['steps']}, "
+                        f"accuracy {p['accuracy']:.3f}, about {left:.0f} s left")
+                elif line.startswith('{"event": "done"'):
+                    done = True
+                    break
+            remaining = max(1.0, timeout - (time.monotonic() - started))
+            proc.wait(timeout=min(EXIT_GRACE_S, remaining) if done else remaining)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            if not done:
+                raise RuntimeError(f"{workload}/{strategy} ran past {timeout:.0f} s; see {log}")
+            say(f"  {workload} / {strategy}: the job did not exit {EXIT_GRACE_S:.0f} s after "
+                "writing its result (MPI_Finalize); killed it")
+            return _load(out)
+    if proc.returncode != 0 or not os.path.exists(out):
+        with open(log) as f:
+            tail = "".join(f.readlines()[-20:])
+        raise RuntimeError(f"{workload}/{strategy} failed (exit {proc.returncode}):\n{tail}")
+    return _load(out)
+
+
+def _load(path: str) -> Dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional[int],
+              eval_every: int, out_dir: str, ranks_per_host: int = 1,
+              localhost_ranks: int = 4, timeout: float = 900.0,
+              say: Callable[[str], None] = print):
+    """Run every strategy on every workload; write and return the summaries."""
+    for name, known, what in ((workloads, WORKLOADS, "workload"),
+                              (strategies, STRATEGIES, "strategy")):
+        for item in name:
+            if item not in known:
+                raise ValueError(f"{what}={item!r} is unknown; choose from {sorted(known)}")
+    strategies = ["horovod"] + [s for s in strategies if s != "horovod"]
+    os.makedirs(out_dir, exist_ok=True)
+    cluster, network = _start_cluster(spec, say)
+    cluster_used = cluster is not None
+    ranks = localhost_ranks if cluster is None else len(cluster.hosts) * ranks_per_host
+    rows, raw = [], []
+    try:
+        total = len(workloads) * len(strategies)
+        for w in workloads:
+            for s in strategies:
+                say(f"[{len(raw) + 1}/{total}] {w} with {STRATEGIES[s].label} on {network}")
+                result = run_one(cluster, w, s, steps or WORKLOADS[w].default_steps,
+                                 eval_every, out_dir, ranks, ranks_per_host, timeout, say)
+                raw.append(result)
+                rows.append(summarize(result, WORKLOADS[w].target_accuracy, network))
+    finally:
+        if cluster is not None:
+            cluster.close()
+    _add_speedups(rows)
+    _add_predictions(rows, raw, spec if cluster_used else None)
+    _write(rows, raw, out_dir)
+    return rows
+
+
+def _start_cluster(spec, say):
+    if spec is None:
+        return None, "localhost (no emulated bottleneck)"
+    from hvdx.cluster import ClusterUnavailable, EmulatedCluster, format_rate
+
+    try:
+        cluster = EmulatedCluster(spec).start()
+    except ClusterUnavailable as e:
+        say(f"no emulated cluster ({e}); running on plain localhost, where no link is "
+            "a bottleneck")
+        return None, "localhost (no emulated bottleneck)"
+    network = (f"emulated {spec.racks}x{spec.hosts_per_rack}, NIC "
+               f"{format_rate(cluster.configured_rate('h0'))}, uplink "
+               f"{format_rate(cluster.configured_rate('uplink0'))}")
+    return cluster, network
+
+
+def _write(rows: List[Summary], raw: List[Dict], out_dir: str) -> None:
+    table = [dict(asdict(r), bytes_agreement=r.bytes_agreement,
+                  prediction_error=r.prediction_error) for r in rows]
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump({"summary": table, "runs": raw}, f, indent=1)
+    with open(os.path.join(out_dir, "results.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(table[0]))
+        writer.writeheader()
+        writer.writerows(table)
+    from hvdx.bench.plot import plot
+
+    plot(raw, rows, os.path.join(out_dir, "results.png"))
+
+
+def _fmt(value, spec, none="-"):
+    return none if value is None else format(value, spec)
+
+
+def render_table(rows: List[Summary]) -> str:
+    """The comparison table, one row per workload and strategy."""
+    header = ("workload", "strategy", "step ms", "to target s", "final acc",
+              "MB/rank/step", "iface rx MB", "agree", "step x", "target x", "plan ms",
+              "plan err")
+    lines = [rows[0].network if rows else "", "  ".join(f"{h:>12}" for h in header)]
+    for r in rows:
+        cells = (r.workload, r.strategy, _fmt(r.median_step_s * 1e3, ".1f"),
+                 _fmt(r.time_to_target_s, ".1f", "not reached"), _fmt(r.final_accuracy, ".3f"),
+                 _fmt(r.hvdx_bytes_per_step / 1e6, ".3f"),
+                 _fmt(r.interface_rx_per_step and r.interface_rx_per_step / 1e6, ".3f"),
+                 _fmt(r.bytes_agreement, ".3f"), _fmt(r.step_speedup, ".2f"),
+                 _fmt(r.target_speedup, ".2f"),
+                 _fmt(r.predicted_step_s and r.predicted_step_s * 1e3, ".1f"),
+                 _fmt(r.prediction_error, "+.0%"))
+        lines.append("  ".join(f"{c:>12}" for c in cells))
+    return "\n".join(lines)

@@ -1,0 +1,159 @@
+"""One rank of one benchmark run: train a workload under a strategy, record everything.
+
+Launched by :mod:`hvdx.bench.harness` under ``mpirun`` (on the emulated hosts or on
+localhost)::
+
+    python -m hvdx.bench.runner --workload digits_vgg --strategy horovod --steps 100 \
+        --eval-every 10 --out result.json
+
+Steps:
+1. ``hvd.init()``; every rank takes its shard of the digits training set;
+2. rank 0's initial weights are broadcast; the strategy builds the optimizer;
+3. after a barrier, each rank reads its data interface's byte counters, then trains;
+   the clock runs during training steps only (evaluation is excluded);
+4. every ``--eval-every`` steps all ranks evaluate on the test set, the mean accuracy
+   is recorded against training time, and rank 0 prints a progress line (JSON);
+5. rank 0 writes step times, the accuracy curve, hvdx's byte count and the interface
+   counters of every rank to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+
+IFACE_ENV = "HVDX_BENCH_IFACE"
+
+
+def interface_bytes(iface):
+    """``(tx, rx)`` bytes of ``iface`` in this process's network namespace, or None."""
+    if not iface:
+        return None
+    base = f"/sys/class/net/{iface}/statistics"
+    try:
+        with open(f"{base}/tx_bytes") as tx, open(f"{base}/rx_bytes") as rx:
+            return int(tx.read()), int(rx.read())
+    except OSError:
+        return None
+
+
+def _compute_time(model, x, y, batch, repeats=5):
+    """Median seconds of one forward + backward pass without communication.
+
+    Measured on a copy, before the strategy hooks the model, as the compute input of
+    the cost model (``hvdx plan``) that the benchmark checks against measured steps.
+    """
+    import copy
+
+    import torch.nn.functional as F
+
+    local = copy.deepcopy(model)
+    times = []
+    for i in range(repeats + 1):
+        start = time.perf_counter()
+        F.cross_entropy(local(x[i * batch:(i + 1) * batch]), y[i * batch:(i + 1) * batch]).backward()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times[1:]))  # the first pass pays for allocation
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="one rank of an hvdx benchmark run")
+    parser.add_argument("--workload", required=True)
+    parser.add_argument("--strategy", required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+
+    import torch
+    import torch.nn.functional as F
+
+    import hvdx.torch as hvd
+    from hvdx.bench.strategies import STRATEGIES
+    from hvdx.bench.workloads import WORKLOADS, parameter_split
+    from hvdx.datasets import digits
+
+    hvd.init()
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+    workload, strategy = WORKLOADS[args.workload], STRATEGIES[args.strategy]
+    rank, size = hvd.rank(), hvd.size()
+    full = digits()
+    data = full.shard(rank, size)
+    x_train, y_train = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
+    x_test, y_test = torch.from_numpy(data.x_test), torch.from_numpy(data.y_test)
+
+    model = workload.make_model()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    compute_s = _compute_time(model, x_train, y_train, workload.batch_size)
+    local = torch.optim.SGD(model.parameters(), lr=workload.lr * size, momentum=0.9)
+    optimizer = strategy.build(local, model)
+    bytes_per_step = strategy.bytes_per_step(local, model, size)
+
+    batch = workload.batch_size
+    per_epoch = len(full.x_train) // size // batch
+    rng = np.random.default_rng(args.seed + rank)
+    order = rng.permutation(len(x_train))
+
+    def evaluate():
+        model.eval()
+        with torch.no_grad():
+            acc = (model(x_test).argmax(1) == y_test).float().mean()
+        model.train()
+        return hvd.allreduce(acc, name="bench.accuracy").item()
+
+    iface = os.environ.get(IFACE_ENV)
+    hvd.barrier()
+    counters_start = interface_bytes(iface)
+    step_times, curve, train_time = [], [], 0.0
+    for step in range(1, args.steps + 1):
+        i = (step - 1) % per_epoch
+        if i == 0 and step > 1:
+            order = rng.permutation(len(x_train))
+        idx = torch.from_numpy(order[i * batch:(i + 1) * batch])
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
+        loss.backward()
+        optimizer.step()
+        elapsed = time.perf_counter() - start
+        step_times.append(elapsed)
+        train_time += elapsed
+        if step % args.eval_every == 0 or step == args.steps:
+            accuracy = evaluate()
+            curve.append({"step": step, "time": train_time, "accuracy": accuracy,
+                          "loss": float(loss.item())})
+            if rank == 0:
+                print(json.dumps({"event": "progress", "step": step, "steps": args.steps,
+                                  "time": train_time, "accuracy": accuracy}), flush=True)
+    hvd.barrier()
+    counters_end = interface_bytes(iface)
+    interface = None
+    if counters_start and counters_end:
+        interface = [e - s for s, e in zip(counters_start, counters_end)]
+    everyone = hvd.allgather_object({"rank": rank, "interface_tx_rx": interface,
+                                     "median_step": float(np.median(step_times)),
+                                     "compute_s": compute_s})
+    if rank == 0:
+        result = {
+            "workload": args.workload, "strategy": args.strategy, "ranks": size,
+            "steps": args.steps, "step_times": step_times, "curve": curve,
+            "hvdx_bytes_per_rank_per_step": bytes_per_step,
+            "ranks_detail": everyone,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "parameter_split": parameter_split(model),
+            "compute_s": float(np.median([r["compute_s"] for r in everyone])),
+        }
+        with open(args.out + ".tmp", "w") as f:
+            json.dump(result, f)
+        os.replace(args.out + ".tmp", args.out)
+        print(json.dumps({"event": "done"}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

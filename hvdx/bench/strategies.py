@@ -1,0 +1,49 @@
+"""The strategies ``hvdx bench`` compares, each a way to build the distributed optimizer.
+
+A strategy turns a local optimizer into a distributed one and says how many bytes a
+rank sends per step. Horovod's own collectives are not visible to hvdx, so for the
+Horovod baseline the bytes are the standard cost of the algorithm MPI runs for a large
+allreduce (reduce-scatter + allgather, Thakur, Rabenseifner & Gropp 2005): each rank
+sends ``2 (n - 1) / n`` times the gradient bytes. The benchmark checks every such
+figure against the interface byte counters of the emulated hosts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional
+
+__all__ = ["Strategy", "STRATEGIES", "allreduce_bytes_per_rank"]
+
+
+def allreduce_bytes_per_rank(nbytes: int, size: int) -> float:
+    """Bytes one rank sends in a bandwidth-optimal allreduce of ``nbytes`` over ``size``."""
+    return 0.0 if size <= 1 else 2.0 * (size - 1) / size * nbytes
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """How to build the optimizer, and the bytes a rank sends per step."""
+
+    name: str
+    label: str
+    build: Callable  # (optimizer, model) -> distributed optimizer
+    bytes_per_step: Callable  # (optimizer, model, size) -> bytes sent per rank per step
+    cost_model: Optional[str] = None  # its name in hvdx.core.cost_model, if priced there
+
+
+def _horovod(optimizer, model):
+    import horovod.torch as hvd
+
+    return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+
+
+def _gradient_bytes(optimizer, model, size):
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return allreduce_bytes_per_rank(nbytes, size)
+
+
+STRATEGIES: Dict[str, Strategy] = {
+    "horovod": Strategy("horovod", "Horovod ring allreduce (baseline)", _horovod,
+                        _gradient_bytes, cost_model="horovod"),
+}

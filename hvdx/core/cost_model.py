@@ -1,0 +1,622 @@
+"""Alpha-beta cost model: predicted step time of each hvdx strategy on a rack cluster.
+
+Every message costs ``alpha + m / beta`` (Hockney, "The communication challenge for MPP",
+Parallel Computing 20, 1994). Collectives are built from the standard algorithms of
+Thakur, Rabenseifner & Gropp, "Optimization of collective communication operations in
+MPICH" (IJHPCA 2005): a ring allreduce of ``M`` bytes over ``m`` ranks is a reduce-scatter
+and an allgather, ``2(m-1)`` rounds, each rank sending ``2(m-1)/m * M`` bytes, which is
+bandwidth-optimal (Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for
+clusters of workstations", JPDC 2009).
+
+The network: every host has a NIC (``nic_bps`` each way), every rack one uplink to the
+core (``uplink_bps`` each way), ranks on one host talk at ``intra_host_bps`` (``None``:
+free). Ranks are numbered rack by rack, host by host, as an MPI hostfile lists them, and
+a ring follows rank order. A phase is a set of concurrent flows (src, dst, bytes); flows
+share links evenly (fluid model), so the phase ends when its busiest link has moved its
+bytes::
+
+    T_phase = rounds * alpha + max over links (bytes through the link, one way) / rate
+
+Per strategy (``n`` ranks, ``R`` racks, ``W = n/R`` ranks per rack, ``M`` model bytes,
+``k = ratio * params``, ``e`` bytes per element, ``p = 4 + e`` bytes per (int32 index,
+value) pair, 8 for float32):
+
+- horovod: one ring over all ranks. A rack-ordered ring leaves and enters each rack exactly
+  once, so an uplink carries one flow each way, ``2(n-1)/n * M``, whatever the
+  oversubscription; the time is that over the slowest hop, ``min(nic, uplink)``.
+- hierarchical: intra-rack reduce-scatter (ring of ``W``), ``W`` concurrent cross-rack ring
+  allreduces of one ``M/W`` shard each (uplink: ``2(R-1)/R * M``), intra-rack allgather.
+- topk gathered: ring allgather of every rank's ``k`` pairs: ``(n-1) * p * k`` per rank.
+- topk sharded: alltoall of the ``k`` pairs to shard owners (``(n-1)/n * p * k``), then
+  ring allgather of the ``k_down`` downlink pairs (``(n-1)/n * p * k_down``): flat in ``n``.
+- dssync: ring allreduce of ``M`` inside each rack (no uplink bytes); every
+  ``intra_phases + 1``-th step, rings of one rank per rack instead (``cross_ranks`` rings,
+  uplink: ``cross_ranks * 2(R-1)/R * M``); the period's time is spread over its steps.
+- exp_graph static: every rank sends ``M`` to ``i + 2^j`` for ``j < tau = ceil(log2 n)``;
+  one_peer: ``M`` to ``i + 2^(t mod tau)``, averaged over ``tau`` steps. Shifts of at least
+  ``W`` take every flow of a rack across its uplink.
+- stanza: ``batch * activation_size * e`` from each conv worker to its FC worker and back,
+  then a ring allreduce of the conv parameters among the ``n - F`` conv workers (and of the
+  FC parameters among the ``F`` FC workers if ``F > 1``; never on the wire when ``F = 1``).
+
+Not modelled: overlap of communication with backward (a step is compute + comm, an upper
+bound), TCP incast losses, TopK selection time, other jobs' traffic on the uplinks, and
+host-level hierarchy (NCCL inside a multi-GPU host; "hierarchical" here is per rack).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+__all__ = [
+    "Cluster",
+    "DEFAULT_STRATEGIES",
+    "Phase",
+    "Prediction",
+    "STRATEGIES",
+    "Workload",
+    "compare",
+    "format_rate",
+    "parse_rate",
+    "parse_time",
+    "predict",
+    "prediction_error",
+    "speedup",
+    "speedup_over_horovod",
+]
+
+_RATE_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
+_TIME_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6}
+_QUANTITY_RE = re.compile(r"^\s*((?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?)\s*([a-z]*)\s*$")
+_INDEX_BYTES = 4  # a sparse entry travels as an int32 index next to its value
+
+Number = Union[int, float]
+
+
+def _parse(value: Union[Number, str], name: str, units: Mapping[str, float],
+           hint: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{name}={value!r} is not a number: {hint}")
+    if isinstance(value, str):
+        match = _QUANTITY_RE.match(value.lower())
+        if not match or match.group(2) not in units:
+            raise ValueError(f"{name}={value!r} is not understood: {hint}")
+        value = float(match.group(1)) * units[match.group(2)]
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name}={value!r} must be finite and not negative: {hint}")
+    return float(value)
+
+
+def parse_rate(value: Union[Number, str], name: str = "rate") -> float:
+    """Parses a link rate like tc does (SI units): ``"100mbit"`` -> ``1e8`` bits/s.
+
+    Args:
+        value: a string with ``bit``, ``kbit``, ``mbit``, ``gbit`` or ``tbit``, or a number
+            of bits per second. A bare number in a string is refused: tc reads it as
+            bytes per second, an easy slip.
+        name: the argument's name, for the error message.
+
+    Raises:
+        ValueError: naming ``name`` and the value, if it is not a positive rate.
+    """
+    rate = _parse(value, name, _RATE_UNITS, "use a positive rate such as 100mbit or 25gbit")
+    if rate == 0:
+        raise ValueError(f"{name}={value!r} must be a positive rate, e.g. 100mbit")
+    return rate
+
+
+def parse_time(value: Union[Number, str], name: str = "time") -> float:
+    """Parses a duration (``"25us"``, ``"1ms"``, ``"0.5s"`` or seconds) into seconds."""
+    return _parse(value, name, _TIME_UNITS, "use a duration such as 25us or 1ms")
+
+
+def format_rate(bits_per_second: float) -> str:
+    """Renders a rate in tc's units, e.g. ``2.5e10`` -> ``"25gbit"``."""
+    for unit in ("tbit", "gbit", "mbit", "kbit"):
+        if bits_per_second >= _RATE_UNITS[unit]:
+            return f"{bits_per_second / _RATE_UNITS[unit]:g}{unit}"
+    return f"{bits_per_second:g}bit"
+
+
+def _integer(name: str, value: object, low: int, high: float = math.inf) -> int:
+    """``value`` as an int from ``low`` to ``high``; ValueError naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or \
+            not low <= value <= high:
+        span = f"from {low} to {high}" if high < math.inf else f"of at least {low}"
+        raise ValueError(f"{name}={value!r} must be an integer {span}")
+    return int(value)
+
+
+def _positive(name: str, value: object) -> float:
+    number = _parse(value, name, {"": 1.0}, "use a positive number")
+    if number == 0:
+        raise ValueError(f"{name}={value!r} must be a positive number")
+    return number
+
+
+def _fraction(name: str, value: object, low_open: bool = False) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        (0 < value <= 1 if low_open else 0 <= value <= 1)
+    if not ok:
+        raise ValueError(f"{name}={value!r} must be in {'(0' if low_open else '[0'}, 1]")
+    return float(value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster:
+    """Racks of hosts behind oversubscribed uplinks.
+
+    Rates may be given as tc strings (``"25gbit"``); they are stored as bits per second.
+
+    Attributes:
+        racks: number of racks; racks meet at one non-blocking core switch.
+        hosts_per_rack: hosts per rack.
+        nic_bps: each host's NIC rate, each way, bits/s.
+        uplink_bps: each rack's uplink to the core, each way, bits/s.
+        ranks_per_host: ranks (GPUs) per host; they share the host's NIC.
+        latency_s: alpha, the start-up cost of one message, seconds.
+        intra_host_bps: rate between two ranks of one host; ``None``: not a bottleneck.
+    """
+
+    racks: int
+    hosts_per_rack: int
+    nic_bps: float
+    uplink_bps: float
+    ranks_per_host: int = 1
+    latency_s: float = 25e-6
+    intra_host_bps: Optional[float] = None
+
+    def __post_init__(self):
+        for name in ("racks", "hosts_per_rack", "ranks_per_host"):
+            _integer(f"Cluster.{name}", getattr(self, name), 1)
+        for name in ("nic_bps", "uplink_bps") + (("intra_host_bps",) if
+                                                 self.intra_host_bps is not None else ()):
+            object.__setattr__(self, name, parse_rate(getattr(self, name), f"Cluster.{name}"))
+        object.__setattr__(self, "latency_s", parse_time(self.latency_s, "Cluster.latency_s"))
+
+    @classmethod
+    def from_oversubscription(cls, racks: int, hosts_per_rack: int,
+                              nic: Union[Number, str], oversubscription: float,
+                              **kwargs) -> "Cluster":
+        """"8 racks x 32 hosts, 25gbit NICs, 4:1": uplink = hosts * nic / oversubscription."""
+        ratio, nic_bps = _positive("oversubscription", oversubscription), parse_rate(nic, "nic")
+        hosts = _integer("Cluster.hosts_per_rack", hosts_per_rack, 1)
+        return cls(racks=racks, hosts_per_rack=hosts, nic_bps=nic_bps,
+                   uplink_bps=hosts * nic_bps / ratio, **kwargs)
+
+    @property
+    def ranks(self) -> int:
+        """All ranks: racks x hosts per rack x ranks per host."""
+        return self.racks * self.ranks_per_rack
+
+    @property
+    def ranks_per_rack(self) -> int:
+        """Ranks behind one uplink."""
+        return self.hosts_per_rack * self.ranks_per_host
+
+    @property
+    def oversubscription(self) -> float:
+        """What the rack's NICs could send over what its uplink carries (4.0 means 4:1)."""
+        return self.hosts_per_rack * self.nic_bps / self.uplink_bps
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """One training step: model size, compute time, and what Stanza moves.
+
+    Attributes:
+        conv_params: parameters of the body (conv layers), exchanged by every strategy.
+        fc_params: parameters of the head (FC layers), which Stanza keeps on FC workers.
+        compute_s: forward + backward + update on one rank, seconds per step.
+        bytes_per_element: bytes of one parameter, gradient or activation (4: float32).
+        batch_size: samples per rank per step.
+        activation_size: elements per sample at the conv/FC boundary (VGG-16: 25,088).
+        fc_compute_fraction: share of ``compute_s`` spent in the FC layers (VGG-16: ~0.01).
+    """
+
+    conv_params: int
+    fc_params: int
+    compute_s: float
+    bytes_per_element: int = 4
+    batch_size: int = 32
+    activation_size: int = 0
+    fc_compute_fraction: float = 0.0
+
+    def __post_init__(self):
+        for name in ("conv_params", "fc_params", "activation_size"):
+            _integer(f"Workload.{name}", getattr(self, name), 0)
+        for name in ("bytes_per_element", "batch_size"):
+            _integer(f"Workload.{name}", getattr(self, name), 1)
+        if self.params == 0:
+            raise ValueError("Workload.conv_params=0 and fc_params=0: the model is empty")
+        object.__setattr__(self, "compute_s", parse_time(self.compute_s, "Workload.compute_s"))
+        _fraction("Workload.fc_compute_fraction", self.fc_compute_fraction)
+
+    @classmethod
+    def from_total(cls, params: float, fc_fraction: float, compute_s: float,
+                   **kwargs) -> "Workload":
+        """Splits ``params`` into FC (``fc_fraction``, VGG-16: 0.89) and conv parameters."""
+        total = int(round(_positive("params", params)))
+        fc = int(round(total * _fraction("fc_fraction", fc_fraction)))
+        return cls(conv_params=total - fc, fc_params=fc, compute_s=compute_s, **kwargs)
+
+    @property
+    def params(self) -> int:
+        """All parameters."""
+        return self.conv_params + self.fc_params
+
+    @property
+    def model_bytes(self) -> int:
+        """Bytes of one dense copy of the gradients (what one allreduce moves)."""
+        return self.params * self.bytes_per_element
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One communication phase of a step, as the model prices it.
+
+    Attributes:
+        name: what moves, e.g. ``"intra-rack group allreduce"``.
+        weight: occurrences per step (``1/period`` for phases of a multi-step schedule).
+        rounds: latency-bound message rounds (each costs alpha).
+        seconds: time of one occurrence: ``rounds * alpha`` + busiest link.
+        bottleneck: ``"nic"``, ``"uplink"``, ``"intra-host"``, ``"latency"`` or ``"none"``.
+        nic_bytes: bytes through the busiest host NIC, one way.
+        uplink_bytes: bytes through the busiest rack uplink, one way.
+        intra_bytes: bytes through the busiest rank's intra-host link, one way.
+        sent_bytes: bytes sent per rank, averaged over ranks.
+    """
+
+    name: str
+    weight: float
+    rounds: int
+    seconds: float
+    bottleneck: str
+    nic_bytes: float
+    uplink_bytes: float
+    intra_bytes: float
+    sent_bytes: float
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted cost of one training step of one strategy.
+
+    Attributes:
+        strategy: key in :data:`STRATEGIES`; ``label`` adds its options.
+        compute_s: compute on the critical path, seconds.
+        comm_s: communication, seconds (phases weighted per step).
+        bytes_per_rank: bytes sent per rank per step, averaged over ranks.
+        bottleneck: the link (or latency) that accounts for most of ``comm_s``.
+        phases: the priced phases.
+        data_ranks: ranks that train on a batch each step (Stanza: conv workers only).
+    """
+
+    strategy: str
+    label: str
+    compute_s: float
+    comm_s: float
+    bytes_per_rank: float
+    bottleneck: str
+    phases: Tuple[Phase, ...]
+    data_ranks: int
+
+    @property
+    def step_s(self) -> float:
+        """compute + communication, no overlap assumed."""
+        return self.compute_s + self.comm_s
+
+    @property
+    def seconds_per_batch(self) -> float:
+        """Step time per batch trained: fair across strategies with fewer data ranks."""
+        return self.step_s / self.data_ranks
+
+
+# --- flows and their price -----------------------------------------------------------
+
+Flow = Tuple[np.ndarray, np.ndarray, float]  # (src ranks, dst ranks, bytes of each flow)
+
+
+class _Traffic(NamedTuple):
+    name: str
+    flows: List[Flow]
+    rounds: int
+    weight: float = 1.0
+
+
+class _Plan(NamedTuple):
+    label: str
+    traffic: List[_Traffic]
+    compute_s: Optional[float] = None
+    data_ranks: Optional[int] = None
+
+
+def _rings(groups: np.ndarray, nbytes: float) -> List[Flow]:
+    """Each row of ``groups`` is a ring in which every rank sends ``nbytes`` to the next."""
+    if groups.shape[1] < 2:
+        return []
+    return [(groups.ravel(), np.roll(groups, -1, axis=1).ravel(), nbytes)]
+
+
+def _allreduce(name: str, groups: np.ndarray, nbytes: float, weight: float = 1.0) -> _Traffic:
+    """Ring allreduce in every row: reduce-scatter + allgather, 2(m-1) rounds."""
+    m = groups.shape[1]
+    return _Traffic(name, _rings(groups, 2 * (m - 1) / m * nbytes), 2 * (m - 1), weight)
+
+
+def _shift(n: int, distance: int, nbytes: float) -> Flow:
+    """Every rank ``i`` sends ``nbytes`` to ``(i + distance) mod n``."""
+    src = np.arange(n)
+    return src, (src + distance) % n, nbytes
+
+
+def _link_loads(flows: List[Flow], c: Cluster) -> Dict[str, float]:
+    """Bytes through the busiest NIC, uplink and intra-host port, in its busier direction.
+
+    A flow loads its hosts' NICs when it leaves its host, its racks' uplinks when it leaves
+    its rack, and the two ranks' intra-host ports when it stays on one host.
+    """
+    sizes = {"nic": c.racks * c.hosts_per_rack, "uplink": c.racks, "intra-host": c.ranks}
+    out = {link: np.zeros(size) for link, size in sizes.items()}
+    into = {link: np.zeros(size) for link, size in sizes.items()}
+    for src, dst, nbytes in flows:
+        host_s, host_d = src // c.ranks_per_host, dst // c.ranks_per_host
+        rack_s, rack_d = src // c.ranks_per_rack, dst // c.ranks_per_rack
+        for link, a, b, mask in (("nic", host_s, host_d, host_s != host_d),
+                                 ("uplink", rack_s, rack_d, rack_s != rack_d),
+                                 ("intra-host", src, dst, (host_s == host_d) & (src != dst))):
+            out[link] += np.bincount(a[mask], minlength=sizes[link]) * nbytes
+            into[link] += np.bincount(b[mask], minlength=sizes[link]) * nbytes
+    return {link: float(max(out[link].max(), into[link].max())) for link in sizes}
+
+
+def _price(traffic: _Traffic, c: Cluster) -> Phase:
+    """1. load every link with the flows; 2. busiest link / its rate; 3. add rounds * alpha."""
+    loads = _link_loads(traffic.flows, c)
+    rates = {"nic": c.nic_bps, "uplink": c.uplink_bps, "intra-host": c.intra_host_bps}
+    times = {link: 8 * load / rates[link] if rates[link] else 0.0
+             for link, load in loads.items()}
+    link = max(times, key=times.get)
+    latency = traffic.rounds * c.latency_s if traffic.flows else 0.0
+    bottleneck = "latency" if latency > times[link] else link if times[link] > 0 else "none"
+    sent = sum(len(src) * nbytes for src, _, nbytes in traffic.flows) / c.ranks
+    return Phase(traffic.name, traffic.weight, traffic.rounds, latency + times[link],
+                 bottleneck, loads["nic"], loads["uplink"], loads["intra-host"], sent)
+
+
+# --- strategies ----------------------------------------------------------------------
+
+def _grid(c: Cluster) -> np.ndarray:
+    """Ranks as a racks x ranks_per_rack array (rank order is rack by rack)."""
+    return np.arange(c.ranks).reshape(c.racks, c.ranks_per_rack)
+
+
+def _horovod(c: Cluster, w: Workload) -> _Plan:
+    """Horovod's flat ring allreduce over all ranks (Patarasuk & Yuan 2009)."""
+    everyone = np.arange(c.ranks)[None, :]
+    return _Plan("horovod", [_allreduce("ring allreduce", everyone, w.model_bytes)])
+
+
+def _hierarchical(c: Cluster, w: Workload) -> _Plan:
+    """Two-level allreduce (Thakur et al. 2005; Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE).
+
+    1. ring reduce-scatter inside each rack: rank j of a rack ends with shard j summed;
+    2. ring allreduce of shard j among the j-th ranks of all racks (W rings at once);
+    3. ring allgather inside each rack.
+    """
+    grid, width = _grid(c), c.ranks_per_rack
+    half = (width - 1) / width * w.model_bytes  # one ring pass: reduce-scatter or allgather
+    return _Plan("hierarchical", [
+        _Traffic("intra-rack reduce-scatter", _rings(grid, half), width - 1),
+        _allreduce("cross-rack allreduce of shards", grid.T, w.model_bytes / width),
+        _Traffic("intra-rack allgather", _rings(grid, half), width - 1)])
+
+
+def _topk(c: Cluster, w: Workload, ratio: float = 0.01, downlink_ratio: Optional[float] = None,
+          mode: str = "gathered") -> _Plan:
+    """TopK sparsification (Zou, De Sterck & Liu, arXiv 2209.15203).
+
+    gathered: 1. every rank allgathers its k (index, value) pairs; every rank sums them
+    (and applies its downlink TopK locally, which costs no bytes).
+    sharded: 1. alltoall: the pairs of shard s go to rank s; 2. rank s sums its shard and
+    keeps the top ``k_down / n``; 3. allgather of those downlink shards.
+    """
+    ratio = _fraction("ratio", ratio, low_open=True)
+    if mode not in ("gathered", "sharded"):
+        raise ValueError(f"mode={mode!r} must be 'gathered' or 'sharded'")
+    n, pair = c.ranks, _INDEX_BYTES + w.bytes_per_element
+    k_up = math.ceil(ratio * w.params) * pair
+    if mode == "gathered":
+        # Ring allgather: each rank forwards the other n-1 ranks' k pairs.
+        gather = _rings(np.arange(n)[None, :], (n - 1) * k_up)
+        return _Plan(f"topk gathered {ratio:g}",
+                     [_Traffic("allgather of top-k pairs", gather, n - 1)])
+    down = _fraction("downlink_ratio", ratio if downlink_ratio is None else downlink_ratio,
+                     low_open=True)
+    k_down = math.ceil(down * w.params) * pair
+    # Indices spread evenly over the n shards: each owner gets k_up/n pairs from each rank.
+    scatter = [_shift(n, d, k_up / n) for d in range(1, n)]
+    gather = _rings(np.arange(n)[None, :], (n - 1) / n * k_down)
+    return _Plan(f"topk sharded {ratio:g}/{down:g}", [
+        _Traffic("alltoall of top-k pairs to shard owners", scatter, n - 1),
+        _Traffic("allgather of downlink top-k shards", gather, n - 1)])
+
+
+def _dssync(c: Cluster, w: Workload, intra_phases: int = 1,
+            cross_ranks: Optional[int] = None) -> _Plan:
+    """DS-Sync group averaging (Wang et al., arXiv 2007.03298), rotation schedule.
+
+    1. ``intra_phases`` steps: every rack averages the full model in a ring of W ranks;
+    2. one step: groups of one rank per rack average it (``cross_ranks`` groups at once);
+    3. the period's time is spread evenly over its steps.
+    """
+    grid, width = _grid(c), c.ranks_per_rack
+    intra_phases = _integer("intra_phases", intra_phases, 0)
+    cross = width if cross_ranks is None else _integer("cross_ranks", cross_ranks, 1, width)
+    # With one rack every phase is intra-rack; with one rank per rack every phase crosses.
+    intra = (intra_phases if c.racks > 1 else 1) if width > 1 else 0
+    crossing = 1 if c.racks > 1 else 0
+    period = max(intra + crossing, 1)
+    # Crossing ranks are spread over hosts (first local rank of each host, then second).
+    order = sorted(range(width), key=lambda j: (j % c.ranks_per_host, j // c.ranks_per_host))
+    traffic = [_allreduce("intra-rack group allreduce", grid, w.model_bytes, intra / period),
+               _allreduce("cross-rack group allreduce", grid[:, order[:cross]].T,
+                          w.model_bytes, crossing / period)]
+    return _Plan(f"dssync intra={intra_phases} cross={cross}", [t for t in traffic if t.weight > 0])
+
+
+def _exp_graph(c: Cluster, w: Workload, topology: str = "one_peer") -> _Plan:
+    """Decentralized SGD over exponential graphs (Ying et al., NeurIPS 2021).
+
+    static: each step, rank i sends its model to i + 2^j for all j < tau at once.
+    one_peer: step t sends it to i + 2^(t mod tau) only; priced as the mean over tau steps.
+    """
+    if topology not in ("static", "one_peer"):
+        raise ValueError(f"topology={topology!r} must be 'static' or 'one_peer'")
+    n = c.ranks
+    tau = math.ceil(math.log2(n)) if n > 1 else 0
+    shifts = [_shift(n, 2 ** j, w.model_bytes) for j in range(tau)]
+    if topology == "static":
+        traffic = [_Traffic("send model to tau out-neighbours", shifts, tau)] if tau else []
+    else:
+        traffic = [_Traffic(f"send model to i+{2 ** j}", [flow], 1, 1 / tau)
+                   for j, flow in enumerate(shifts)]
+    return _Plan(f"exp_graph {topology}", traffic)
+
+
+def _stanza_roles(c: Cluster, fc_workers: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """1. FC workers: the last rank of each rack, then the one before, ...;
+    2. each conv worker feeds an FC worker of its own rack if there is one (no uplink
+    bytes), else any, round robin. Returns (conv ranks, their FC worker, FC ranks)."""
+    fc = _grid(c)[:, ::-1].T.ravel()[:fc_workers]
+    conv = np.setdiff1d(np.arange(c.ranks), fc)
+    turns: Dict[Tuple[int, ...], int] = {}
+    target = []
+    for r in conv:
+        pool = tuple(f for f in fc if f // c.ranks_per_rack == r // c.ranks_per_rack) or \
+            tuple(fc)
+        turns[pool] = turns.get(pool, -1) + 1
+        target.append(pool[turns[pool] % len(pool)])
+    return conv, np.array(target, dtype=int), np.sort(fc)
+
+
+def _stanza(c: Cluster, w: Workload, fc_workers: int = 1) -> _Plan:
+    """Stanza layer separation (Wu et al., IEEE TSC 2020).
+
+    1. conv workers send their batch's activations to their FC worker;
+    2. FC workers run the head and send the activation gradients back;
+    3. conv workers allreduce the conv gradients (FC workers the FC ones, if F > 1).
+    """
+    # At least one rank must stay a conv worker.
+    fc_workers = _integer("fc_workers", fc_workers, 1, c.ranks - 1)
+    conv, target, fc = _stanza_roles(c, fc_workers)
+    activations = w.batch_size * w.activation_size * w.bytes_per_element
+    # Conv and FC rings run at once on disjoint ranks; F = 1 gives no FC ring at all.
+    conv_ring = _allreduce("", conv[None, :], w.conv_params * w.bytes_per_element)
+    fc_ring = _allreduce("", fc[None, :], w.fc_params * w.bytes_per_element)
+    # The busiest FC worker runs the head for all of its conv workers, one after another.
+    most_fed = int(np.bincount(target).max())
+    compute = w.compute_s * ((1 - w.fc_compute_fraction) + most_fed * w.fc_compute_fraction)
+    traffic = [
+        _Traffic("activations to FC workers", [(conv, target, activations)], 1),
+        _Traffic("activation gradients to conv workers", [(target, conv, activations)], 1),
+        _Traffic("conv allreduce (and FC allreduce if F > 1)",
+                 conv_ring.flows + fc_ring.flows, max(conv_ring.rounds, fc_ring.rounds))]
+    return _Plan(f"stanza F={fc_workers}", traffic, compute_s=compute, data_ranks=len(conv))
+
+
+#: Strategy keys and the function that lays out their traffic.
+STRATEGIES = {"horovod": _horovod, "hierarchical": _hierarchical, "topk": _topk,
+              "dssync": _dssync, "exp_graph": _exp_graph, "stanza": _stanza}
+
+#: What :func:`compare` prices by default: every strategy, both TopK modes and graphs.
+DEFAULT_STRATEGIES = ("horovod", "hierarchical", ("topk", {"mode": "gathered"}),
+                      ("topk", {"mode": "sharded"}), "dssync",
+                      ("exp_graph", {"topology": "static"}),
+                      ("exp_graph", {"topology": "one_peer"}), "stanza")
+
+
+def _options_of(strategy: str) -> Tuple[str, ...]:
+    return tuple(inspect.signature(STRATEGIES[strategy]).parameters)[2:]
+
+
+def predict(strategy: str, cluster: Cluster, workload: Workload, **options) -> Prediction:
+    """Predicts one step of ``strategy`` on ``cluster``.
+
+    Args:
+        strategy: a key of :data:`STRATEGIES`.
+        cluster: the network.
+        workload: the model and its compute time.
+        **options: the strategy's options: topk ``ratio``, ``downlink_ratio``, ``mode``;
+            dssync ``intra_phases``, ``cross_ranks``; exp_graph ``topology``; stanza
+            ``fc_workers``.
+
+    Raises:
+        ValueError: for an unknown strategy, an option it does not take, or a bad value.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy={strategy!r} is not one of {', '.join(STRATEGIES)}")
+    unknown = sorted(set(options) - set(_options_of(strategy)))
+    if unknown:
+        raise ValueError(f"strategy {strategy!r} takes no option {', '.join(unknown)}; it "
+                         f"takes: {', '.join(_options_of(strategy)) or 'none'}")
+    plan = STRATEGIES[strategy](cluster, workload, **options)
+    phases = tuple(_price(t, cluster) for t in plan.traffic)
+    per_link: Dict[str, float] = {}
+    for p in phases:
+        per_link[p.bottleneck] = per_link.get(p.bottleneck, 0.0) + p.weight * p.seconds
+    comm = sum(per_link.values())
+    return Prediction(
+        strategy, plan.label,
+        workload.compute_s if plan.compute_s is None else plan.compute_s, comm,
+        sum(p.weight * p.sent_bytes for p in phases),
+        max(per_link, key=per_link.get) if comm > 0 else "none", phases,
+        cluster.ranks if plan.data_ranks is None else plan.data_ranks)
+
+
+def compare(cluster: Cluster, workload: Workload,
+            strategies: Sequence[Union[str, Tuple[str, Mapping]]] = DEFAULT_STRATEGIES,
+            **options) -> List[Prediction]:
+    """Predicts several strategies, fastest first (by time per batch trained).
+
+    Args:
+        strategies: keys, or ``(key, options)`` pairs whose options win over ``options``.
+        **options: shared options; each strategy takes those it knows.
+    """
+    predictions = []
+    for entry in strategies:
+        name, own = (entry, {}) if isinstance(entry, str) else entry
+        if name not in STRATEGIES:
+            raise ValueError(f"strategy={name!r} is not one of {', '.join(STRATEGIES)}")
+        merged = {k: v for k, v in options.items() if k in _options_of(name)}
+        predictions.append(predict(name, cluster, workload, **{**merged, **own}))
+    return sorted(predictions, key=lambda p: p.seconds_per_batch)
+
+
+def speedup(prediction: Prediction, baseline: Prediction) -> float:
+    """How many times faster ``prediction`` trains a batch than ``baseline``."""
+    return baseline.seconds_per_batch / prediction.seconds_per_batch
+
+
+def speedup_over_horovod(prediction: Prediction, cluster: Cluster, workload: Workload) -> float:
+    """:func:`speedup` against Horovod's flat ring on the same cluster and workload."""
+    return speedup(prediction, predict("horovod", cluster, workload))
+
+
+def prediction_error(predicted: Union[Prediction, float], measured: float) -> float:
+    """Relative error ``(predicted - measured) / measured``; positive: the model is slow.
+
+    Raises:
+        ValueError: if ``measured`` is not a positive number of seconds.
+    """
+    if isinstance(measured, bool) or not isinstance(measured, (int, float)) or \
+            not 0 < measured < math.inf:
+        raise ValueError(f"measured={measured!r} must be a positive step time in seconds")
+    value = predicted.step_s if isinstance(predicted, Prediction) else float(predicted)
+    return (value - measured) / measured

@@ -1,0 +1,35 @@
+"""`hvdx bench` on the emulated cluster: hvdx's byte count matches the interfaces."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the emulated cluster needs root")
+
+
+def test_horovod_baseline_bytes_match_the_interface_counters_within_10_percent(tmp_path):
+    out = tmp_path / "bench"
+    proc = subprocess.run(
+        [sys.executable, "-m", "hvdx.cli", "bench", "--workloads", "digits_vgg",
+         "--strategies", "horovod", "--steps", "6", "--eval-every", "3", "--out", str(out)],
+        capture_output=True, text=True, timeout=400,
+        env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "emulated 2x2, NIC 1gbit, uplink 100mbit" in proc.stdout
+    assert "step 6/6" in proc.stdout  # progress was shown
+    summary = json.loads((out / "results.json").read_text())["summary"]
+    assert [row["strategy"] for row in summary] == ["horovod"]
+    assert abs(summary[0]["bytes_agreement"] - 1.0) <= 0.10, summary[0]
+    assert summary[0]["prediction_error"] is not None
+    for name in ("results.csv", "results.png"):
+        assert (out / name).stat().st_size > 0
+
+
+def test_an_invalid_rate_is_refused_before_anything_is_created():
+    proc = subprocess.run([sys.executable, "-m", "hvdx.cli", "bench", "--uplink", "fast"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "uplink='fast'" in proc.stderr

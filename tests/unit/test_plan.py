@@ -1,0 +1,106 @@
+"""`hvdx plan` prints a prediction per strategy and names a winner, for any cluster."""
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from hvdx import plan
+from hvdx.core.cost_model import STRATEGIES
+
+
+def run(capsys, *argv):
+    code = plan.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def parse(*argv):
+    parser = argparse.ArgumentParser()
+    plan.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+@pytest.mark.parametrize("preset", sorted(plan.PRESETS))
+def test_every_preset_prints_every_strategy_and_a_winner(capsys, preset):
+    code, out, _ = run(capsys, "--preset", preset)
+    assert code == 0
+    for name in STRATEGIES:
+        assert any(line.startswith(name) for line in out.splitlines()), out
+    verdicts = [line for line in out.splitlines() if line.startswith("verdict: ")]
+    assert len(verdicts) == 1 and "wins" in verdicts[0]
+    for column in ("step ms", "comm ms", "MB/rank/step", "bottleneck", "vs horovod"):
+        assert column in out
+
+
+def test_presets_are_the_documented_clusters():
+    emulated = plan.build_cluster(parse("--preset", "emulated"))
+    assert (emulated.racks, emulated.hosts_per_rack, emulated.nic_bps, emulated.uplink_bps) \
+        == (2, 2, 1e9, 1e8)
+    datacenter = plan.build_cluster(parse("--preset", "datacenter"))
+    assert (datacenter.racks, datacenter.hosts_per_rack, datacenter.nic_bps) == (8, 32, 25e9)
+    assert datacenter.oversubscription == pytest.approx(4)
+
+
+def test_flags_override_the_preset():
+    c = plan.build_cluster(parse("--preset", "datacenter", "--racks", "4", "--uplink", "10gbit"))
+    assert (c.racks, c.hosts_per_rack, c.uplink_bps) == (4, 32, 10e9)
+    c = plan.build_cluster(parse("--preset", "emulated", "--oversubscription", "4"))
+    assert c.uplink_bps == pytest.approx(2 * 1e9 / 4)
+
+
+def test_the_workload_flags_build_the_workload():
+    w = plan.build_workload(parse("--params", "138e6", "--fc-fraction", "0.9",
+                                  "--compute-ms", "100"))
+    assert w.params == 138_000_000 and w.fc_params == 124_200_000 and w.compute_s == 0.1
+
+
+def test_the_verdict_names_the_fastest_strategy(capsys):
+    _, out, _ = run(capsys, "--preset", "emulated", "--ratio", "0.01")
+    first_row = out.splitlines()[3]
+    verdict = out.splitlines()[-1]
+    assert verdict.startswith(f"verdict: {first_row.split('  ')[0].strip()} wins")
+
+
+def test_sweep_names_a_winner_at_every_point(capsys):
+    code, out, _ = run(capsys, "--preset", "emulated", "--sweep", "10mbit,100mbit,1gbit")
+    assert code == 0
+    winners = [line for line in out.splitlines() if line.startswith("winner at uplink")]
+    assert [w.split()[3] for w in winners] == ["10mbit", "100mbit", "1gbit"]
+
+
+def test_a_bare_sweep_varies_the_oversubscription(capsys):
+    code, out, _ = run(capsys, "--preset", "datacenter", "--sweep")
+    assert code == 0
+    assert "(1:1)" in out and "(64:1)" in out
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--nic", "25gbps"], "--nic='25gbps'"),
+    (["--uplink", "fast"], "--uplink='fast'"),
+    (["--latency", "soon"], "--latency='soon'"),
+    (["--uplink", "1gbit", "--oversubscription", "4"], "--oversubscription=4"),
+    (["--sweep", "10mbit,0"], "--sweep='0'"),
+    (["--racks", "0"], "racks=0"),
+    (["--ratio", "2"], "ratio=2"),
+    (["--fc-workers", "256"], "fc_workers=256")])
+def test_bad_values_exit_2_naming_the_argument(capsys, argv, named):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.startswith("hvdx plan: error: ") and named in err
+
+
+def test_it_plugs_into_a_subcommand_parser(capsys):
+    parser = argparse.ArgumentParser(prog="hvdx")
+    sub = parser.add_subparsers(dest="command", required=True)
+    plan.add_arguments(sub.add_parser("plan"))
+    args = parser.parse_args(["plan", "--preset", "emulated"])
+    assert plan.run_plan(args) == 0
+    assert "verdict: " in capsys.readouterr().out
+
+
+def test_it_runs_as_a_program_without_mpi():
+    out = subprocess.run([sys.executable, "-m", "hvdx.plan", "--preset", "emulated"],
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    assert "verdict: " in out
