@@ -42,9 +42,9 @@ class StepTimer(tf.keras.callbacks.Callback):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
-    parser.add_argument("--lr", type=float, default=0.05, help="for one rank; scaled by size")
+    parser.add_argument("--lr", type=float, default=0.025, help="for one rank; scaled by size")
     parser.add_argument("--seed", type=int, default=42)
     args = parser.parse_args()
 

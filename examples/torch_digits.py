@@ -13,35 +13,18 @@ import time
 
 import numpy as np
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import hvdx.torch as hvd  # the one-line change; was: import horovod.torch as hvd
+from hvdx.bench.workloads import DigitsCNN  # two conv and two FC layers, 8x8 inputs
 from hvdx.datasets import digits
-
-
-class DigitsCNN(nn.Module):
-    """Two conv layers and two fully-connected layers, 8x8 grey images, 10 classes."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
-        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
-        self.fc1 = nn.Linear(32 * 4 * 4, 64)
-        self.fc2 = nn.Linear(64, 10)
-
-    def forward(self, x):
-        x = F.relu(self.conv1(x))
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        x = F.relu(self.fc1(x.flatten(1)))
-        return self.fc2(x)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
-    parser.add_argument("--lr", type=float, default=0.05, help="for one rank; scaled by size")
+    parser.add_argument("--lr", type=float, default=0.025, help="for one rank; scaled by size")
     parser.add_argument("--seed", type=int, default=42)
     args = parser.parse_args()
 

@@ -36,7 +36,7 @@ def test_an_exception_on_one_rank_aborts_the_whole_job_promptly():
 
 def test_torch_example_under_horovodrun():
     proc, _ = run([str(BIN / "horovodrun"), "-np", "2", sys.executable,
-                   "examples/torch_digits.py", "--epochs", "4"])
+                   "examples/torch_digits.py", "--epochs", "4", "--lr", "0.05"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     accuracy = float(re.search(r"final test accuracy (\S+)", proc.stdout).group(1))
     assert accuracy > 0.8, proc.stdout
@@ -44,7 +44,7 @@ def test_torch_example_under_horovodrun():
 
 def test_keras_example_under_mpirun():
     proc, _ = run(["mpirun", "-n", "2", sys.executable, "examples/keras_digits.py",
-                   "--epochs", "3"])
+                   "--epochs", "3", "--lr", "0.05"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     accuracy = float(re.search(r"final test accuracy (\S+)", proc.stdout).group(1))
     assert accuracy > 0.8, proc.stdout
