@@ -1,0 +1,144 @@
+"""Error feedback: what a compressor did not send is kept and added to the next step.
+
+Seide, Fu, Droppo, Li & Yu, "1-bit stochastic gradient descent and its application to
+data-parallel distributed training of speech DNNs" (Interspeech 2014); for TopK, Stich,
+Cordonnier & Jaggi, "Sparsified SGD with memory" (NeurIPS 2018). One step, for each
+parameter (GRACE's ``compensate -> compress -> update``; Xu et al., "GRACE: A
+compressed communication framework for distributed machine learning", ICDCS 2021)::
+
+    a = e + g          # compensate
+    s = TopK(a)        # compress (the caller)
+    e <- a - s         # update: the entries sent are zeroed, the others kept
+
+so that after T steps ``sum_t s_t + e_T == sum_t g_t`` (to float rounding).
+
+Residuals hold the *gradient* ``g``, not ``lr * g`` (GRACE's convention; Alistarh et al.
+store ``lr * g``). A residual of gradients stays meaningful when the learning rate changes
+(warm-up, decay: an entry delayed by a few steps is applied at the learning rate of the
+step that sends it), and the optimizer (momentum, Adam) stays outside the compressor: it
+sees the sparse averaged gradient as if it were the dense one.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, Iterator, Mapping, Optional, Tuple
+
+import numpy as np
+
+__all__ = ["ResidualMemory"]
+
+_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+class ResidualMemory:
+    """Residuals ``e`` per parameter name, in a fixed order.
+
+    The order is that of the ``names`` given, then of first use: the caller iterates its
+    parameters in the same order on every rank, so :meth:`state_dict` and iteration agree
+    across ranks (never a set, whose order can differ between processes). A residual
+    starts at zero on first use and has the length and dtype of that first gradient:
+    flat float32 or float64 (adapters upcast float16 and bfloat16 to float32).
+
+    Example::
+
+        memory = ResidualMemory(["fc.weight"])
+        a = memory.compensate("fc.weight", g)        # e + g
+        indices, values = select_exact(a, k)
+        memory.update("fc.weight", a, indices, values)  # e <- a - s
+    """
+
+    __slots__ = ("_residuals",)
+
+    def __init__(self, names: Iterable[str] = ()):
+        if isinstance(names, (set, frozenset)):
+            raise TypeError("names must be an ordered sequence, not a set: its order "
+                            "may differ between ranks")
+        self._residuals: Dict[str, Optional[np.ndarray]] = dict.fromkeys(map(str, names))
+
+    @property
+    def names(self) -> Tuple[str, ...]:
+        """Parameter names in their fixed order."""
+        return tuple(self._residuals)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self._residuals)
+
+    def get(self, name: str) -> Optional[np.ndarray]:
+        """The residual of ``name`` (not a copy; do not modify), ``None`` before first use."""
+        return self._residuals.get(name)
+
+    def set(self, name: str, residual: np.ndarray) -> None:
+        """Store ``residual`` (a copy) as the residual of ``name``."""
+        self._residuals[name] = _checked(name, residual, "residual").copy()
+
+    def check_finite(self, name: str, g: np.ndarray) -> None:
+        """Raise ``ValueError`` naming ``name`` if ``g`` holds NaN or Inf.
+
+        Called by :meth:`compensate` before the residual is read or written, so a bad
+        step leaves the memory as it was (a NaN added to a residual would never leave it).
+        """
+        finite = np.isfinite(g)
+        if not finite.all():
+            bad = int(finite.size - np.count_nonzero(finite))
+            raise ValueError(f"gradient of parameter '{name}' has {bad} NaN or Inf "
+                             f"value(s) of {finite.size}; its residual was left unchanged")
+
+    def compensate(self, name: str, g: np.ndarray) -> np.ndarray:
+        """Return ``a = e + g`` (a new array; neither ``g`` nor ``e`` is modified).
+
+        Raises:
+            ValueError: ``g`` has NaN or Inf (see :meth:`check_finite`), is not flat, or
+                its length or dtype differs from the residual's.
+            TypeError: ``g`` is not float32 or float64.
+        """
+        g = _checked(name, g, "gradient")
+        self.check_finite(name, g)
+        e = self._residuals.get(name)
+        if e is None:
+            self._residuals.setdefault(name, None)
+            return g.copy()
+        if e.shape != g.shape or e.dtype != g.dtype:
+            raise ValueError(f"gradient of parameter '{name}' is {g.dtype}[{g.size}] but "
+                             f"its residual is {e.dtype}[{e.size}]")
+        return e + g
+
+    def update(self, name: str, a: np.ndarray, sent_indices: np.ndarray,
+               sent_values: np.ndarray) -> None:
+        """Set ``e = a - s``: ``a`` with ``sent_values`` subtracted at ``sent_indices``.
+
+        ``sent_indices`` must be distinct (the selectors return them so). When the values
+        sent are ``a[sent_indices]``, as TopK sends them, those entries become exactly 0.
+        """
+        e = _checked(name, a, "compensated gradient").copy()
+        e[sent_indices] -= sent_values
+        self._residuals[name] = e
+
+    def state_dict(self) -> Dict[str, np.ndarray]:
+        """Copies of the residuals in the fixed order (a plain, checkpointable dict).
+
+        Names not used yet are left out: they restart from zero, as they would have.
+        """
+        return {name: e.copy() for name, e in self._residuals.items() if e is not None}
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        """Replace every residual by copies of ``state``'s.
+
+        Names this memory knows keep their place (those ``state`` lacks restart from
+        zero); new names follow in ``state``'s order.
+        """
+        loaded = {str(name): _checked(name, e, "residual").copy() for name, e in state.items()}
+        order = dict.fromkeys(list(self._residuals) + list(loaded))
+        self._residuals = {name: loaded.get(name) for name in order}
+
+
+def _checked(name: str, x: np.ndarray, what: str) -> np.ndarray:
+    x = np.asarray(x)
+    if x.dtype not in _DTYPES:
+        raise TypeError(f"{what} of parameter '{name}' is {x.dtype}; use float32 or "
+                        f"float64 (upcast float16 and bfloat16 to float32)")
+    if x.ndim != 1:
+        raise ValueError(f"{what} of parameter '{name}' has shape {x.shape}; flatten it")
+    return x
