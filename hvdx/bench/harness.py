@@ -145,7 +145,8 @@ def run_one(cluster, workload: str, strategy: str, steps: int, eval_every: int,
     command, extra_env = _launch_command(cluster, ranks_per_host, argv, ranks)
     env = dict(os.environ, **extra_env)
     started = time.monotonic()
-    with open(log, "w") as errors:
+    contention = _Contention(cluster)
+    with open(log, "w") as errors, contention:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True,
                                 env=env)
         done = False
@@ -169,17 +170,46 @@ def run_one(cluster, workload: str, strategy: str, steps: int, eval_every: int,
                 raise RuntimeError(f"{workload}/{strategy} ran past {timeout:.0f} s; see {log}")
             say(f"  {workload} / {strategy}: the job did not exit {EXIT_GRACE_S:.0f} s after "
                 "writing its result (MPI_Finalize); killed it")
-            return _load(out)
+            return _load(out, contention.log)
     if proc.returncode != 0 or not os.path.exists(out):
         with open(log) as f:
             tail = "".join(f.readlines()[-20:])
         raise RuntimeError(f"{workload}/{strategy} failed (exit {proc.returncode}):\n{tail}")
-    return _load(out)
+    return _load(out, contention.log)
 
 
-def _load(path: str) -> Dict:
+def _load(path: str, contention_log) -> Dict:
     with open(path) as f:
-        return json.load(f)
+        result = json.load(f)
+    result["contention"] = contention_log
+    return result
+
+
+class _Contention:
+    """The cluster spec's contention events, replayed for each run from its launch.
+
+    Every strategy meets the same slowdowns at the same offsets from its start, and the
+    configured rates are restored afterwards, so runs stay comparable.
+    """
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.timer = None
+        self.log: List = []
+
+    def __enter__(self):
+        if self.cluster is not None and self.cluster.spec.contention:
+            self.timer = self.cluster.start_contention()
+        return self
+
+    def __exit__(self, *exc):
+        if self.timer is None:
+            return
+        self.timer.stop()
+        self.timer.join()
+        self.log = [list(change) for change in self.timer.log]
+        for event in self.cluster.spec.contention:
+            self.cluster.set_rate(event.target, self.cluster.configured_rate(event.target))
 
 
 def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional[int],

@@ -33,3 +33,15 @@ def test_an_invalid_rate_is_refused_before_anything_is_created():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "uplink='fast'" in proc.stderr
+
+
+def test_contention_events_are_replayed_for_each_run_from_its_launch(tmp_path):
+    out = tmp_path / "bench"
+    proc = subprocess.run(
+        [sys.executable, "-m", "hvdx.cli", "bench", "--workloads", "digits_cnn",
+         "--strategies", "horovod", "--steps", "4", "--eval-every", "2",
+         "--contention", "uplink=20mbit@0", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    run = json.loads((out / "results.json").read_text())["runs"][0]
+    assert [change[1:] for change in run["contention"]] == [["uplink", 20_000_000]]
