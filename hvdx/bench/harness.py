@@ -149,15 +149,19 @@ def run_one(cluster, workload: str, strategy: str, steps: int, eval_every: int,
     with open(log, "w") as errors, contention:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True,
                                 env=env)
-        done = False
+        done, first = False, None
         try:
             for line in proc.stdout:
                 if line.startswith('{"event": "progress"'):
                     p = json.loads(line)
-                    wall = time.monotonic() - started
-                    left = wall / p["step"] * (p["steps"] - p["step"])
+                    now = time.monotonic()
+                    first = first or (now, p["step"])
+                    # Pace from the first report on, so start-up does not inflate it.
+                    pace = (now - first[0]) / max(1, p["step"] - first[1])
+                    left = f"about {pace * (p['steps'] - p['step']):.0f} s left" \
+                        if p["step"] > first[1] else "estimating time left"
                     say(f"  {workload} / {strategy}: step {p['step']}/{p['steps']}, "
-                        f"accuracy {p['accuracy']:.3f}, about {left:.0f} s left")
+                        f"accuracy {p['accuracy']:.3f}, {left}")
                 elif line.startswith('{"event": "done"'):
                     done = True
                     break
