@@ -1,11 +1,13 @@
 """Drop-in replacement for ``horovod.torch``.
 
 ``import hvdx.torch as hvd`` gives every public name of ``horovod.torch`` unchanged,
-except two that hvdx extends without changing their behaviour:
+except three that hvdx extends without changing their behaviour:
 
 - :func:`init` also makes an uncaught exception on one rank abort the whole job;
 - :func:`DistributedOptimizer` accepts every Horovod argument plus ``sync=``, and checks
-  that all ranks agree on the model and settings before the first collective.
+  that all ranks agree on the model and settings before the first collective;
+- ``Compression`` keeps Horovod's ``none`` and ``fp16`` and adds ``topk`` (bidirectional
+  TopK with error feedback, run by hvdx's own optimizer).
 
 With no hvdx feature switched on, :func:`DistributedOptimizer` returns Horovod's own
 optimizer, so training is bitwise identical to Horovod's.
@@ -17,7 +19,7 @@ _hvd = import_framework("torch")
 
 # Every public name of horovod.torch (it has no __all__; a test checks none is missing).
 from horovod.torch import *  # noqa: E402,F401,F403
-from horovod.torch import Compression  # noqa: E402,F401
 
+from hvdx.torch.compression import Compression  # noqa: E402,F401
 from hvdx.torch.runtime import init  # noqa: E402,F401
 from hvdx.torch.optimizer import DistributedOptimizer  # noqa: E402,F401

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import horovod.torch as _hvd
 
+from hvdx.compression import TopKCompression
 from hvdx.core.fingerprint import Fingerprint
 from hvdx.mpi import check_consistent, communicator_for
 from hvdx.settings import horovod_settings, validate_sync
+from hvdx.torch.topk_optimizer import make_topk_optimizer
 
 __all__ = ["DistributedOptimizer"]
 
@@ -29,27 +31,41 @@ def DistributedOptimizer(optimizer, named_parameters=None,
         sync: an hvdx synchronization strategy, or ``None`` for Horovod's gradient
             allreduce. No strategy ships yet in this release.
 
+    ``compression`` also takes ``hvdx.torch.Compression.topk(...)``: bidirectional TopK
+    with error feedback, synchronized by hvdx itself (see
+    :mod:`hvdx.torch.topk_optimizer`); ``op`` must then be ``Average`` or ``Sum``.
+
     Before anything is sent, every rank of ``process_set`` compares the parameter names,
     shapes and dtypes and the settings; a mismatch raises the same ``ValueError`` on
     every rank instead of hanging in an allreduce.
 
     Returns:
-        With no hvdx feature switched on, Horovod's own optimizer object.
+        With no hvdx feature switched on, Horovod's own optimizer object; with TopK, an
+        instance of a class made from the optimizer's class (``isinstance`` holds).
     """
     validate_sync(sync)
     if named_parameters is not None:
         # Often a generator (model.named_parameters()): read it once, hand Horovod a list.
         named_parameters = list(named_parameters)
+    topk = isinstance(compression, TopKCompression)
     fingerprint = Fingerprint.build(
         parameters=_parameter_entries(optimizer, named_parameters),
         settings=horovod_settings(
-            compression=compression, backward_passes_per_step=backward_passes_per_step,
+            compression=compression.describe() if topk else compression,
+            backward_passes_per_step=backward_passes_per_step,
             op=op, gradient_predivide_factor=gradient_predivide_factor,
             num_groups=num_groups, groups=_group_sizes(groups),
             sparse_as_dense=sparse_as_dense, process_set=process_set, sync=sync))
+    comm = None
     if process_set.included():
         comm = communicator_for(process_set, _hvd.global_process_set, _hvd.size())
         check_consistent(fingerprint, comm, "DistributedOptimizer")
+    if topk:
+        if comm is None:
+            raise ValueError("TopK compression: this rank is not in process_set")
+        return make_topk_optimizer(
+            optimizer, named_parameters, compression, backward_passes_per_step, op,
+            gradient_predivide_factor, sparse_as_dense, process_set, comm)
     return _hvd.DistributedOptimizer(
         optimizer, named_parameters=named_parameters, compression=compression,
         backward_passes_per_step=backward_passes_per_step, op=op,

@@ -1,0 +1,108 @@
+"""Framework-neutral compression specs that need hvdx's own synchronization.
+
+Horovod's ``Compressor`` interface (``compress`` / ``decompress`` around an allreduce)
+cannot carry TopK: an allreduce sums the compressed tensors element-wise, while TopK
+pairs differ per rank (Horovod issue #3312). A :class:`TopKCompression` is therefore not a
+Horovod compressor but a description that the framework adapters recognise and turn into
+hvdx's own optimizer (``hvdx.torch.Compression.topk``).
+
+Zou, De Sterck & Liu, "Downlink Compression Improves TopK Sparsification", arXiv
+2209.15203; the math is in :mod:`hvdx.core.bidirectional_topk`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from hvdx.core.bidirectional_topk import MODES, TopKConfig
+from hvdx.core.topk_selection import DEFAULT_SAMPLE_SIZE
+
+__all__ = ["MODES_AUTO", "TopKCompression", "topk"]
+
+#: Accepted ``mode`` values: ``"auto"`` is sharded above 2 ranks, gathered otherwise.
+MODES_AUTO = ("auto",) + MODES
+
+#: Tensors with fewer entries go dense through Horovod's allreduce.
+DEFAULT_MIN_SIZE = 1024
+
+
+@dataclass(frozen=True)
+class TopKCompression:
+    """Bidirectional (or unidirectional) TopK with error feedback, and how to run it.
+
+    Args:
+        config: the core settings (ratios, selector, seed).
+        mode: ``"gathered"`` (one allgather of every rank's pairs; every rank computes the
+            downlink), ``"sharded"`` (alltoall to shard owners, allgather of the selected
+            shards) or ``"auto"`` (sharded when more than 2 ranks).
+        min_size: tensors with fewer entries are averaged densely by Horovod.
+        warmup_steps: the first ``warmup_steps`` steps are dense for every tensor.
+    """
+
+    config: TopKConfig
+    mode: str = "auto"
+    min_size: int = DEFAULT_MIN_SIZE
+    warmup_steps: int = 0
+
+    def __post_init__(self):
+        if not isinstance(self.config, TopKConfig):
+            raise TypeError(f"config={self.config!r} must be a TopKConfig")
+        if self.mode not in MODES_AUTO:
+            raise ValueError(f"mode={self.mode!r} must be one of {MODES_AUTO}")
+        _check_integer("min_size", self.min_size, 0)
+        _check_integer("warmup_steps", self.warmup_steps, 0)
+
+    @property
+    def ratio(self) -> float:
+        return self.config.ratio
+
+    @property
+    def downlink_ratio(self) -> Optional[float]:
+        return self.config.downlink_ratio
+
+    def resolve_mode(self, n_ranks: int) -> str:
+        """The mode used on ``n_ranks`` ranks (``"auto"``: sharded when ``n_ranks > 2``)."""
+        if self.mode != "auto":
+            return self.mode
+        return "sharded" if n_ranks > 2 else "gathered"
+
+    def describe(self) -> str:
+        """One rank-independent line for the fingerprint and for logs."""
+        c = self.config
+        downlink = "none" if c.downlink_ratio is None else repr(c.downlink_ratio)
+        return (f"topk ratio={c.ratio!r} downlink={downlink} mode={self.mode} "
+                f"min_size={self.min_size} warmup_steps={self.warmup_steps} "
+                f"selector={c.selector} sample_size={c.sample_size} seed={c.seed}")
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+def topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,
+         mode: str = "auto", min_size: int = DEFAULT_MIN_SIZE, warmup_steps: int = 0,
+         selector: str = "exact", sample_size: int = DEFAULT_SAMPLE_SIZE,
+         seed: int = 0) -> TopKCompression:
+    """Build a :class:`TopKCompression`, validating every argument here.
+
+    Args:
+        ratio: uplink fraction kept per tensor, in (0, 1].
+        downlink_ratio: downlink fraction in (0, 1]; ``None`` for unidirectional TopK.
+        mode: ``"auto"``, ``"gathered"`` or ``"sharded"``.
+        min_size: tensors with fewer entries go dense through Horovod's allreduce.
+        warmup_steps: dense steps before TopK starts.
+        selector: ``"exact"`` or ``"threshold"`` (sampled threshold, DGC).
+        sample_size: entries sampled by the threshold selector.
+        seed: seeds the threshold selector, identically on every rank.
+
+    Raises:
+        ValueError: an argument is out of range, named with its value (``ratio=2.0``).
+    """
+    config = TopKConfig(ratio=ratio, downlink_ratio=downlink_ratio, selector=selector,
+                        sample_size=sample_size, seed=seed)
+    return TopKCompression(config, mode=mode, min_size=min_size, warmup_steps=warmup_steps)
+
+
+def _check_integer(name: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name}={value!r} must be an integer >= {low}")

@@ -1,0 +1,99 @@
+"""Sparse collectives: (int32 index, float32 value) pairs over an mpi4py communicator.
+
+TopK pairs differ in number and position on every rank, so they travel with
+``Allgatherv`` / ``Alltoallv`` rather than an allreduce. Each pair is packed into one
+8-byte row (index, value bits) so that one collective carries both; the counts go first
+in a small ``Allgather`` / ``Alltoall`` of int64.
+
+Every function returns, with its result, the bytes this rank handed to MPI for others
+(``sent``) and received from others (``received``), counts included: Horovod's timeline
+does not see mpi4py traffic, so hvdx counts its own.
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+__all__ = ["allgatherv_pairs", "alltoallv_pairs", "pack_pairs", "unpack_pairs"]
+
+Pairs = Tuple[np.ndarray, np.ndarray]
+_INDEX_LIMIT = np.iinfo(np.int32).max
+
+
+def pack_pairs(indices: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``(n, 2)`` int32 rows: the index, then the float32 value's bits."""
+    indices = np.asarray(indices)
+    values = np.asarray(values, dtype=np.float32)
+    if indices.shape != values.shape or indices.ndim != 1:
+        raise ValueError(f"indices {indices.shape} and values {values.shape} must be flat "
+                         "and of the same length")
+    if indices.size and (indices.min() < 0 or indices.max() > _INDEX_LIMIT):
+        raise ValueError("indices must fit in int32 (tensors of at most 2**31 - 1 entries)")
+    packed = np.empty((indices.size, 2), np.int32)
+    packed[:, 0] = indices
+    packed[:, 1] = values.view(np.int32)
+    return packed
+
+
+def unpack_pairs(packed: np.ndarray) -> Pairs:
+    """Inverse of :func:`pack_pairs`: ``(int32 indices, float32 values)``, copies."""
+    packed = np.asarray(packed, np.int32).reshape(-1, 2)
+    return packed[:, 0].copy(), packed[:, 1].copy().view(np.float32)
+
+
+def allgatherv_pairs(comm: MPI.Comm, indices: np.ndarray,
+                     values: np.ndarray) -> Tuple[List[Pairs], int, int]:
+    """Every rank's pairs, in rank order (this rank's included).
+
+    Returns:
+        ``(pairs_per_rank, sent_bytes, received_bytes)``; ``sent_bytes`` counts this
+        rank's rows once per other rank (what a direct allgather sends).
+    """
+    size = comm.Get_size()
+    mine = pack_pairs(indices, values)
+    counts = np.empty(size, np.int64)
+    comm.Allgather(np.array([mine.shape[0]], np.int64), counts)
+    total = int(counts.sum())
+    gathered = np.empty((total, 2), np.int32)
+    elements = counts * 2
+    displacements = np.concatenate([[0], np.cumsum(elements)[:-1]])
+    comm.Allgatherv(mine, [gathered, elements, displacements, MPI.INT32_T])
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    result = [unpack_pairs(gathered[offsets[r]:offsets[r + 1]]) for r in range(size)]
+    others = size - 1
+    sent = others * (mine.nbytes + 8)
+    received = (total - mine.shape[0]) * 8 + others * 8
+    return result, int(sent), int(received)
+
+
+def alltoallv_pairs(comm: MPI.Comm,
+                    pieces: Sequence[Pairs]) -> Tuple[List[Pairs], int, int]:
+    """Send ``pieces[r]`` to rank ``r``; return what every rank sent here, in rank order.
+
+    Returns:
+        ``(pairs_per_source_rank, sent_bytes, received_bytes)``; a rank's piece for
+        itself is not counted.
+    """
+    size, rank = comm.Get_size(), comm.Get_rank()
+    if len(pieces) != size:
+        raise ValueError(f"need one piece per rank ({size}), got {len(pieces)}")
+    packed = [pack_pairs(i, v) for i, v in pieces]
+    send_counts = np.array([p.shape[0] for p in packed], np.int64)
+    recv_counts = np.empty(size, np.int64)
+    comm.Alltoall(send_counts, recv_counts)
+    send = np.concatenate(packed) if packed else np.empty((0, 2), np.int32)
+    recv = np.empty((int(recv_counts.sum()), 2), np.int32)
+    send_elements, recv_elements = send_counts * 2, recv_counts * 2
+    send_displacements = np.concatenate([[0], np.cumsum(send_elements)[:-1]])
+    recv_displacements = np.concatenate([[0], np.cumsum(recv_elements)[:-1]])
+    comm.Alltoallv([send, send_elements, send_displacements, MPI.INT32_T],
+                   [recv, recv_elements, recv_displacements, MPI.INT32_T])
+    offsets = np.concatenate([[0], np.cumsum(recv_counts)])
+    result = [unpack_pairs(recv[offsets[r]:offsets[r + 1]]) for r in range(size)]
+    others = size - 1
+    sent = (int(send_counts.sum()) - int(send_counts[rank])) * 8 + others * 8
+    received = (int(recv_counts.sum()) - int(recv_counts[rank])) * 8 + others * 8
+    return result, int(sent), int(received)

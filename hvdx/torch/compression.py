@@ -1,0 +1,23 @@
+"""``hvdx.torch.Compression``: Horovod's compressors plus :meth:`Compression.topk`."""
+
+from __future__ import annotations
+
+import horovod.torch as _hvd
+
+from hvdx.compression import TopKCompression, topk as _topk
+
+__all__ = ["Compression", "TopKCompression"]
+
+
+class Compression(_hvd.Compression):
+    """Optional gradient compression.
+
+    ``none`` and ``fp16`` are Horovod's own compressors (the same objects). ``topk``
+    builds a :class:`~hvdx.compression.TopKCompression`: bidirectional TopK with error
+    feedback, which :func:`hvdx.torch.DistributedOptimizer` runs with hvdx's own
+    synchronization (mpi4py collectives), because an allreduce cannot carry TopK::
+
+        compression=hvd.Compression.topk(ratio=0.01, downlink_ratio=0.01)
+    """
+
+    topk = staticmethod(_topk)

@@ -1,0 +1,336 @@
+"""The PyTorch optimizer for bidirectional TopK with error feedback.
+
+Zou, De Sterck & Liu, "Downlink Compression Improves TopK Sparsification", arXiv
+2209.15203. The math (selection, residuals, aggregation, downlink) is
+:mod:`hvdx.core.bidirectional_topk`; the pair collectives are :mod:`hvdx.mpi.sparse`.
+This module only moves tensors between torch and numpy and calls them in order.
+
+One :meth:`step` (``synchronize`` then the wrapped optimizer's ``step``):
+
+1. take every parameter's gradient in the optimizer's ``param_groups`` order (the order
+   the fingerprint checked, the same on every rank); a missing gradient is zeros, as in
+   Horovod, because another rank may have one;
+2. check all gradients for NaN/Inf and combine the result across ranks with one tiny
+   allgather, so every rank raises the same ``ValueError`` naming the first bad
+   parameter, before any residual changes;
+3. tensors with fewer than ``min_size`` entries, sparse gradients, and every tensor
+   during ``warmup_steps``: Horovod's allreduce (op, ``gradient_predivide_factor``);
+4. the others, one tensor at a time (layer-wise selection): flatten to float32 numpy on
+   CPU, :func:`~hvdx.core.bidirectional_topk.uplink` with the worker residual, then
+   ``gathered`` (Allgatherv, every rank aggregates and runs the downlink with its replica
+   of the server residual) or ``sharded`` (Alltoallv to shard owners, which aggregate
+   their shard, run the downlink with their shard of the server residual, and Allgatherv
+   the result). ``m`` is the average over ranks (``op=Sum`` multiplies by the size);
+5. write the dense update ``u`` into ``p.grad`` (original device and dtype);
+6. the wrapped optimizer's ``step``.
+
+Notes:
+    - Residuals hold gradients, not ``lr * g``.
+    - ``backward_passes_per_step``: gradients accumulate in ``p.grad`` between steps
+      (call ``step`` once per N passes); the sum is what is compressed, as Horovod
+      allreduces the sum.
+    - Sparse gradients (``torch.sparse``) are densified and averaged by Horovod, then made
+      sparse again.
+    - Global TopK selection across tensors is not implemented: each tensor keeps its own
+      ``ratio``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Dict, List, Tuple
+
+import numpy as np
+import horovod.torch as _hvd
+import torch
+
+from hvdx.compression import TopKCompression
+from hvdx.core.bidirectional_topk import aggregate, downlink, selection_rng, to_dense, uplink
+from hvdx.core.error_feedback import ResidualMemory
+from hvdx.core.sharding import shard_bounds, shard_k, split_by_shard
+from hvdx.mpi.sparse import allgatherv_pairs, alltoallv_pairs
+
+__all__ = ["TopKStats", "make_topk_optimizer", "STATE_KEY"]
+
+#: The key of hvdx's state in :meth:`state_dict`.
+STATE_KEY = "hvdx_topk"
+
+_OP_NAMES = {_hvd.Average: "Average", _hvd.Sum: "Sum", _hvd.Adasum: "Adasum",
+             _hvd.Min: "Min", _hvd.Max: "Max", _hvd.Product: "Product"}
+
+
+class TopKStats:
+    """Bytes this rank handed to MPI (``sent``) and got from it (``received``).
+
+    ``last_*``: the last step; ``total_*``: since construction. Sparse exchanges count
+    the buffers given to mpi4py (pairs and counts); Horovod's dense allreduce is counted
+    as a ring allreduce, ``2 (P - 1) / P`` times the tensor's bytes each way.
+    """
+
+    __slots__ = ("last_sent", "last_received", "total_sent", "total_received",
+                 "last_sparse_tensors", "last_dense_tensors", "steps")
+
+    def __init__(self):
+        self.last_sent = self.last_received = 0.0
+        self.total_sent = self.total_received = 0.0
+        self.last_sparse_tensors = self.last_dense_tensors = 0
+        self.steps = 0
+
+    def _begin(self):
+        self.last_sent = self.last_received = 0.0
+        self.last_sparse_tensors = self.last_dense_tensors = 0
+
+    def _add(self, sent, received):
+        self.last_sent += sent
+        self.last_received += received
+        self.total_sent += sent
+        self.total_received += received
+
+    def as_dict(self) -> Dict[str, float]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __repr__(self):
+        return f"TopKStats({self.as_dict()})"
+
+
+def make_topk_optimizer(optimizer, named_parameters, compression: TopKCompression,
+                        backward_passes_per_step, op, gradient_predivide_factor,
+                        sparse_as_dense, process_set, comm):
+    """An instance of a class made at run time from ``optimizer``'s class.
+
+    ``isinstance(result, type(optimizer))`` holds. The base class is captured in the new
+    class (``_hvdx_base``), never found through ``super(self.__class__, self)``, so
+    subclassing the result does not recurse.
+    """
+    if op not in (_hvd.Average, _hvd.Sum):
+        raise ValueError(f"op={_OP_NAMES.get(op, op)} is not supported with TopK "
+                         "compression; use op=hvd.Average or op=hvd.Sum")
+    if backward_passes_per_step <= 0:
+        raise ValueError("backward_passes_per_step must be > 0")
+    if gradient_predivide_factor != 1.0 and op != _hvd.Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    base = optimizer.__class__
+    namespace = dict(_TopKOptimizer.__dict__)
+    namespace.pop("__dict__", None)
+    namespace.pop("__weakref__", None)
+    namespace["_hvdx_base"] = base
+    cls = type(base.__name__, (base,), namespace)
+    return cls(optimizer.param_groups, named_parameters, compression,
+               backward_passes_per_step, op, gradient_predivide_factor, sparse_as_dense,
+               process_set, comm)
+
+
+class _TopKOptimizer:
+    """Methods copied into the run-time class; ``self._hvdx_base`` is the user's class."""
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step,
+                 op, gradient_predivide_factor, sparse_as_dense, process_set, comm):
+        self._hvdx_base.__init__(self, params)
+        names = {}
+        if named_parameters is not None:
+            names = {id(p): n for n, p in named_parameters}
+        entries = []
+        for g, group in enumerate(self.param_groups):
+            for i, p in enumerate(group["params"]):
+                if p.requires_grad:
+                    entries.append((names.get(id(p), f"param_groups[{g}][{i}]"), p))
+        seen = [n for n, _ in entries]
+        duplicates = sorted({n for n in seen if seen.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"parameter names must be unique, found duplicates: {duplicates}")
+        self._hvdx_entries: List[Tuple[str, torch.Tensor]] = entries
+        self._hvdx_compression = compression
+        self._hvdx_comm = comm
+        self._hvdx_size = comm.Get_size()
+        self._hvdx_rank = comm.Get_rank()
+        self._hvdx_mode = compression.resolve_mode(self._hvdx_size)
+        self._hvdx_op = op
+        self._hvdx_predivide = gradient_predivide_factor
+        self._hvdx_sparse_as_dense = sparse_as_dense
+        self._hvdx_process_set = process_set
+        self.backward_passes_per_step = backward_passes_per_step
+        self._hvdx_worker = ResidualMemory([n for n, _ in entries])
+        self._hvdx_server = ResidualMemory([n for n, _ in entries])
+        self._hvdx_step = 0
+        self._hvdx_synchronized = False
+        self._hvdx_should_synchronize = True
+        self.hvdx_stats = TopKStats()
+
+    # --- the public surface of Horovod's optimizer -----------------------------------
+
+    def set_backward_passes_per_step(self, passes):
+        if passes <= 0:
+            raise ValueError("backward_passes_per_step must be > 0")
+        self.backward_passes_per_step = passes
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Inside, :meth:`step` does not synchronize (call :meth:`synchronize` first)."""
+        self._hvdx_should_synchronize = False
+        try:
+            yield
+        finally:
+            self._hvdx_should_synchronize = True
+
+    def step(self, closure=None):
+        if self._hvdx_should_synchronize and not self._hvdx_synchronized:
+            self.synchronize()
+        self._hvdx_synchronized = False
+        return self._hvdx_base.step(self, closure)
+
+    def synchronize(self):
+        """Replace every ``p.grad`` by the TopK-compressed average (steps 1 to 5)."""
+        grads = []
+        for name, p in self._hvdx_entries:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+        self._hvdx_check_finite(grads)
+        stats = self.hvdx_stats
+        stats._begin()
+        compression = self._hvdx_compression
+        warm = self._hvdx_step < compression.warmup_steps
+        dense, sparse = [], []
+        for position, ((name, p), g) in enumerate(zip(self._hvdx_entries, grads)):
+            if warm or g.is_sparse or g.numel() < compression.min_size:
+                dense.append((name, p))
+            else:
+                sparse.append((position, name, p))
+        handles = [self._hvdx_dense_async(name, p) for name, p in dense]
+        for position, name, p in sparse:
+            self._hvdx_sparse(position, name, p)
+        for (name, p), (handle, was_sparse) in zip(dense, handles):
+            out = _hvd.synchronize(handle)
+            if was_sparse:
+                p.grad = out.to_sparse()
+        stats.last_sparse_tensors, stats.last_dense_tensors = len(sparse), len(dense)
+        stats.steps += 1
+        self._hvdx_step += 1
+        self._hvdx_synchronized = True
+
+    # --- state ----------------------------------------------------------------------
+
+    def state_dict(self):
+        state = self._hvdx_base.state_dict(self)
+        state[STATE_KEY] = {
+            "step": self._hvdx_step,
+            "mode": self._hvdx_mode,
+            "size": self._hvdx_size,
+            "rank": self._hvdx_rank,
+            "worker": {n: torch.from_numpy(e) for n, e in self._hvdx_worker.state_dict().items()},
+            "server": {n: torch.from_numpy(e) for n, e in self._hvdx_server.state_dict().items()},
+        }
+        return state
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        topk = state_dict.pop(STATE_KEY, None)
+        self._hvdx_base.load_state_dict(self, state_dict)
+        if topk is None:
+            return
+        if topk["server"] and (topk["mode"], topk["size"]) != (self._hvdx_mode, self._hvdx_size):
+            raise ValueError(
+                f"the checkpoint's TopK server residuals are for mode={topk['mode']} on "
+                f"{topk['size']} ranks, this optimizer runs mode={self._hvdx_mode} on "
+                f"{self._hvdx_size}")
+        self._hvdx_worker.load_state_dict(
+            {n: _to_numpy(t) for n, t in topk["worker"].items()})
+        self._hvdx_server.load_state_dict(
+            {n: _to_numpy(t) for n, t in topk["server"].items()})
+        self._hvdx_step = int(topk["step"])
+
+    # --- internals ------------------------------------------------------------------
+
+    def _hvdx_check_finite(self, grads):
+        first = len(grads)
+        for i, g in enumerate(grads):
+            values = g.coalesce().values() if g.is_sparse else g
+            if not bool(torch.isfinite(values).all()):
+                first = i
+                break
+        everyone = self._hvdx_comm.allgather(first)
+        worst = min(everyone)
+        if worst == len(grads):
+            return
+        name = self._hvdx_entries[worst][0]
+        ranks = [r for r, i in enumerate(everyone) if i == worst]
+        raise ValueError(
+            f"hvdx TopK: gradient of parameter '{name}' has NaN or Inf values on rank(s) "
+            f"{ranks}; no residual was changed and no parameter was updated")
+
+    def _hvdx_dense_async(self, name, p):
+        """Horovod's allreduce of ``p.grad`` (in place when dense)."""
+        g = p.grad
+        was_sparse = g.is_sparse
+        if was_sparse:
+            g = g.to_dense()
+            p.grad = g
+        op, prescale, postscale = self._hvdx_op, 1.0, 1.0
+        if op == _hvd.Average and self._hvdx_predivide != 1.0:
+            prescale = 1.0 / self._hvdx_predivide
+            postscale = self._hvdx_predivide
+        handle = _hvd.allreduce_async_(g, name=f"hvdx.topk.dense.{name}", op=op,
+                                       prescale_factor=prescale, postscale_factor=postscale,
+                                       process_set=self._hvdx_process_set)
+        size = self._hvdx_size
+        nbytes = 2 * (size - 1) / size * g.numel() * g.element_size()
+        self.hvdx_stats._add(nbytes, nbytes)
+        return handle, was_sparse
+
+    def _hvdx_sparse(self, position, name, p):
+        """Steps 4 and 5 for one tensor."""
+        config = self._hvdx_compression.config
+        comm, size, rank = self._hvdx_comm, self._hvdx_size, self._hvdx_rank
+        flat = p.grad.detach().reshape(-1).to("cpu", torch.float32).numpy()
+        d = flat.size
+        threshold = config.selector == "threshold"
+
+        def rng(role, index):
+            if not threshold:
+                return None
+            return selection_rng(config.seed, self._hvdx_step, role, index, position)
+
+        indices, values = uplink(self._hvdx_worker, name, flat, config.k_up(d), config,
+                                 rng("up", rank))
+        k_down = config.k_down(d)
+        if self._hvdx_mode == "gathered":
+            gathered, sent, received = allgatherv_pairs(comm, indices, values)
+            self.hvdx_stats._add(sent, received)
+            m = aggregate(gathered, d, size, dtype=np.float32)
+            if k_down is None:
+                u = m
+            else:
+                u_indices, u_values, residual = downlink(
+                    m, self._hvdx_server.get(name), k_down, config, rng("down", 0))
+                self._hvdx_server.set(name, residual)
+                u = to_dense(u_indices, u_values, d)
+        else:
+            bounds = shard_bounds(d, size)
+            pieces = split_by_shard(indices, values, bounds)
+            received_pieces, sent, received = alltoallv_pairs(comm, pieces)
+            self.hvdx_stats._add(sent, received)
+            lo, hi = int(bounds[rank]), int(bounds[rank + 1])
+            m_s = aggregate(received_pieces, hi - lo, size, offset=lo, dtype=np.float32)
+            if k_down is None:
+                local = np.flatnonzero(m_s)
+                chosen = (local + lo, m_s[local])
+            else:
+                share = int(shard_k(k_down, bounds)[rank])
+                local, chosen_values, residual = downlink(
+                    m_s, self._hvdx_server.get(name), share, config, rng("down", rank))
+                self._hvdx_server.set(name, residual)
+                chosen = (local + lo, chosen_values)
+            selected, sent, received = allgatherv_pairs(comm, *chosen)
+            self.hvdx_stats._add(sent, received)
+            u = to_dense(np.concatenate([i for i, _ in selected]).astype(np.int64),
+                         np.concatenate([v for _, v in selected]), d)
+        if self._hvdx_op == _hvd.Sum:
+            u = u * np.float32(size)
+        with torch.no_grad():
+            p.grad.copy_(torch.from_numpy(u).view(p.grad.shape))
+
+
+def _to_numpy(t) -> np.ndarray:
+    if isinstance(t, torch.Tensor):
+        return t.detach().to("cpu").numpy().copy()
+    return np.asarray(t).copy()

@@ -1,0 +1,342 @@
+"""hvdx.torch.Compression.topk: bidirectional TopK with error feedback in PyTorch equals
+the numpy reference, keeps every rank's update identical, reduces to Horovod's dense
+averaging at ratio 1, checkpoints bitwise, and fails on every rank together."""
+
+import copy
+
+import horovod.torch
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import hvdx.torch as hvd
+from hvdx.core.bidirectional_topk import TopKConfig, simulate_step
+from hvdx.core.error_feedback import ResidualMemory
+from torch_models import SmallCNN, batches
+
+D = 3000
+MODES = ("gathered", "sharded")
+RATIOS = {"bidirectional": (0.02, 0.01), "unidirectional": (0.02, None)}
+
+
+class Flat(nn.Module):
+    def __init__(self, d=D, dtype=torch.float32):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(d, dtype=dtype))
+
+
+def grads_of_all_ranks(step, d=D, seed=0):
+    """Every rank's gradient at ``step``; all ranks can compute all of them."""
+    out = []
+    for r in range(hvd.size()):
+        rng = np.random.default_rng([seed, step, r])
+        scale = np.exp(np.random.default_rng([seed]).uniform(-3, 1, d))
+        out.append((rng.standard_normal(d) * scale).astype(np.float32))
+    return out
+
+
+def topk_optimizer(model, compression, optimizer=None, **kwargs):
+    if optimizer is None:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                    compression=compression, **kwargs)
+
+
+def gather_all(t):
+    return hvd.allgather(t.detach().reshape(1, -1).float(), name="check.gather")
+
+
+def same_everywhere(t):
+    gathered = gather_all(t)
+    return all(torch.equal(gathered[0], g) for g in gathered)
+
+
+def residual(opt, side, name="w"):
+    return (opt._hvdx_worker if side == "worker" else opt._hvdx_server).get(name)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("mode, direction, selector", [
+    (mode, direction, "exact") for mode in MODES for direction in RATIOS
+] + [(mode, "bidirectional", "threshold") for mode in MODES])
+def test_update_equals_the_numpy_reference_bitwise(mode, direction, selector):
+    ratio, downlink_ratio = RATIOS[direction]
+    model = Flat()
+    spec = hvd.Compression.topk(ratio, downlink_ratio, mode=mode, min_size=0,
+                                selector=selector, sample_size=256, seed=3)
+    opt = topk_optimizer(model, spec)
+    size, rank = hvd.size(), hvd.rank()
+    config = TopKConfig(ratio, downlink_ratio, selector=selector, sample_size=256, seed=3)
+    workers = [ResidualMemory(["w"]) for _ in range(size)]
+    servers = [ResidualMemory(["w"]) for _ in range(size)]
+    for step in range(3):
+        grads = grads_of_all_ranks(step)
+        model.w.grad = torch.from_numpy(grads[rank].copy())
+        opt.step()
+        ref = simulate_step(grads, workers, servers, config, mode, step=step, name="w")
+        u = model.w.grad.numpy()
+        assert u.dtype == np.float32
+        assert np.array_equal(u, ref.u), f"step {step}: differs from the reference"
+        assert same_everywhere(model.w.grad)
+        assert np.array_equal(residual(opt, "worker"), workers[rank].get("w"))
+        # Bytes: the pairs handed to MPI (8 bytes each) plus one 8-byte count per peer
+        # and collective (gathered: one allgatherv; sharded: alltoallv + allgatherv).
+        collectives = 1 if mode == "gathered" else 2
+        stats = opt.hvdx_stats
+        assert stats.last_received == ref.stats.recv_bytes[rank] + collectives * 8 * (size - 1)
+        if mode == "gathered":
+            assert stats.last_sent == (size - 1) * 8 * (ref.stats.nnz_up[rank] + 1)
+        if downlink_ratio is not None:
+            assert np.count_nonzero(u) <= config.k_down(D)
+            assert np.array_equal(residual(opt, "server"), servers[rank].get("w"))
+    assert opt.hvdx_stats.total_sent > 0 or size == 1
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("mode", MODES)
+def test_ratio_one_is_horovods_dense_average_and_residuals_stay_zero(mode):
+    model = Flat()
+    opt = topk_optimizer(model, hvd.Compression.topk(1.0, 1.0, mode=mode, min_size=0))
+    for step in range(2):
+        g = torch.from_numpy(grads_of_all_ranks(step)[hvd.rank()].copy())
+        dense = horovod.torch.allreduce(g, op=hvd.Average, name="check.dense")
+        model.w.grad = g.clone()
+        opt.step()
+        assert torch.allclose(model.w.grad, dense, atol=1e-6, rtol=0)
+        assert not np.any(residual(opt, "worker")) and not np.any(residual(opt, "server"))
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("direction", RATIOS)
+def test_residual_bookkeeping_over_several_steps(mode, direction):
+    # P * (sum_t u_t + e_s) + sum_i e_i == sum_i sum_t g_i,t  (m_t is the mean of s_i,t).
+    model = Flat()
+    opt = topk_optimizer(model, hvd.Compression.topk(*RATIOS[direction], mode=mode,
+                                                     min_size=0))
+    size, steps = hvd.size(), 5
+    sum_u = np.zeros(D)
+    for step in range(steps):
+        model.w.grad = torch.from_numpy(grads_of_all_ranks(step, seed=1)[hvd.rank()].copy())
+        opt.step()
+        sum_u += model.w.grad.numpy()
+    sum_g = sum(g.astype(np.float64) for step in range(steps)
+                for g in grads_of_all_ranks(step, seed=1))
+    workers = gather_all(torch.from_numpy(residual(opt, "worker"))).double().sum(0).numpy()
+    server = np.zeros(D)
+    if direction == "bidirectional":
+        e_s = torch.from_numpy(residual(opt, "server"))
+        if mode == "gathered":
+            assert same_everywhere(e_s)  # replicated
+            server = e_s.double().numpy()
+        else:  # each rank holds its shard, in rank order
+            server = horovod.torch.allgather(e_s, name="check.shards").double().numpy()
+    np.testing.assert_allclose(size * (sum_u + server) + workers, sum_g, rtol=1e-5, atol=1e-4)
+
+
+def train(model, opt, data, losses=None):
+    for x, y in data:
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        if losses is not None:
+            losses.append(loss.item())
+
+
+def initial_model():
+    torch.manual_seed(1)
+    model = SmallCNN()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    return model
+
+
+@pytest.mark.mpi(min_size=1)
+def test_state_dict_round_trip_continues_bitwise():
+    spec = hvd.Compression.topk(0.05, 0.02, min_size=256)
+    data = batches(hvd.rank(), 9)
+
+    def make(model):
+        return topk_optimizer(model, spec, torch.optim.SGD(model.parameters(), lr=0.05,
+                                                           momentum=0.9))
+
+    model = initial_model()
+    opt = make(model)
+    train(model, opt, data[:3])
+    saved_model = copy.deepcopy(model.state_dict())
+    saved_opt = copy.deepcopy(opt.state_dict())
+    assert saved_opt["hvdx_topk"]["step"] == 3 and saved_opt["hvdx_topk"]["worker"]
+    train(model, opt, data[3:6])
+
+    resumed = SmallCNN()
+    resumed.load_state_dict(saved_model)
+    opt2 = make(resumed)
+    opt2.load_state_dict(saved_opt)
+    train(resumed, opt2, data[3:6])
+    for (name, a), b in zip(model.named_parameters(), resumed.parameters()):
+        assert torch.equal(a, b), f"{name} differs after resuming"
+    assert same_everywhere(model.fc1.weight)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("make_optimizer", [
+    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    lambda p: torch.optim.Adam(p, lr=0.02),
+], ids=["sgd_momentum", "adam"])
+def test_training_reduces_the_loss(make_optimizer):
+    model = initial_model()
+    opt = topk_optimizer(model, hvd.Compression.topk(0.05, 0.05),  # min_size 1024
+                         make_optimizer(model.parameters()))
+    assert isinstance(opt, type(make_optimizer([nn.Parameter(torch.zeros(1))])))
+    losses = []
+    train(model, opt, batches(hvd.rank(), 1) * 25, losses)
+    # The mean over ranks of each rank's loss on its own batch.
+    losses = horovod.torch.allreduce(torch.tensor(losses), name="check.losses").tolist()
+    assert losses[-1] < 0.8 * losses[0], losses
+    assert opt.hvdx_stats.last_sparse_tensors == 1  # fc1.weight (4096 entries)
+    if hvd.size() > 1:
+        assert opt.hvdx_stats.last_sent > 0 and opt.hvdx_stats.total_received > 0
+    for p in model.parameters():
+        assert same_everywhere(p)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_float16_gradients_are_upcast_and_written_back_in_float16():
+    model = Flat(dtype=torch.float16)
+    opt = topk_optimizer(model, hvd.Compression.topk(1.0, 1.0, min_size=0))
+    g = torch.from_numpy(grads_of_all_ranks(0)[hvd.rank()]).half()
+    dense = horovod.torch.allreduce(g.float(), op=hvd.Average, name="check.fp16")
+    model.w.grad = g.clone()
+    opt.step()
+    assert model.w.grad.dtype == torch.float16
+    assert torch.equal(model.w.grad, dense.half())
+    assert residual(opt, "worker").dtype == np.float32
+
+
+@pytest.mark.mpi(min_size=1)
+def test_op_sum_is_size_times_the_average():
+    a, b = Flat(), Flat()
+    opt_avg = topk_optimizer(a, hvd.Compression.topk(0.1, 0.1, min_size=0))
+    opt_sum = topk_optimizer(b, hvd.Compression.topk(0.1, 0.1, min_size=0), op=hvd.Sum)
+    g = torch.from_numpy(grads_of_all_ranks(0)[hvd.rank()].copy())
+    a.w.grad, b.w.grad = g.clone(), g.clone()
+    opt_avg.step()
+    opt_sum.step()
+    assert torch.equal(b.w.grad, a.w.grad * hvd.size())
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("kwargs, message", [
+    ({"ratio": 0.0}, "ratio=0.0 must be in"),
+    ({"ratio": 1.01}, "ratio=1.01 must be in"),
+    ({"ratio": 0.1, "downlink_ratio": -1}, "downlink_ratio=-1 must be in"),
+])
+def test_a_bad_ratio_raises_at_construction(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        hvd.Compression.topk(**kwargs)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("op, name", [(hvd.Adasum, "Adasum"), (hvd.Min, "Min")])
+def test_unsupported_ops_are_rejected(op, name):
+    with pytest.raises(ValueError, match=f"op={name} is not supported with TopK"):
+        topk_optimizer(Flat(), hvd.Compression.topk(0.1), op=op)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_different_ratios_raise_the_fingerprint_error_on_every_rank():
+    spec = hvd.Compression.topk(0.01 if hvd.rank() != 1 else 0.02, 0.01)
+    with pytest.raises(ValueError, match="setting 'compression' differs") as info:
+        topk_optimizer(Flat(), spec)
+    message = str(info.value)
+    assert "topk ratio=0.01 " in message and "topk ratio=0.02 " in message
+    assert len(set(hvd.allgather_object(message))) == 1
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_nan_gradient_on_one_rank_raises_everywhere_and_changes_nothing():
+    model = initial_model()
+    opt = topk_optimizer(model, hvd.Compression.topk(0.05, 0.05, min_size=256),
+                         torch.optim.SGD(model.parameters(), lr=0.05))
+    data = batches(hvd.rank(), 2)
+    train(model, opt, data[:1])
+    workers = {n: e.copy() for n, e in opt._hvdx_worker.state_dict().items()}
+    servers = {n: e.copy() for n, e in opt._hvdx_server.state_dict().items()}
+    params = copy.deepcopy(model.state_dict())
+    opt.zero_grad()
+    F.cross_entropy(model(data[1][0]), data[1][1]).backward()
+    bad_rank = hvd.size() - 1
+    if hvd.rank() == bad_rank:
+        model.fc2.weight.grad[0, 0] = float("nan")
+    with pytest.raises(ValueError) as info:
+        opt.step()
+    message = str(info.value)
+    assert "'fc2.weight'" in message and f"rank(s) [{bad_rank}]" in message
+    assert len(set(hvd.allgather_object(message))) == 1
+    for memory, before in ((opt._hvdx_worker, workers), (opt._hvdx_server, servers)):
+        after = memory.state_dict()
+        assert list(after) == list(before)
+        assert all(np.array_equal(after[n], before[n]) for n in before)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in params.items())
+    assert opt.state_dict()["hvdx_topk"]["step"] == 1
+
+
+@pytest.mark.mpi(min_size=1)
+def test_subclassing_the_returned_class_does_not_recurse():
+    model = Flat()
+    opt = topk_optimizer(model, hvd.Compression.topk(0.1, min_size=0))
+    sub = type("Sub", (type(opt),), {})
+    assert issubclass(sub, torch.optim.SGD)
+    assert hvd.Compression.none is horovod.torch.Compression.none
+    assert hvd.Compression.fp16 is horovod.torch.Compression.fp16
+
+
+@pytest.mark.mpi(min_size=1)
+def test_warmup_steps_are_dense_and_leave_no_residual():
+    model = Flat()
+    opt = topk_optimizer(model, hvd.Compression.topk(0.01, 0.01, min_size=0,
+                                                     warmup_steps=1))
+    g = torch.from_numpy(grads_of_all_ranks(0)[hvd.rank()].copy())
+    dense = horovod.torch.allreduce(g, op=hvd.Average, name="check.warmup")
+    model.w.grad = g.clone()
+    opt.step()
+    assert torch.equal(model.w.grad, dense)  # the same Horovod allreduce
+    assert residual(opt, "worker") is None and opt.hvdx_stats.last_dense_tensors == 1
+    model.w.grad = g.clone()
+    opt.step()
+    assert opt.hvdx_stats.last_sparse_tensors == 1
+    assert np.count_nonzero(model.w.grad.numpy()) <= 30
+
+
+@pytest.mark.mpi(min_size=1)
+def test_synchronize_then_skip_synchronize_for_gradient_clipping():
+    model = Flat()
+    opt = topk_optimizer(model, hvd.Compression.topk(0.1, 0.1, min_size=0),
+                         torch.optim.SGD(model.parameters(), lr=1.0))
+    model.w.grad = torch.from_numpy(grads_of_all_ranks(0)[hvd.rank()].copy())
+    opt.synchronize()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    update = model.w.grad.clone()
+    with opt.skip_synchronize():
+        opt.step()
+    assert torch.equal(model.w.detach(), -update)
+    assert opt.hvdx_stats.steps == 1 and same_everywhere(model.w)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_sparse_gradients_fall_back_to_horovods_dense_average():
+    torch.manual_seed(0)
+    embedding = nn.Embedding(100, 16, sparse=True)  # 1600 entries, above min_size
+    hvd.broadcast_parameters(embedding.state_dict(), root_rank=0)
+    opt = topk_optimizer(embedding, hvd.Compression.topk(0.01, 0.01, min_size=1000),
+                         torch.optim.SGD(embedding.parameters(), lr=0.5))
+    ids = torch.tensor([hvd.rank(), 50 + hvd.rank()])
+    embedding(ids).sum().backward()
+    expected = horovod.torch.allreduce(embedding.weight.grad.to_dense(), op=hvd.Average,
+                                       name="check.sparse")
+    opt.step()
+    assert embedding.weight.grad.is_sparse
+    assert torch.equal(embedding.weight.grad.to_dense(), expected)
+    assert opt.hvdx_stats.last_dense_tensors == 1 and same_everywhere(embedding.weight)

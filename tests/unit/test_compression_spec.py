@@ -1,0 +1,57 @@
+"""The framework-neutral TopK compression spec validates its arguments at construction
+and renders the same fingerprint text on every rank."""
+
+import pytest
+
+from hvdx.compression import TopKCompression, topk
+from hvdx.core.bidirectional_topk import TopKConfig
+
+
+def test_defaults_and_description():
+    spec = topk(ratio=0.01, downlink_ratio=0.01)
+    assert isinstance(spec, TopKCompression)
+    assert spec.ratio == 0.01 and spec.downlink_ratio == 0.01 and spec.config.bidirectional
+    assert spec.describe() == ("topk ratio=0.01 downlink=0.01 mode=auto min_size=1024 "
+                               "warmup_steps=0 selector=exact sample_size=65536 seed=0")
+    assert "downlink=none" in topk(0.05).describe()
+    assert topk(0.01) == topk(0.01)  # value semantics: same settings, same spec
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"ratio": 0}, "ratio=0 "),
+    ({"ratio": 1.5}, "ratio=1.5 "),
+    ({"ratio": -0.1}, "ratio=-0.1 "),
+    ({"ratio": 0.1, "downlink_ratio": 0.0}, "downlink_ratio=0.0 "),
+    ({"ratio": 0.1, "downlink_ratio": 2}, "downlink_ratio=2 "),
+    ({"mode": "ring"}, "mode='ring'"),
+    ({"min_size": -1}, "min_size=-1"),
+    ({"warmup_steps": 1.5}, "warmup_steps=1.5"),
+    ({"selector": "random"}, "selector='random'"),
+    ({"seed": -3}, "seed=-3"),
+])
+def test_bad_arguments_raise_naming_the_argument_and_value(kwargs, message):
+    with pytest.raises(ValueError) as info:
+        topk(**kwargs)
+    assert message in str(info.value) + " "
+
+
+def test_ratio_one_is_accepted():
+    assert topk(1.0, 1.0).config.k_up(10) == 10
+
+
+@pytest.mark.parametrize("mode, size, expected", [
+    ("auto", 1, "gathered"), ("auto", 2, "gathered"), ("auto", 3, "sharded"),
+    ("auto", 64, "sharded"), ("gathered", 8, "gathered"), ("sharded", 1, "sharded"),
+])
+def test_auto_mode_is_sharded_above_two_ranks(mode, size, expected):
+    assert topk(0.01, mode=mode).resolve_mode(size) == expected
+
+
+def test_spec_needs_a_core_config():
+    with pytest.raises(TypeError):
+        TopKCompression(0.01)
+    assert TopKCompression(TopKConfig(0.5)).mode == "auto"
+
+
+def test_different_ratios_give_different_fingerprint_text():
+    assert topk(0.01).describe() != topk(0.010000001).describe()
