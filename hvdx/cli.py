@@ -45,6 +45,11 @@ def _bench(args: argparse.Namespace) -> int:
     from hvdx.bench.harness import render_table, run_bench
     from hvdx.cluster import ClusterSpec
 
+    if args.selection:
+        from hvdx.bench.selection import measure, render
+
+        print(render(measure()))
+        return 0
     spec = None if args.localhost else ClusterSpec.from_args(args)
     rows = run_bench(spec, args.workloads.split(","), args.strategies.split(","),
                      args.steps, args.eval_every, args.out,
@@ -98,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--eval-every", type=int, default=5)
     bench.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     bench.add_argument("--out", default="results/bench", help="output directory")
+    bench.add_argument("--selection", action="store_true",
+                       help="only time TopK selection (10M elements, 1%%) against abs and "
+                            "torch.topk")
     bench.set_defaults(func=_bench)
 
     plan = sub.add_parser("plan", help="predict which strategy wins on a network (alpha-beta)")

@@ -52,6 +52,7 @@ class Summary:
     target_accuracy: float
     final_accuracy: float
     hvdx_bytes_per_step: float
+    hvdx_received_per_step: float
     interface_tx_per_step: Optional[float]
     interface_rx_per_step: Optional[float]
     step_speedup: Optional[float] = None
@@ -67,10 +68,14 @@ class Summary:
 
     @property
     def bytes_agreement(self) -> Optional[float]:
-        """Received interface bytes over hvdx's count (1.0 = identical)."""
-        if not self.interface_rx_per_step or not self.hvdx_bytes_per_step:
+        """Bytes the emulated interface received over hvdx's count (1.0 = identical).
+
+        Received, not sent: a shaped link drops packets when its queue is full and TCP
+        sends them again, so the sender's counter also holds retransmissions.
+        """
+        if not self.interface_rx_per_step or not self.hvdx_received_per_step:
             return None
-        return self.interface_rx_per_step / self.hvdx_bytes_per_step
+        return self.interface_rx_per_step / self.hvdx_received_per_step
 
 
 def summarize(result: Dict, target: float, network: str) -> Summary:
@@ -90,6 +95,8 @@ def summarize(result: Dict, target: float, network: str) -> Summary:
         time_to_target_s=reached[0] if reached else None, target_accuracy=target,
         final_accuracy=result["curve"][-1]["accuracy"],
         hvdx_bytes_per_step=result["hvdx_bytes_per_rank_per_step"],
+        hvdx_received_per_step=result.get("hvdx_received_per_rank_per_step",
+                                          result["hvdx_bytes_per_rank_per_step"]),
         interface_tx_per_step=tx, interface_rx_per_step=rx)
 
 
@@ -109,7 +116,8 @@ def _add_predictions(rows: List[Summary], raw: List[Dict], spec) -> None:
         other = result["parameters"] - conv - fc  # batch norm and friends: in the body
         workload = Workload(conv_params=conv + other, fc_params=fc,
                             compute_s=result["compute_s"])
-        row.predicted_step_s = predict(model_name, cluster, workload).step_s
+        options = STRATEGIES[row.strategy].cost_options
+        row.predicted_step_s = predict(model_name, cluster, workload, **options).step_s
 
 
 def _add_speedups(rows: List[Summary]) -> None:

@@ -93,7 +93,6 @@ def main(argv=None):
     compute_s = _compute_time(model, x_train, y_train, workload.batch_size)
     local = torch.optim.SGD(model.parameters(), lr=workload.lr * size, momentum=0.9)
     optimizer = strategy.build(local, model)
-    bytes_per_step = strategy.bytes_per_step(local, model, size)
 
     batch = workload.batch_size
     per_epoch = len(full.x_train) // size // batch
@@ -133,6 +132,7 @@ def main(argv=None):
                                   "time": train_time, "accuracy": accuracy}), flush=True)
     hvd.barrier()
     counters_end = interface_bytes(iface)
+    sent, received = strategy.bytes_per_step(optimizer, model, size, args.steps)
     interface = None
     if counters_start and counters_end:
         interface = [e - s for s, e in zip(counters_start, counters_end)]
@@ -143,7 +143,8 @@ def main(argv=None):
         result = {
             "workload": args.workload, "strategy": args.strategy, "ranks": size,
             "steps": args.steps, "step_times": step_times, "curve": curve,
-            "hvdx_bytes_per_rank_per_step": bytes_per_step,
+            "hvdx_bytes_per_rank_per_step": sent,
+            "hvdx_received_per_rank_per_step": received,
             "ranks_detail": everyone,
             "parameters": sum(p.numel() for p in model.parameters()),
             "parameter_split": parameter_split(model),
