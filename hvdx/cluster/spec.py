@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
 
+from hvdx.core import units
+
 __all__ = [
     "ClusterSpec",
     "ContentionEvent",
@@ -30,10 +32,8 @@ __all__ = [
 # The control network is one /24 whose last address belongs to mpiexec's namespace.
 MAX_HOSTS = 250
 
-_RATE_UNITS = {"kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
 _TIME_UNITS = {"s": 1.0, "sec": 1.0, "ms": 1e-3, "msec": 1e-3, "us": 1e-6, "usec": 1e-6}
 _NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"
-_RATE_RE = re.compile(rf"^{_NUMBER}(kbit|mbit|gbit)$", re.IGNORECASE)
 _TIME_RE = re.compile(rf"^{_NUMBER}(s|sec|ms|msec|us|usec)?$", re.IGNORECASE)
 # tbf cannot shape usefully below a few packets per second, nor above what we can name.
 _MIN_RATE = 8 * 10**3
@@ -44,11 +44,11 @@ Time = Union[int, float, str]
 
 
 def parse_rate(value: Rate, name: str = "rate") -> int:
-    """Parses a link rate into bits per second.
+    """Parses a link rate into bits per second, within what tbf can shape.
 
     Args:
-        value: ``"500kbit"``, ``"100mbit"``, ``"1.5gbit"`` (tc's SI units), or a positive
-            number of bits per second.
+        value: ``"500kbit"``, ``"100mbit"``, ``"1.5gbit"`` (tc's SI units, parsed by
+            :func:`hvdx.core.units.parse_rate`), or a positive number of bits per second.
         name: the argument's name, for the error message.
 
     Returns:
@@ -58,17 +58,10 @@ def parse_rate(value: Rate, name: str = "rate") -> int:
         ValueError: if ``value`` is not a rate between 8kbit and 400gbit.
     """
     hint = "use a number with kbit, mbit or gbit, e.g. 100mbit"
-    if isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} is not a rate: {hint}")
-    if isinstance(value, (int, float)):
-        bits = float(value)
-    elif isinstance(value, str):
-        match = _RATE_RE.match(value.strip())
-        if not match:
-            raise ValueError(f"{name}={value!r} is not a rate: {hint}")
-        bits = float(match.group(1)) * _RATE_UNITS[match.group(2).lower()]
-    else:
-        raise ValueError(f"{name}={value!r} is not a rate: {hint}")
+    try:
+        bits = units.parse_rate(value, name)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not a rate: {hint}") from None
     if not _MIN_RATE <= bits <= _MAX_RATE:
         raise ValueError(f"{name}={value!r} is out of range: rates go from 8kbit to 400gbit")
     return int(round(bits))

@@ -48,11 +48,12 @@ from __future__ import annotations
 
 import inspect
 import math
-import re
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
+
+from hvdx.core.units import format_rate, parse_quantity, parse_rate, parse_time
 
 __all__ = [
     "Cluster",
@@ -71,57 +72,9 @@ __all__ = [
     "speedup_over_horovod",
 ]
 
-_RATE_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
-_TIME_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6}
-_QUANTITY_RE = re.compile(r"^\s*((?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?)\s*([a-z]*)\s*$")
 _INDEX_BYTES = 4  # a sparse entry travels as an int32 index next to its value
 
 Number = Union[int, float]
-
-
-def _parse(value: Union[Number, str], name: str, units: Mapping[str, float],
-           hint: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ValueError(f"{name}={value!r} is not a number: {hint}")
-    if isinstance(value, str):
-        match = _QUANTITY_RE.match(value.lower())
-        if not match or match.group(2) not in units:
-            raise ValueError(f"{name}={value!r} is not understood: {hint}")
-        value = float(match.group(1)) * units[match.group(2)]
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name}={value!r} must be finite and not negative: {hint}")
-    return float(value)
-
-
-def parse_rate(value: Union[Number, str], name: str = "rate") -> float:
-    """Parses a link rate like tc does (SI units): ``"100mbit"`` -> ``1e8`` bits/s.
-
-    Args:
-        value: a string with ``bit``, ``kbit``, ``mbit``, ``gbit`` or ``tbit``, or a number
-            of bits per second. A bare number in a string is refused: tc reads it as
-            bytes per second, an easy slip.
-        name: the argument's name, for the error message.
-
-    Raises:
-        ValueError: naming ``name`` and the value, if it is not a positive rate.
-    """
-    rate = _parse(value, name, _RATE_UNITS, "use a positive rate such as 100mbit or 25gbit")
-    if rate == 0:
-        raise ValueError(f"{name}={value!r} must be a positive rate, e.g. 100mbit")
-    return rate
-
-
-def parse_time(value: Union[Number, str], name: str = "time") -> float:
-    """Parses a duration (``"25us"``, ``"1ms"``, ``"0.5s"`` or seconds) into seconds."""
-    return _parse(value, name, _TIME_UNITS, "use a duration such as 25us or 1ms")
-
-
-def format_rate(bits_per_second: float) -> str:
-    """Renders a rate in tc's units, e.g. ``2.5e10`` -> ``"25gbit"``."""
-    for unit in ("tbit", "gbit", "mbit", "kbit"):
-        if bits_per_second >= _RATE_UNITS[unit]:
-            return f"{bits_per_second / _RATE_UNITS[unit]:g}{unit}"
-    return f"{bits_per_second:g}bit"
 
 
 def _integer(name: str, value: object, low: int, high: float = math.inf) -> int:
@@ -134,7 +87,7 @@ def _integer(name: str, value: object, low: int, high: float = math.inf) -> int:
 
 
 def _positive(name: str, value: object) -> float:
-    number = _parse(value, name, {"": 1.0}, "use a positive number")
+    number = parse_quantity(value, name, {"": 1.0}, "use a positive number")
     if number == 0:
         raise ValueError(f"{name}={value!r} must be a positive number")
     return number
