@@ -207,7 +207,11 @@ class _Contention:
     def __init__(self, cluster):
         self.cluster = cluster
         self.timer = None
-        self.log: List = []
+
+    @property
+    def log(self) -> List:
+        """``[seconds since launch, target, rate]`` per change applied so far."""
+        return [] if self.timer is None else [list(change) for change in self.timer.log]
 
     def __enter__(self):
         if self.cluster is not None and self.cluster.spec.contention:
@@ -219,7 +223,6 @@ class _Contention:
             return
         self.timer.stop()
         self.timer.join()
-        self.log = [list(change) for change in self.timer.log]
         for event in self.cluster.spec.contention:
             self.cluster.set_rate(event.target, self.cluster.configured_rate(event.target))
 

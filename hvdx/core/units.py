@@ -23,7 +23,12 @@ _QUANTITY_RE = re.compile(rf"^\s*(?:({_NUMBER}e[+-]?\d+)|({_NUMBER})([a-z]*))\s*
 
 
 def parse_quantity(value: Union[Number, str], name: str, units: Mapping[str, float],
-           hint: str) -> float:
+                   hint: str) -> float:
+    """A non-negative number, or a string of a number and one of ``units``.
+
+    Raises:
+        ValueError: naming ``name`` and the value, with ``hint`` on what to write.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(f"{name}={value!r} is not a number: {hint}")
     if isinstance(value, str):
