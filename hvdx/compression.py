@@ -38,12 +38,15 @@ class TopKCompression:
             shards) or ``"auto"`` (sharded when more than 2 ranks).
         min_size: tensors with fewer entries are averaged densely by Horovod.
         warmup_steps: the first ``warmup_steps`` steps are dense for every tensor.
+        error_feedback: keep the worker and server residuals (the default). ``False`` runs
+            plain TopK: what a selection drops is lost, and no residual is stored.
     """
 
     config: TopKConfig
     mode: str = "auto"
     min_size: int = DEFAULT_MIN_SIZE
     warmup_steps: int = 0
+    error_feedback: bool = True
 
     def __post_init__(self):
         if not isinstance(self.config, TopKConfig):
@@ -52,6 +55,8 @@ class TopKCompression:
             raise ValueError(f"mode={self.mode!r} must be one of {MODES_AUTO}")
         _check_integer("min_size", self.min_size, 0)
         _check_integer("warmup_steps", self.warmup_steps, 0)
+        if not isinstance(self.error_feedback, bool):
+            raise ValueError(f"error_feedback={self.error_feedback!r} must be True or False")
 
     @property
     def ratio(self) -> float:
@@ -73,7 +78,8 @@ class TopKCompression:
         downlink = "none" if c.downlink_ratio is None else repr(c.downlink_ratio)
         return (f"topk ratio={c.ratio!r} downlink={downlink} mode={self.mode} "
                 f"min_size={self.min_size} warmup_steps={self.warmup_steps} "
-                f"selector={c.selector} sample_size={c.sample_size} seed={c.seed}")
+                f"selector={c.selector} sample_size={c.sample_size} seed={c.seed} "
+                f"error_feedback={self.error_feedback}")
 
     def __str__(self) -> str:
         return self.describe()
@@ -82,7 +88,7 @@ class TopKCompression:
 def topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,
          mode: str = "auto", min_size: int = DEFAULT_MIN_SIZE, warmup_steps: int = 0,
          selector: str = "exact", sample_size: int = DEFAULT_SAMPLE_SIZE,
-         seed: int = 0) -> TopKCompression:
+         seed: int = 0, error_feedback: bool = True) -> TopKCompression:
     """Build a :class:`TopKCompression`, validating every argument here.
 
     Args:
@@ -94,13 +100,15 @@ def topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,
         selector: ``"exact"`` or ``"threshold"`` (sampled threshold, DGC).
         sample_size: entries sampled by the threshold selector.
         seed: seeds the threshold selector, identically on every rank.
+        error_feedback: ``False`` for plain TopK without worker or server residuals.
 
     Raises:
         ValueError: an argument is out of range, named with its value (``ratio=2.0``).
     """
     config = TopKConfig(ratio=ratio, downlink_ratio=downlink_ratio, selector=selector,
                         sample_size=sample_size, seed=seed)
-    return TopKCompression(config, mode=mode, min_size=min_size, warmup_steps=warmup_steps)
+    return TopKCompression(config, mode=mode, min_size=min_size, warmup_steps=warmup_steps,
+                           error_feedback=error_feedback)
 
 
 def _check_integer(name: str, value: object, low: int) -> None:

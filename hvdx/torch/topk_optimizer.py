@@ -15,12 +15,19 @@ One :meth:`step` (``synchronize`` then the wrapped optimizer's ``step``):
    parameter, before any residual changes;
 3. tensors with fewer than ``min_size`` entries, sparse gradients, and every tensor
    during ``warmup_steps``: Horovod's allreduce (op, ``gradient_predivide_factor``);
-4. the others, one tensor at a time (layer-wise selection): flatten to float32 numpy on
-   CPU, :func:`~hvdx.core.bidirectional_topk.uplink` with the worker residual, then
-   ``gathered`` (Allgatherv, every rank aggregates and runs the downlink with its replica
-   of the server residual) or ``sharded`` (Alltoallv to shard owners, which aggregate
-   their shard, run the downlink with their shard of the server residual, and Allgatherv
-   the result). ``m`` is the average over ranks (``op=Sum`` multiplies by the size);
+4. the others, all together: flatten each to float32 numpy on CPU and run
+   :func:`~hvdx.core.bidirectional_topk.uplink` with its worker residual (selection stays
+   layer-wise: each tensor keeps its own ``k``), then exchange the pairs of all tensors at
+   once in one flat index space (tensor ``t`` shifted by its offset in the concatenation,
+   in the fixed order): ``gathered`` (one Allgatherv; every rank aggregates and runs the
+   downlink of each tensor with its replica of the server residual) or ``sharded`` (each
+   tensor keeps its own shards; one Alltoallv carries all tensors' pieces to the shard
+   owners, which aggregate their shards, run the downlink with their shard of the server
+   residual, and one Allgatherv returns the results). A step thus costs a fixed number of
+   collectives (each with its small exchange of counts) whatever the number of tensors,
+   and the result is bitwise the per-tensor one. ``m`` is the average over ranks
+   (``op=Sum`` multiplies by the size). With ``error_feedback=False`` no residual is
+   kept (plain TopK);
 5. write the dense update ``u`` into ``p.grad`` (original device and dtype);
 6. the wrapped optimizer's ``step``.
 
@@ -45,7 +52,8 @@ import horovod.torch as _hvd
 import torch
 
 from hvdx.compression import TopKCompression
-from hvdx.core.bidirectional_topk import aggregate, downlink, selection_rng, to_dense, uplink
+from hvdx.core.bidirectional_topk import (aggregate, downlink, select, selection_rng,
+                                          to_dense, uplink)
 from hvdx.core.error_feedback import ResidualMemory
 from hvdx.core.sharding import shard_bounds, shard_k, split_by_shard
 from hvdx.mpi.sparse import allgatherv_pairs, alltoallv_pairs
@@ -54,6 +62,9 @@ __all__ = ["TopKStats", "make_topk_optimizer", "STATE_KEY"]
 
 #: The key of hvdx's state in :meth:`state_dict`.
 STATE_KEY = "hvdx_topk"
+
+#: The most entries one fused exchange covers: its indices must fit in int32.
+_GROUP_LIMIT = 2 ** 31
 
 _OP_NAMES = {_hvd.Average: "Average", _hvd.Sum: "Sum", _hvd.Adasum: "Adasum",
              _hvd.Min: "Min", _hvd.Max: "Max", _hvd.Product: "Product"}
@@ -197,8 +208,7 @@ class _TopKOptimizer:
             else:
                 sparse.append((position, name, p))
         handles = [self._hvdx_dense_async(name, p) for name, p in dense]
-        for position, name, p in sparse:
-            self._hvdx_sparse(position, name, p)
+        self._hvdx_sparse_all(sparse)
         for (name, p), (handle, was_sparse) in zip(dense, handles):
             out = _hvd.synchronize(handle)
             if was_sparse:
@@ -277,57 +287,130 @@ class _TopKOptimizer:
         self.hvdx_stats._add(nbytes, nbytes)
         return handle, was_sparse
 
-    def _hvdx_sparse(self, position, name, p):
-        """Steps 4 and 5 for one tensor."""
-        config = self._hvdx_compression.config
-        comm, size, rank = self._hvdx_comm, self._hvdx_size, self._hvdx_rank
-        flat = p.grad.detach().reshape(-1).to("cpu", torch.float32).numpy()
-        d = flat.size
+    def _hvdx_sparse_all(self, sparse):
+        """Steps 4 and 5 for every compressed tensor, fused into a fixed number of collectives.
+
+        The tensors share one flat index space: tensor ``t`` occupies
+        ``[offsets[t], offsets[t] + d_t)`` in the fixed parameter order, so the pairs of all
+        tensors travel in one buffer and each rank's received pairs are cut back per tensor
+        by ``searchsorted`` on the offsets. Selection, aggregation (rank order) and the
+        downlink stay per tensor, so the result is bitwise the per-tensor one. Tensors are
+        grouped so that every group's index space fits in int32 (one group in practice).
+        """
+        start, total = 0, 0
+        for i, (_, _, p) in enumerate(sparse):
+            d = p.numel()
+            if i > start and total + d > _GROUP_LIMIT:
+                self._hvdx_sparse_group(sparse[start:i])
+                start, total = i, 0
+            total += d
+        if sparse:
+            self._hvdx_sparse_group(sparse[start:])
+
+    def _hvdx_sparse_group(self, group):
+        compression = self._hvdx_compression
+        config = compression.config
+        feedback = compression.error_feedback
+        size, rank, step = self._hvdx_size, self._hvdx_rank, self._hvdx_step
         threshold = config.selector == "threshold"
 
-        def rng(role, index):
+        def rng(role, index, position):
             if not threshold:
                 return None
-            return selection_rng(config.seed, self._hvdx_step, role, index, position)
+            return selection_rng(config.seed, step, role, index, position)
 
-        indices, values = uplink(self._hvdx_worker, name, flat, config.k_up(d), config,
-                                 rng("up", rank))
-        k_down = config.k_down(d)
-        if self._hvdx_mode == "gathered":
-            gathered, sent, received = allgatherv_pairs(comm, indices, values)
-            self.hvdx_stats._add(sent, received)
-            m = aggregate(gathered, d, size, dtype=np.float32)
-            if k_down is None:
-                u = m
+        sizes = [p.numel() for _, _, p in group]
+        offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+        ups = []
+        for (position, name, p), d in zip(group, sizes):
+            flat = p.grad.detach().reshape(-1).to("cpu", torch.float32).numpy()
+            if feedback:
+                ups.append(uplink(self._hvdx_worker, name, flat, config.k_up(d), config,
+                                  rng("up", rank, position)))
             else:
-                u_indices, u_values, residual = downlink(
-                    m, self._hvdx_server.get(name), k_down, config, rng("down", 0))
-                self._hvdx_server.set(name, residual)
-                u = to_dense(u_indices, u_values, d)
+                ups.append(select(flat, config.k_up(d), config, rng("up", rank, position)))
+        if self._hvdx_mode == "gathered":
+            updates = self._hvdx_gathered(group, sizes, offsets, ups, rng)
         else:
-            bounds = shard_bounds(d, size)
-            pieces = split_by_shard(indices, values, bounds)
-            received_pieces, sent, received = alltoallv_pairs(comm, pieces)
-            self.hvdx_stats._add(sent, received)
+            updates = self._hvdx_sharded(group, sizes, offsets, ups, rng)
+        for (_, _, p), u in zip(group, updates):
+            if self._hvdx_op == _hvd.Sum:
+                u = u * np.float32(size)
+            with torch.no_grad():
+                p.grad.copy_(torch.from_numpy(u).view(p.grad.shape))
+
+    def _hvdx_gathered(self, group, sizes, offsets, ups, rng):
+        """One Allgatherv of every tensor's pairs; every rank aggregates and runs the downlink."""
+        config, size = self._hvdx_compression.config, self._hvdx_size
+        feedback = self._hvdx_compression.error_feedback
+        indices = np.concatenate([i.astype(np.int64) + offsets[t]
+                                  for t, (i, _) in enumerate(ups)])
+        values = np.concatenate([v for _, v in ups])
+        gathered, sent, received = allgatherv_pairs(self._hvdx_comm, indices, values)
+        self.hvdx_stats._add(sent, received)
+        cuts = [np.searchsorted(i, offsets) for i, _ in gathered]
+        updates = []
+        for t, ((position, name, _), d) in enumerate(zip(group, sizes)):
+            pieces = [(i[c[t]:c[t + 1]], v[c[t]:c[t + 1]]) for (i, v), c in zip(gathered, cuts)]
+            m = aggregate(pieces, d, size, offset=offsets[t], dtype=np.float32)
+            k_down = config.k_down(d)
+            if k_down is None:
+                updates.append(m)
+                continue
+            server = self._hvdx_server.get(name) if feedback else None
+            u_indices, u_values, residual = downlink(m, server, k_down, config,
+                                                     rng("down", 0, position))
+            if feedback:
+                self._hvdx_server.set(name, residual)
+            updates.append(to_dense(u_indices, u_values, d))
+        return updates
+
+    def _hvdx_sharded(self, group, sizes, offsets, ups, rng):
+        """One Alltoallv of the pairs to the shard owners, one Allgatherv of their picks.
+
+        Every tensor keeps its own shards (:func:`~hvdx.core.sharding.shard_bounds` of its
+        length); what one rank sends an owner is all tensors' pieces for it, in order.
+        """
+        config, size, rank = self._hvdx_compression.config, self._hvdx_size, self._hvdx_rank
+        feedback = self._hvdx_compression.error_feedback
+        all_bounds = [shard_bounds(d, size) for d in sizes]
+        outgoing = [[] for _ in range(size)]
+        for t, ((indices, values), bounds) in enumerate(zip(ups, all_bounds)):
+            for owner, (i, v) in enumerate(split_by_shard(indices, values, bounds)):
+                outgoing[owner].append((i.astype(np.int64) + offsets[t], v))
+        pieces = [(np.concatenate([i for i, _ in out]), np.concatenate([v for _, v in out]))
+                  for out in outgoing]
+        incoming, sent, received = alltoallv_pairs(self._hvdx_comm, pieces)
+        self.hvdx_stats._add(sent, received)
+        cuts = [np.searchsorted(i, offsets) for i, _ in incoming]
+        chosen = []
+        for t, ((position, name, _), d, bounds) in enumerate(zip(group, sizes, all_bounds)):
             lo, hi = int(bounds[rank]), int(bounds[rank + 1])
-            m_s = aggregate(received_pieces, hi - lo, size, offset=lo, dtype=np.float32)
+            mine = [(i[c[t]:c[t + 1]], v[c[t]:c[t + 1]]) for (i, v), c in zip(incoming, cuts)]
+            m_s = aggregate(mine, hi - lo, size, offset=offsets[t] + lo, dtype=np.float32)
+            k_down = config.k_down(d)
             if k_down is None:
                 local = np.flatnonzero(m_s)
-                chosen = (local + lo, m_s[local])
-            else:
-                share = int(shard_k(k_down, bounds)[rank])
-                local, chosen_values, residual = downlink(
-                    m_s, self._hvdx_server.get(name), share, config, rng("down", rank))
+                chosen.append((local + (offsets[t] + lo), m_s[local]))
+                continue
+            share = int(shard_k(k_down, bounds)[rank])
+            server = self._hvdx_server.get(name) if feedback else None
+            local, values, residual = downlink(m_s, server, share, config,
+                                               rng("down", rank, position))
+            if feedback:
                 self._hvdx_server.set(name, residual)
-                chosen = (local + lo, chosen_values)
-            selected, sent, received = allgatherv_pairs(comm, *chosen)
-            self.hvdx_stats._add(sent, received)
-            u = to_dense(np.concatenate([i for i, _ in selected]).astype(np.int64),
-                         np.concatenate([v for _, v in selected]), d)
-        if self._hvdx_op == _hvd.Sum:
-            u = u * np.float32(size)
-        with torch.no_grad():
-            p.grad.copy_(torch.from_numpy(u).view(p.grad.shape))
+            chosen.append((local + (offsets[t] + lo), values))
+        selected, sent, received = allgatherv_pairs(
+            self._hvdx_comm, np.concatenate([i for i, _ in chosen]),
+            np.concatenate([v for _, v in chosen]))
+        self.hvdx_stats._add(sent, received)
+        cuts = [np.searchsorted(i, offsets) for i, _ in selected]
+        updates = []
+        for t, d in enumerate(sizes):
+            indices = np.concatenate([i[c[t]:c[t + 1]] for (i, _), c in zip(selected, cuts)])
+            values = np.concatenate([v[c[t]:c[t + 1]] for (_, v), c in zip(selected, cuts)])
+            updates.append(to_dense(indices.astype(np.int64) - offsets[t], values, d))
+        return updates
 
 
 def _to_numpy(t) -> np.ndarray:

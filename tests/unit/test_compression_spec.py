@@ -12,9 +12,14 @@ def test_defaults_and_description():
     assert isinstance(spec, TopKCompression)
     assert spec.ratio == 0.01 and spec.downlink_ratio == 0.01 and spec.config.bidirectional
     assert spec.describe() == ("topk ratio=0.01 downlink=0.01 mode=auto min_size=1024 "
-                               "warmup_steps=0 selector=exact sample_size=65536 seed=0")
+                               "warmup_steps=0 selector=exact sample_size=65536 seed=0 "
+                               "error_feedback=True")
     assert "downlink=none" in topk(0.05).describe()
     assert topk(0.01) == topk(0.01)  # value semantics: same settings, same spec
+    assert topk(0.01, error_feedback=False).describe().endswith(" error_feedback=False")
+    assert topk(0.01, error_feedback=False) != topk(0.01)
+    with pytest.raises(ValueError, match="error_feedback=1 must be True or False"):
+        topk(0.01, error_feedback=1)
 
 
 @pytest.mark.parametrize("kwargs, message", [

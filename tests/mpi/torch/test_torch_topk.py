@@ -340,3 +340,111 @@ def test_sparse_gradients_fall_back_to_horovods_dense_average():
     assert embedding.weight.grad.is_sparse
     assert torch.equal(embedding.weight.grad.to_dense(), expected)
     assert opt.hvdx_stats.last_dense_tensors == 1 and same_everywhere(embedding.weight)
+
+
+SIZES = (3000, 1, 3, 517, 1234)  # 1 and 3 leave some shards empty on 4 ranks
+
+
+class Several(nn.Module):
+    def __init__(self, sizes=SIZES):
+        super().__init__()
+        for t, d in enumerate(sizes):
+            setattr(self, f"w{t}", nn.Parameter(torch.zeros(d)))
+
+
+class CountingComm:
+    """Passes every call to ``comm`` and counts the collectives."""
+
+    COLLECTIVES = ("allgather", "Allgather", "Allgatherv", "Alltoall", "Alltoallv")
+
+    def __init__(self, comm):
+        self.comm, self.calls = comm, []
+
+    def __getattr__(self, name):
+        attribute = getattr(self.comm, name)
+        if name in self.COLLECTIVES:
+            def counted(*args, **kwargs):
+                self.calls.append(name)
+                return attribute(*args, **kwargs)
+            return counted
+        return attribute
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("direction", RATIOS)
+def test_several_tensors_fused_equal_the_per_tensor_reference_bitwise(mode, direction):
+    ratio, downlink_ratio = RATIOS[direction]
+    model = Several()
+    opt = topk_optimizer(model, hvd.Compression.topk(ratio, downlink_ratio, mode=mode,
+                                                     min_size=0))
+    counting = opt._hvdx_comm = CountingComm(opt._hvdx_comm)
+    size, rank = hvd.size(), hvd.rank()
+    config = TopKConfig(ratio, downlink_ratio)
+    names = [f"w{t}" for t in range(len(SIZES))]
+    workers = [ResidualMemory(names) for _ in range(size)]
+    servers = [ResidualMemory(names) for _ in range(size)]
+    for step in range(3):
+        grads = {n: grads_of_all_ranks(step, d, seed=10 + t)
+                 for t, (n, d) in enumerate(zip(names, SIZES))}
+        for n in names:
+            getattr(model, n).grad = torch.from_numpy(grads[n][rank].copy())
+        counting.calls.clear()
+        opt.step()
+        # A fixed number of collectives, whatever the number of tensors: the NaN check,
+        # then (counts, pairs) once (gathered) or twice (sharded).
+        expected = ["allgather", "Allgather", "Allgatherv"] if mode == "gathered" else \
+            ["allgather", "Alltoall", "Alltoallv", "Allgather", "Allgatherv"]
+        assert counting.calls == expected
+        received, nnz_up = 0, 0
+        for n in names:
+            ref = simulate_step(grads[n], workers, servers, config, mode, step=step, name=n)
+            assert np.array_equal(getattr(model, n).grad.numpy(), ref.u), f"{n}, step {step}"
+            assert np.array_equal(opt._hvdx_worker.get(n), workers[rank].get(n))
+            if downlink_ratio is not None:
+                assert np.array_equal(opt._hvdx_server.get(n), servers[rank].get(n))
+            received += ref.stats.recv_bytes[rank]
+            nnz_up += ref.stats.nnz_up[rank]
+        collectives = 1 if mode == "gathered" else 2
+        stats = opt.hvdx_stats
+        assert stats.last_sparse_tensors == len(SIZES)
+        assert stats.last_received == received + collectives * 8 * (size - 1)
+        if mode == "gathered":
+            assert stats.last_sent == (size - 1) * 8 * (nnz_up + 1)
+        for n in names:
+            assert same_everywhere(getattr(model, n).grad)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("direction", RATIOS)
+def test_without_error_feedback_no_residual_is_kept_and_u_is_plain_topk(mode, direction):
+    ratio, downlink_ratio = RATIOS[direction]
+    model = Flat()
+    spec = hvd.Compression.topk(ratio, downlink_ratio, mode=mode, min_size=0,
+                                error_feedback=False)
+    assert spec.describe().endswith(" error_feedback=False")
+    opt = topk_optimizer(model, spec)
+    size, rank = hvd.size(), hvd.rank()
+    config = TopKConfig(ratio, downlink_ratio)
+    for step in range(3):
+        grads = grads_of_all_ranks(step)
+        model.w.grad = torch.from_numpy(grads[rank].copy())
+        opt.step()
+        # The reference with fresh (zero) residuals at every step is plain TopK.
+        ref = simulate_step(grads, [ResidualMemory(["w"]) for _ in range(size)],
+                            [ResidualMemory(["w"]) for _ in range(size)], config, mode,
+                            step=step, name="w")
+        u = model.w.grad.numpy()
+        assert np.array_equal(u, ref.u), f"step {step}"
+        if downlink_ratio is None:  # u is the mean of every rank's TopK of its gradient
+            k = config.k_up(D)
+            plain = np.zeros(D, np.float32)
+            for g in grads:
+                top = np.argsort(-np.abs(g), kind="stable")[:k]
+                plain[top] += g[top]
+            np.testing.assert_array_equal(u, plain / np.float32(size))
+        assert residual(opt, "worker") is None and residual(opt, "server") is None
+        state = opt.state_dict()["hvdx_topk"]
+        assert not any(e is not None and np.any(e.numpy())
+                       for side in ("worker", "server") for e in state[side].values())
