@@ -12,5 +12,6 @@ Framework adapters: :mod:`hvdx.torch`, :mod:`hvdx.tensorflow`,
 """
 
 from hvdx._version import __version__
+from hvdx.dssync import DSSync
 
-__all__ = ["__version__"]
+__all__ = ["DSSync", "__version__"]

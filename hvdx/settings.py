@@ -10,11 +10,14 @@ __all__ = ["horovod_settings", "validate_sync"]
 
 
 def validate_sync(sync) -> None:
-    """``sync=`` takes an hvdx strategy; ``None`` keeps Horovod's gradient allreduce."""
-    if sync is not None:
+    """``sync=`` takes an hvdx strategy (:class:`hvdx.DSSync`); ``None`` keeps Horovod's
+    gradient allreduce."""
+    from hvdx.dssync import DSSync
+
+    if sync is not None and not isinstance(sync, DSSync):
         raise TypeError(
             f"sync={sync!r} is not a synchronization strategy this hvdx release provides; "
-            "pass sync=None for Horovod's gradient allreduce.")
+            "pass sync=hvdx.DSSync(...), or sync=None for Horovod's gradient allreduce.")
 
 
 def horovod_settings(**settings) -> List[Tuple[str, object]]:

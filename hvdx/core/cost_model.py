@@ -54,6 +54,7 @@ from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, U
 import numpy as np
 
 from hvdx.core.units import format_rate, parse_quantity, parse_rate, parse_time
+from hvdx.core.validation import integer as _integer
 
 __all__ = [
     "Cluster",
@@ -75,15 +76,6 @@ __all__ = [
 _INDEX_BYTES = 4  # a sparse entry travels as an int32 index next to its value
 
 Number = Union[int, float]
-
-
-def _integer(name: str, value: object, low: int, high: float = math.inf) -> int:
-    """``value`` as an int from ``low`` to ``high``; ValueError naming ``name`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or \
-            not low <= value <= high:
-        span = f"from {low} to {high}" if high < math.inf else f"of at least {low}"
-        raise ValueError(f"{name}={value!r} must be an integer {span}")
-    return int(value)
 
 
 def _positive(name: str, value: object) -> float:

@@ -41,6 +41,7 @@ import numpy as np
 from hvdx.core.cost_model import parse_rate
 from hvdx.core.sharding import shard_bounds
 from hvdx.core.topology import Partition, Topology, canonical, digit_groups
+from hvdx.core.validation import integer as _integer
 
 __all__ = [
     "ListSchedule",
@@ -335,10 +336,3 @@ def default_rotation_parameters(topology: Topology, nic_bps, uplink_bps,
     return max(k_time, k_bytes), c
 
 
-def _integer(name: str, value: object, low: int, high: float = math.inf) -> int:
-    """``value`` as an int from ``low`` to ``high``; ValueError naming ``name`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or \
-            not low <= value <= high:
-        span = f"from {low} to {high}" if high < math.inf else f"of at least {low}"
-        raise ValueError(f"{name}={value!r} must be an integer {span}")
-    return int(value)

@@ -7,7 +7,10 @@ except three that hvdx extends without changing their behaviour:
 - :func:`DistributedOptimizer` accepts every Horovod argument plus ``sync=``, and checks
   that all ranks agree on the model and settings before the first collective;
 - ``Compression`` keeps Horovod's ``none`` and ``fp16`` and adds ``topk`` (bidirectional
-  TopK with error feedback, run by hvdx's own optimizer).
+  TopK with error feedback, run by hvdx's own optimizer);
+- ``sync=hvdx.DSSync(...)`` replaces the gradient allreduce by DS-Sync group averaging
+  through Horovod process sets (``hvd.init(process_sets="dynamic")``, or static sets
+  from :func:`dssync_process_sets`).
 
 With no hvdx feature switched on, :func:`DistributedOptimizer` returns Horovod's own
 optimizer, so training is bitwise identical to Horovod's.
@@ -23,3 +26,4 @@ from horovod.torch import *  # noqa: E402,F401,F403
 from hvdx.torch.compression import Compression  # noqa: E402,F401
 from hvdx.torch.runtime import init  # noqa: E402,F401
 from hvdx.torch.optimizer import DistributedOptimizer  # noqa: E402,F401
+from hvdx.torch.dssync_optimizer import dssync_process_sets  # noqa: E402,F401

@@ -6,8 +6,11 @@ import horovod.torch as _hvd
 
 from hvdx.compression import TopKCompression
 from hvdx.core.fingerprint import Fingerprint
+from hvdx.dssync import DSSync
 from hvdx.mpi import check_consistent, communicator_for
+from hvdx.mpi.comm import world
 from hvdx.settings import horovod_settings, validate_sync
+from hvdx.torch.dssync_optimizer import make_dssync_optimizer
 from hvdx.torch.topk_optimizer import make_topk_optimizer
 
 __all__ = ["DistributedOptimizer"]
@@ -29,7 +32,10 @@ def DistributedOptimizer(optimizer, named_parameters=None,
 
     Args:
         sync: an hvdx synchronization strategy, or ``None`` for Horovod's gradient
-            allreduce. No strategy ships yet in this release.
+            allreduce. ``hvdx.DSSync(...)``: no gradient allreduce; local steps, then
+            parameter averaging inside groups (see :mod:`hvdx.torch.dssync_optimizer`);
+            ``compression`` must then be ``Compression.none`` and ``process_set`` the
+            global set, and the other gradient arguments are unused.
 
     ``compression`` also takes ``hvdx.torch.Compression.topk(...)``: bidirectional TopK
     with error feedback, synchronized by hvdx itself (see
@@ -48,6 +54,10 @@ def DistributedOptimizer(optimizer, named_parameters=None,
         # Often a generator (model.named_parameters()): read it once, hand Horovod a list.
         named_parameters = list(named_parameters)
     topk = isinstance(compression, TopKCompression)
+    dssync = isinstance(sync, DSSync)
+    sync_settings, sync_error, schedule = [], None, None
+    if dssync:
+        sync_settings, sync_error, schedule = _resolve_dssync(sync, compression, process_set)
     fingerprint = Fingerprint.build(
         parameters=_parameter_entries(optimizer, named_parameters),
         settings=horovod_settings(
@@ -55,11 +65,17 @@ def DistributedOptimizer(optimizer, named_parameters=None,
             backward_passes_per_step=backward_passes_per_step,
             op=op, gradient_predivide_factor=gradient_predivide_factor,
             num_groups=num_groups, groups=_group_sizes(groups),
-            sparse_as_dense=sparse_as_dense, process_set=process_set, sync=sync))
+            sparse_as_dense=sparse_as_dense, process_set=process_set,
+            sync="dssync" if dssync else sync) + sync_settings)
     comm = None
     if process_set.included():
         comm = communicator_for(process_set, _hvd.global_process_set, _hvd.size())
         check_consistent(fingerprint, comm, "DistributedOptimizer")
+    if dssync:
+        if sync_error is not None:
+            # Every rank failed the same way (else the fingerprints would differ).
+            raise sync_error
+        return make_dssync_optimizer(optimizer, named_parameters, sync, schedule)
     if topk:
         if comm is None:
             raise ValueError("TopK compression: this rank is not in process_set")
@@ -71,6 +87,30 @@ def DistributedOptimizer(optimizer, named_parameters=None,
         backward_passes_per_step=backward_passes_per_step, op=op,
         gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
         groups=groups, sparse_as_dense=sparse_as_dense, process_set=process_set)
+
+
+def _resolve_dssync(sync, compression, process_set):
+    """``(fingerprint settings, error or None, schedule)`` of a DS-Sync run.
+
+    Collective over all ranks when the topology is detected. A bad argument does not
+    raise here: it becomes a fingerprint entry, so that a rank that fails while the
+    others succeed makes every rank raise the fingerprint error instead of hanging.
+    """
+    topology = None
+    try:
+        if sync.needs_topology and sync.topology is None:
+            from hvdx.mpi.topology import detect_topology
+            topology = detect_topology(world(_hvd.global_process_set))
+        if compression is not _hvd.Compression.none:
+            raise ValueError(f"compression={compression!r}: DS-Sync sends no gradients; "
+                             "leave compression=Compression.none")
+        if process_set is not _hvd.global_process_set:
+            raise ValueError("process_set: DS-Sync chooses its own groups; leave "
+                             "process_set=hvd.global_process_set")
+        schedule = sync.build(_hvd.size(), topology)
+        return sync.settings(_hvd.size(), topology), None, schedule
+    except ValueError as error:
+        return [("dssync.error", str(error))], error, None
 
 
 def _parameter_entries(optimizer, named_parameters):

@@ -1,0 +1,178 @@
+"""``hvdx.DSSync``: the framework-neutral description of a DS-Sync run.
+
+DS-Sync (Wang et al., "Divide-and-Shuffle Synchronization for Distributed Machine
+Learning", arXiv 2007.03298) replaces the gradient allreduce: every rank takes a local
+optimizer step, then averages its parameters inside its group of the step's partition.
+This module only holds and validates the user's choices; the schedules are in
+:mod:`hvdx.core.dssync_schedule`, the framework adapters build them with
+:meth:`DSSync.build` once the number of ranks (and, for the rotation, the topology) is
+known:
+
+1. ``DSSync(...)`` checks every argument that does not depend on the job
+   (``ValueError`` naming the argument);
+2. the adapter calls :meth:`DSSync.build` with the job's size and topology, which checks
+   the rest (``group_size`` at most the number of ranks, partitions of the right ranks);
+3. the adapter adds :meth:`DSSync.settings` to the cross-rank fingerprint, so a rank with
+   another seed, schedule or topology stops the job with the same error on every rank.
+
+Example::
+
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   sync=hvdx.DSSync("shuffle", group_size=4, seed=1))
+"""
+
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Tuple
+
+import numpy as np
+
+from hvdx.core.dssync_schedule import ListSchedule, RotationSchedule, ShuffleSchedule
+from hvdx.core.topology import Topology
+
+__all__ = ["DSSync"]
+
+SCHEDULES = ("rotation", "shuffle")
+
+
+class DSSync:
+    """Divide-and-shuffle synchronization: local steps, then averaging inside groups.
+
+    Args:
+        schedule: ``"rotation"`` (mixed-radix rotation over the topology's racks,
+            exact consensus: :class:`~hvdx.core.dssync_schedule.RotationSchedule`),
+            ``"shuffle"`` (a fresh seeded random partition every step, as in the paper)
+            or a list of partitions of the ranks, used in turn.
+        group_size: ``"shuffle"`` only (required there): ranks per group, at most the
+            number of ranks. ``1`` is local SGD; the number of ranks is one group of all.
+        seed: ``"shuffle"``: the seed every rank draws the partitions from.
+        intra_phases: ``"rotation"``: intra-rack phases per cross-rack phase (default 1).
+        cross_ranks: ``"rotation"``: ranks per rack that cross (default: all).
+        topology: ``"rotation"``: a :class:`~hvdx.core.topology.Topology`; ``None``:
+            detected from MPI (:func:`hvdx.mpi.topology.detect_topology`).
+        average_optimizer_state: also average the optimizer's per-parameter tensors
+            (momentum buffers, Adam moments) inside each group.
+        global_every: every ``global_every``-th step averages over all ranks instead;
+            ``0``: never.
+    """
+
+    def __init__(self, schedule="rotation", group_size: Optional[int] = None,
+                 seed: int = 0, intra_phases: Optional[int] = None,
+                 cross_ranks: Optional[int] = None, topology: Optional[Topology] = None,
+                 average_optimizer_state: bool = False, global_every: int = 0):
+        self.partitions: Optional[ListSchedule] = None
+        if isinstance(schedule, str):
+            if schedule not in SCHEDULES:
+                raise ValueError(f"schedule={schedule!r} must be 'rotation', 'shuffle' "
+                                 "or a list of partitions")
+            self.kind = schedule
+        else:
+            try:
+                partitions = list(schedule)
+            except TypeError:
+                raise ValueError(f"schedule={schedule!r} must be 'rotation', 'shuffle' "
+                                 "or a list of partitions") from None
+            # Validates every partition: disjoint, non-empty groups covering 0..n-1.
+            self.partitions = ListSchedule(partitions)
+            self.kind = "list"
+        self.group_size = _optional_integer("group_size", group_size, 1)
+        if self.kind == "shuffle" and self.group_size is None:
+            raise ValueError("group_size=None: schedule='shuffle' needs group_size, the "
+                             "number of ranks per group")
+        if self.kind != "shuffle" and self.group_size is not None:
+            raise ValueError(f"group_size={group_size!r} applies to schedule='shuffle' "
+                             "only; the rotation's groups follow the topology, a list's "
+                             "groups are given")
+        self.seed = _integer("seed", seed, 0)
+        self.intra_phases = _optional_integer("intra_phases", intra_phases, 1)
+        self.cross_ranks = _optional_integer("cross_ranks", cross_ranks, 1)
+        if topology is not None and not isinstance(topology, Topology):
+            raise ValueError(f"topology={topology!r} must be a hvdx.core.topology.Topology "
+                             "or None (detect)")
+        self.topology = topology
+        for name, value in (("intra_phases", intra_phases), ("cross_ranks", cross_ranks),
+                            ("topology", topology)):
+            if value is not None and self.kind != "rotation":
+                raise ValueError(f"{name}={value!r} applies to schedule='rotation' only")
+        if not isinstance(average_optimizer_state, (bool, np.bool_)):
+            raise ValueError(f"average_optimizer_state={average_optimizer_state!r} must be "
+                             "True or False")
+        self.average_optimizer_state = bool(average_optimizer_state)
+        self.global_every = _integer("global_every", global_every, 0)
+
+    @property
+    def needs_topology(self) -> bool:
+        """Whether :meth:`build` needs a topology (the rotation does)."""
+        return self.kind == "rotation"
+
+    def build(self, n: int, topology: Optional[Topology] = None):
+        """The schedule for ``n`` ranks (a :mod:`hvdx.core.dssync_schedule` object).
+
+        Args:
+            n: number of ranks.
+            topology: the detected topology, used when none was given at construction
+                (required then for ``"rotation"``).
+
+        Raises:
+            ValueError: ``group_size`` above ``n``, partitions of another number of
+                ranks, or a topology of another size.
+        """
+        n = _integer("n", n, 1)
+        if self.kind == "shuffle":
+            if self.group_size > n:
+                raise ValueError(f"group_size={self.group_size} must be an integer from 1 "
+                                 f"to the number of ranks, {n}")
+            return ShuffleSchedule(n, self.group_size, self.seed)
+        if self.kind == "list":
+            if self.partitions.n != n:
+                raise ValueError(f"schedule: the partitions cover {self.partitions.n} "
+                                 f"ranks but the job has {n}")
+            return self.partitions
+        topology = self.topology if self.topology is not None else topology
+        if topology is None:
+            raise ValueError("topology=None: schedule='rotation' needs the ranks' hosts "
+                             "and racks; pass topology= or let the adapter detect it")
+        if topology.size != n:
+            raise ValueError(f"topology has {topology.size} ranks but the job has {n}")
+        return RotationSchedule(topology, intra_phases=self.intra_phases or 1,
+                                cross_ranks=self.cross_ranks)
+
+    def settings(self, n: Optional[int] = None,
+                 topology: Optional[Topology] = None) -> List[Tuple[str, object]]:
+        """Fingerprint entries: the built schedule's settings, then the other arguments.
+
+        With ``n``, the schedule is built (:meth:`build`) and its settings (for the
+        rotation: the topology's digest) come first; without, only the arguments.
+        """
+        entries = list(self.build(n, topology).settings()) if n is not None else \
+            [("dssync.schedule", self.kind)]
+        extra = [("dssync.group_size", self.group_size), ("dssync.seed", self.seed),
+                 ("dssync.intra_phases", self.intra_phases),
+                 ("dssync.cross_ranks", self.cross_ranks),
+                 ("dssync.topology", None if self.topology is None else self.topology.digest()),
+                 ("dssync.partitions", None if self.partitions is None
+                  else repr(self.partitions.partitions())),
+                 ("dssync.average_optimizer_state", self.average_optimizer_state),
+                 ("dssync.global_every", self.global_every)]
+        seen = {name for name, _ in entries}
+        return entries + [(name, value) for name, value in extra if name not in seen]
+
+    def __repr__(self) -> str:
+        schedule = repr(self.kind) if self.partitions is None else \
+            f"<{self.partitions.period} partitions>"
+        return (f"DSSync(schedule={schedule}, group_size={self.group_size}, "
+                f"seed={self.seed}, intra_phases={self.intra_phases}, "
+                f"cross_ranks={self.cross_ranks}, average_optimizer_state="
+                f"{self.average_optimizer_state}, global_every={self.global_every})")
+
+
+def _integer(name: str, value: object, low: int, high: float = math.inf) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or \
+            not low <= value <= high:
+        raise ValueError(f"{name}={value!r} must be an integer of at least {low}")
+    return int(value)
+
+
+def _optional_integer(name: str, value: object, low: int) -> Optional[int]:
+    return None if value is None else _integer(name, value, low)
