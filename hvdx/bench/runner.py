@@ -79,10 +79,10 @@ def main(argv=None):
     from hvdx.bench.workloads import WORKLOADS, parameter_split
     from hvdx.datasets import digits
 
-    hvd.init()
+    workload, strategy = WORKLOADS[args.workload], STRATEGIES[args.strategy]
+    hvd.init(**strategy.init_kwargs)
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
-    workload, strategy = WORKLOADS[args.workload], STRATEGIES[args.strategy]
     rank, size = hvd.rank(), hvd.size()
     full = digits()
     data = full.shard(rank, size)
@@ -139,7 +139,12 @@ def main(argv=None):
         interface = [e - s for s, e in zip(counters_start, counters_end)]
     everyone = hvd.allgather_object({"rank": rank, "interface_tx_rx": interface,
                                      "median_step": float(np.median(step_times)),
-                                     "compute_s": compute_s})
+                                     "compute_s": compute_s, "hvdx_sent": sent,
+                                     "hvdx_received": received})
+    # Ranks need not send alike (a DS-Sync rank that sits out a cross phase sends
+    # nothing): report the mean, as for the interface counters.
+    sent = float(np.mean([r["hvdx_sent"] for r in everyone]))
+    received = float(np.mean([r["hvdx_received"] for r in everyone]))
     if rank == 0:
         result = {
             "workload": args.workload, "strategy": args.strategy, "ranks": size,

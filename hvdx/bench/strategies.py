@@ -33,6 +33,7 @@ class Strategy:
     bytes_per_step: Callable
     cost_model: Optional[str] = None  # its name in hvdx.core.cost_model, if priced there
     cost_options: Dict = field(default_factory=dict)
+    init_kwargs: Dict = field(default_factory=dict)  # for hvd.init
 
 
 def _horovod(optimizer, model):
@@ -64,6 +65,23 @@ def _counted_bytes(optimizer, model, size, steps):
 
 #: The benchmark's TopK setting: the issue's 1% both ways.
 TOPK_RATIO = 0.01
+#: The benchmark's DS-Sync rotation: an intra-rack phase, then a cross phase in which
+#: one rank per rack crosses (a third of a ring's uplink bytes on 2 racks x 2 hosts).
+DSSYNC_OPTIONS = {"intra_phases": 1, "cross_ranks": 1}
+
+
+def _dssync(optimizer, model):
+    import hvdx
+    import hvdx.torch as hvd
+
+    return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                    sync=hvdx.DSSync(**DSSYNC_OPTIONS))
+
+
+def _dssync_bytes(optimizer, model, size, steps):
+    """The ring model inside each step's group (hvdx hands the groups to Horovod)."""
+    each_way = optimizer.hvdx_stats.total_bytes / steps
+    return each_way, each_way
 
 
 STRATEGIES: Dict[str, Strategy] = {
@@ -73,4 +91,7 @@ STRATEGIES: Dict[str, Strategy] = {
                      "feedback", _topk, _counted_bytes, cost_model="topk",
                      cost_options={"ratio": TOPK_RATIO, "downlink_ratio": TOPK_RATIO,
                                    "mode": "sharded"}),
+    "dssync": Strategy("dssync", "DS-Sync rotation, 1 rank per rack crossing", _dssync,
+                       _dssync_bytes, cost_model="dssync", cost_options=DSSYNC_OPTIONS,
+                       init_kwargs={"process_sets": "dynamic"}),
 }
