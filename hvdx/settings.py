@@ -6,7 +6,7 @@ from typing import List, Tuple
 
 from hvdx._version import __version__
 
-__all__ = ["horovod_settings", "validate_sync"]
+__all__ = ["group_sizes", "horovod_settings", "validate_sync"]
 
 
 def validate_sync(sync) -> None:
@@ -34,3 +34,11 @@ def horovod_settings(**settings) -> List[Tuple[str, object]]:
             value = ("process_set", value.ranks)
         entries.append((name, value))
     return entries
+
+
+def group_sizes(groups):
+    """Horovod's ``groups=`` as the fingerprint sees it: tensors are not comparable
+    across ranks, the sizes of the groups are."""
+    if groups is None or isinstance(groups, int):
+        return groups
+    return [len(g) for g in groups]

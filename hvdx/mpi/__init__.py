@@ -5,8 +5,8 @@ with ``MPI_THREAD_MULTIPLE`` and Horovod's background thread and hvdx's point-to
 traffic can share the process (see ``docs`` in the README).
 """
 
-from hvdx.mpi.abort import install_abort_on_error
+from hvdx.mpi.abort import install_abort_on_error, wrap_init
 from hvdx.mpi.comm import communicator_for
 from hvdx.mpi.consistency import check_consistent
 
-__all__ = ["communicator_for", "check_consistent", "install_abort_on_error"]
+__all__ = ["communicator_for", "check_consistent", "install_abort_on_error", "wrap_init"]

@@ -8,11 +8,12 @@ that users need not change how they launch.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import traceback
 
-__all__ = ["install_abort_on_error"]
+__all__ = ["install_abort_on_error", "wrap_init"]
 
 _installed = False
 
@@ -42,3 +43,15 @@ def install_abort_on_error() -> None:
 
     sys.excepthook = hook
     _installed = True
+
+
+def wrap_init(horovod_init):
+    """Horovod's ``init`` (same arguments), then abort-on-uncaught-exception for the job."""
+
+    @functools.wraps(horovod_init)
+    def init(*args, **kwargs):
+        result = horovod_init(*args, **kwargs)
+        install_abort_on_error()
+        return result
+
+    return init

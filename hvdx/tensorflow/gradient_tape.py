@@ -2,7 +2,7 @@
 
 import horovod.tensorflow as _hvd
 
-from hvdx.settings import horovod_settings, validate_sync
+from hvdx.settings import group_sizes, horovod_settings, validate_sync
 from hvdx.tensorflow.runtime import check_variables_once, flat_variables
 
 __all__ = ["DistributedGradientTape"]
@@ -31,7 +31,7 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     settings = horovod_settings(
         compression=compression, sparse_as_dense=sparse_as_dense, op=op,
         gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
-        groups=None if groups is None or isinstance(groups, int) else [len(g) for g in groups],
+        groups=group_sizes(groups),
         process_set=process_set, scale_local_gradients=scale_local_gradients, sync=sync)
     return check_variables_once(
         tape, "gradient",

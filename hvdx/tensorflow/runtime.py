@@ -6,17 +6,12 @@ import horovod.tensorflow as _hvd
 import tensorflow as tf
 
 from hvdx.core.fingerprint import Fingerprint
-from hvdx.mpi import check_consistent, communicator_for, install_abort_on_error
+from hvdx.mpi import check_consistent, communicator_for, wrap_init
 
 __all__ = ["init", "check_variables_once"]
 
 
-@functools.wraps(_hvd.init)
-def init(*args, **kwargs):
-    """Horovod's ``init`` (same arguments), then abort-on-uncaught-exception for the job."""
-    result = _hvd.init(*args, **kwargs)
-    install_abort_on_error()
-    return result
+init = wrap_init(_hvd.init)
 
 
 def check_variables_once(owner, method_name: str, variables_of, settings, what: str):

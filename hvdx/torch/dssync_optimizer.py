@@ -33,6 +33,7 @@ from horovod.torch import mpi_ops as _mpi_ops
 
 from hvdx.core.dssync_schedule import ShuffleSchedule
 from hvdx.dssync import DSSync
+from hvdx.torch.wrapping import subclass_of
 
 __all__ = ["DSSyncStats", "LOOKAHEAD", "STATE_KEY", "dssync_process_sets",
            "make_dssync_optimizer"]
@@ -99,12 +100,7 @@ def make_dssync_optimizer(optimizer, named_parameters, sync: DSSync, schedule):
     class (``_hvdx_base``), never found through ``super(self.__class__, self)``, so
     subclassing the result does not recurse. Collective: registers process sets.
     """
-    base = optimizer.__class__
-    namespace = dict(_DSSyncOptimizer.__dict__)
-    namespace.pop("__dict__", None)
-    namespace.pop("__weakref__", None)
-    namespace["_hvdx_base"] = base
-    cls = type(base.__name__, (base,), namespace)
+    cls = subclass_of(optimizer, _DSSyncOptimizer)
     return cls(optimizer.param_groups, named_parameters, sync, schedule)
 
 

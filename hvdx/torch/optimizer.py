@@ -9,7 +9,7 @@ from hvdx.core.fingerprint import Fingerprint
 from hvdx.dssync import DSSync
 from hvdx.mpi import check_consistent, communicator_for
 from hvdx.mpi.comm import world
-from hvdx.settings import horovod_settings, validate_sync
+from hvdx.settings import group_sizes, horovod_settings, validate_sync
 from hvdx.torch.dssync_optimizer import make_dssync_optimizer
 from hvdx.torch.topk_optimizer import make_topk_optimizer
 
@@ -64,7 +64,7 @@ def DistributedOptimizer(optimizer, named_parameters=None,
             compression=compression.describe() if topk else compression,
             backward_passes_per_step=backward_passes_per_step,
             op=op, gradient_predivide_factor=gradient_predivide_factor,
-            num_groups=num_groups, groups=_group_sizes(groups),
+            num_groups=num_groups, groups=group_sizes(groups),
             sparse_as_dense=sparse_as_dense, process_set=process_set,
             sync="dssync" if dssync else sync) + sync_settings)
     comm = None
@@ -122,9 +122,3 @@ def _parameter_entries(optimizer, named_parameters):
         for i, p in enumerate(group["params"]):
             name = names.get(id(p), f"param_groups[{g}][{i}]")
             yield name, str(p.dtype).replace("torch.", ""), tuple(p.shape)
-
-
-def _group_sizes(groups):
-    if groups is None or isinstance(groups, int):
-        return groups
-    return [len(g) for g in groups]

@@ -57,6 +57,7 @@ from hvdx.core.bidirectional_topk import (aggregate, downlink, select, selection
 from hvdx.core.error_feedback import ResidualMemory
 from hvdx.core.sharding import shard_bounds, shard_k, split_by_shard
 from hvdx.mpi.sparse import allgatherv_pairs, alltoallv_pairs
+from hvdx.torch.wrapping import subclass_of
 
 __all__ = ["TopKStats", "make_topk_optimizer", "STATE_KEY"]
 
@@ -120,12 +121,7 @@ def make_topk_optimizer(optimizer, named_parameters, compression: TopKCompressio
         raise ValueError("backward_passes_per_step must be > 0")
     if gradient_predivide_factor != 1.0 and op != _hvd.Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
-    base = optimizer.__class__
-    namespace = dict(_TopKOptimizer.__dict__)
-    namespace.pop("__dict__", None)
-    namespace.pop("__weakref__", None)
-    namespace["_hvdx_base"] = base
-    cls = type(base.__name__, (base,), namespace)
+    cls = subclass_of(optimizer, _TopKOptimizer)
     return cls(optimizer.param_groups, named_parameters, compression,
                backward_passes_per_step, op, gradient_predivide_factor, sparse_as_dense,
                process_set, comm)

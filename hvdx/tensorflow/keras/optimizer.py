@@ -3,7 +3,7 @@
 import horovod.tensorflow.keras as _hvd_keras
 from horovod.tensorflow import Average, Compression, global_process_set
 
-from hvdx.settings import horovod_settings, validate_sync
+from hvdx.settings import group_sizes, horovod_settings, validate_sync
 from hvdx.tensorflow.runtime import check_variables_once
 
 __all__ = ["DistributedOptimizer"]
@@ -37,7 +37,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
         gradient_predivide_factor=gradient_predivide_factor, op=op,
         backward_passes_per_step=backward_passes_per_step,
         average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups,
-        groups=None if groups is None or isinstance(groups, int) else [len(g) for g in groups],
+        groups=group_sizes(groups),
         process_set=process_set, scale_local_gradients=scale_local_gradients, sync=sync)
     # Every Horovod code path (compute_gradients, get_gradients, legacy optimizers)
     # funnels the gradients through _allreduce(grads, vars) before any collective.
