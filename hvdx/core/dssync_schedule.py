@@ -132,10 +132,16 @@ class RotationSchedule(_Cycle):
         cross_ranks: ranks per rack in a cross phase, 1 to the largest rack's size;
             ``None``: all of them (see :func:`default_rotation_parameters`).
         split_hosts: split each intra-rack phase into host digits (see step 1).
+        places: every rank's place in its rack (each rack's places are ``0..w-1``),
+            which decides who crosses in step 2; ``None``:
+            :meth:`Topology.positions_in_rack`. The bandwidth probe passes an order
+            that puts ranks with a slow way out of their rack last
+            (:func:`hvdx.core.bandwidth.cross_places`).
     """
 
     def __init__(self, topology: Topology, intra_phases: int = 1,
-                 cross_ranks: Optional[int] = None, split_hosts: bool = False):
+                 cross_ranks: Optional[int] = None, split_hosts: bool = False,
+                 places: Optional[Sequence[int]] = None):
         if not isinstance(topology, Topology):
             raise ValueError(f"topology={topology!r} must be a hvdx.core.topology.Topology")
         width = max(len(g) for g in topology.rack_groups())
@@ -145,6 +151,8 @@ class RotationSchedule(_Cycle):
         self.cross_ranks = width if cross_ranks is None else \
             _integer("cross_ranks", cross_ranks, 1, width)
         self.split_hosts = bool(split_hosts)
+        self.places = topology.positions_in_rack() if places is None else \
+            _validate_places(topology, places)
         self._cycle, self._kinds = self._build()
 
     def _build(self) -> Tuple[Tuple[Partition, ...], Tuple[str, ...]]:
@@ -154,7 +162,7 @@ class RotationSchedule(_Cycle):
         intra = [p for p in digits if any(len(g) > 1 for g in p)]
         cross = None
         if t.n_racks > 1:
-            places = t.positions_in_rack()
+            places = self.places
             cross = canonical([[r for r in range(self.n) if places[r] == p]
                                for p in range(self.cross_ranks)] +
                               [[r] for r in range(self.n) if places[r] >= self.cross_ranks])
@@ -181,7 +189,9 @@ class RotationSchedule(_Cycle):
         return [("dssync.schedule", "rotation"), ("dssync.topology", self.topology.digest()),
                 ("dssync.intra_phases", self.intra_phases),
                 ("dssync.cross_ranks", self.cross_ranks),
-                ("dssync.split_hosts", self.split_hosts)]
+                ("dssync.split_hosts", self.split_hosts)] + \
+            ([] if self.places == self.topology.positions_in_rack()
+             else [("dssync.places", self.places)])
 
     def __repr__(self) -> str:
         return (f"RotationSchedule(n={self.n}, intra_phases={self.intra_phases}, "
@@ -257,6 +267,24 @@ class ListSchedule(_Cycle):
 
     def __repr__(self) -> str:
         return f"ListSchedule(n={self.n}, period={self.period})"
+
+
+def _validate_places(topology: Topology, places: Sequence[int]) -> Tuple[int, ...]:
+    """``places`` as a tuple; ValueError unless each rack's places are ``0..w-1``."""
+    try:
+        places = tuple(places)
+    except TypeError:
+        raise ValueError(f"places={places!r} must give every rank its place in its rack") \
+            from None
+    if len(places) != topology.size:
+        raise ValueError(f"places has {len(places)} entries but the topology has "
+                         f"{topology.size} ranks")
+    for rack, ranks in enumerate(topology.rack_groups()):
+        got = sorted(places[r] for r in ranks)
+        if got != list(range(len(ranks))):
+            raise ValueError(f"places: rack {rack} (ranks {list(ranks)}) has places {got}; "
+                             f"they must be 0 to {len(ranks) - 1}, each once")
+    return tuple(int(p) for p in places)
 
 
 def validate_partition(partition, n: int, name: str = "partition") -> Partition:
