@@ -16,9 +16,9 @@ measurement (the MPI half is :mod:`hvdx.mpi.probe`):
    :func:`hvdx.core.topology.groups_from_bandwidth`, unless labels are given), the slow
    links (:func:`hvdx.core.topology.slow_links`), and each rank's place in its rack
    (:func:`cross_places`: a rank whose way out of its rack is slow crosses last);
-4. :func:`rotation_changed` says whether the rotation built from that measurement
-   differs from the running one; since it reads only the shared matrix, every rank
-   takes the same decision at the same step.
+4. :func:`adapted_rotation` builds the rotation that measurement calls for and, with
+   :func:`rotation_changed`, says whether it differs from the running one; since it
+   reads only the shared matrix, every rank takes the same decision at the same step.
 
 Every function is deterministic in its inputs and uses no randomness.
 """
@@ -30,10 +30,12 @@ from typing import Hashable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from hvdx.core.dssync_schedule import RotationSchedule
 from hvdx.core.topology import Partition, Topology, groups_from_bandwidth, slow_links
 
 __all__ = [
     "MeasuredTopology",
+    "adapted_rotation",
     "THRESHOLD_RATIO",
     "cross_places",
     "fill_same_host",
@@ -175,14 +177,44 @@ def cross_places(topology: Topology, matrix,
     return tuple(places)
 
 
-def rotation_changed(current: Tuple[Partition, ...], proposed: Tuple[Partition, ...]) -> bool:
+def rotation_changed(current: Sequence[Partition], proposed: Sequence[Partition]) -> bool:
     """Whether the rotation built from a measurement uses other groups (module step 4).
 
-    Compares the cycles of partitions (``RotationSchedule._cycle`` through
-    ``partition(step)`` over a period), so a new measurement that leads to the same
-    groups, e.g. a slow link that no group uses, rebuilds nothing.
+    Compares the cycles of partitions (``partition(step)`` over a period), so a new
+    measurement that leads to the same groups, e.g. a slow link that no group uses,
+    rebuilds nothing.
     """
     return tuple(current) != tuple(proposed)
+
+
+def adapted_rotation(current: RotationSchedule, matrix, keep_racks: bool,
+                     cross_ranks: Optional[int] = None,
+                     threshold_ratio: float = THRESHOLD_RATIO
+                     ) -> Tuple[MeasuredTopology, Optional[RotationSchedule]]:
+    """The rotation a new measurement calls for, or ``None`` if it is the running one.
+
+    1. :func:`measured_topology` on the running topology's hosts, keeping its racks if
+       ``keep_racks`` (they came from labels or from the user);
+    2. a :class:`RotationSchedule` with the running one's ``intra_phases`` and
+       ``split_hosts``, ``cross_ranks`` (``None``: all of the widest rack, as in
+       :class:`hvdx.DSSync`) clamped to the widest rack, and the measured places;
+    3. ``None`` unless :func:`rotation_changed`. A pure function of its arguments: ranks
+       that hold the same matrix take the same decision.
+
+    Returns:
+        ``(measured, schedule or None)``.
+    """
+    t = current.topology
+    measured = measured_topology(matrix, t.hosts, t.racks if keep_racks else None,
+                                 threshold_ratio)
+    width = max(len(g) for g in measured.topology.rack_groups())
+    proposed = RotationSchedule(measured.topology, intra_phases=current.intra_phases,
+                                cross_ranks=None if cross_ranks is None
+                                else min(cross_ranks, width),
+                                split_hosts=current.split_hosts, places=measured.places)
+    cycle = [current.partition(s) for s in range(current.period)]
+    new_cycle = [proposed.partition(s) for s in range(proposed.period)]
+    return measured, (proposed if rotation_changed(cycle, new_cycle) else None)
 
 
 def _labels(labels: Sequence[Hashable]) -> List[int]:

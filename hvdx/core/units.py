@@ -10,12 +10,14 @@ import math
 import re
 from typing import Mapping, Union
 
-__all__ = ["format_rate", "parse_quantity", "parse_rate", "parse_time"]
+__all__ = ["format_rate", "parse_bytes", "parse_quantity", "parse_rate", "parse_time"]
 
 Number = Union[int, float]
 
 _RATE_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 _TIME_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6}
+_BYTE_UNITS = {"": 1.0, "b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9,
+               "kib": 2.0**10, "mib": 2.0**20, "gib": 2.0**30}
 # As tc writes them: the unit follows the number directly; an exponent only without a
 # unit (plain seconds or bits per second given as numbers, e.g. "1e-3").
 _NUMBER = r"(?:\d+\.?\d*|\.\d+)"
@@ -64,6 +66,20 @@ def parse_rate(value: Union[Number, str], name: str = "rate") -> float:
 def parse_time(value: Union[Number, str], name: str = "time") -> float:
     """Parses a duration (``"25us"``, ``"1ms"``, ``"0.5s"`` or seconds) into seconds."""
     return parse_quantity(value, name, _TIME_UNITS, "use a duration such as 25us or 1ms")
+
+
+def parse_bytes(value: Union[Number, str], name: str = "bytes") -> int:
+    """Parses a message size (``"4MiB"``, ``"512kb"``, ``"1e6"``, or a number of bytes).
+
+    Raises:
+        ValueError: naming ``name`` and the value, unless it is a whole number of
+            bytes, at least 1.
+    """
+    size = parse_quantity(value, name, _BYTE_UNITS,
+                          "use a number of bytes, optionally with kb, mb, kib or mib, e.g. 4MiB")
+    if size < 1 or size != int(size):
+        raise ValueError(f"{name}={value!r} must be a whole number of bytes, at least 1")
+    return int(size)
 
 
 def format_rate(bits_per_second: float) -> str:

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from hvdx.core.bandwidth import (
+    adapted_rotation,
     cross_places,
     fill_same_host,
     measured_topology,
@@ -137,3 +138,27 @@ def test_places_must_number_each_rack_from_zero():
     with pytest.raises(ValueError, match="places has 3 entries"):
         RotationSchedule(t, places=(0, 1, 0))
     assert ("dssync.places", (1, 0, 0, 1)) in RotationSchedule(t, places=(1, 0, 0, 1)).settings()
+
+
+def test_adaptation_is_a_pure_decision_on_the_shared_matrix():
+    t = Topology.from_counts(2, 2)
+    running = RotationSchedule(t, cross_ranks=1)
+    calm = cluster_matrix(2, 2, noise=0.3)
+    assert adapted_rotation(running, calm, keep_racks=True, cross_ranks=1)[1] is None
+    contended = slow_nic(cluster_matrix(2, 2, noise=0.3), 0, 20 * MBIT)
+    measured, new = adapted_rotation(running, contended, keep_racks=True, cross_ranks=1)
+    again = adapted_rotation(running, contended.copy(), keep_racks=True, cross_ranks=1)[1]
+    assert new is not None and again.settings() == new.settings()
+    assert new.partition(1) == ((0,), (1, 2), (3,)) and new.partition(0) == ((0, 1), (2, 3))
+    assert measured.slow_links[:3] == ((0, 1), (0, 2), (0, 3))
+    # Once the contention is over, the next probe brings the original rotation back.
+    _, back = adapted_rotation(new, calm, keep_racks=True, cross_ranks=1)
+    assert back is not None and back.partition(1) == running.partition(1)
+
+
+def test_without_labels_the_adaptation_takes_the_probes_racks():
+    hosts_as_racks = RotationSchedule(Topology.from_ranks([0, 1, 2, 3], [0, 1, 2, 3]))
+    measured, new = adapted_rotation(hosts_as_racks, cluster_matrix(2, 2), keep_racks=False)
+    assert measured.topology.rack_groups() == ((0, 1), (2, 3))
+    assert [new.partition(s) for s in range(new.period)] == \
+        [((0, 1), (2, 3)), ((0, 2), (1, 3))]
