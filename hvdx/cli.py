@@ -1,4 +1,4 @@
-"""The ``hvdx`` command line: ``info``, ``cluster``, ``bench`` and ``plan``."""
+"""The ``hvdx`` command line: ``info``, ``cluster``, ``bench``, ``plan`` and ``topology``."""
 
 from __future__ import annotations
 
@@ -50,6 +50,8 @@ def _bench(args: argparse.Namespace) -> int:
 
         print(render(measure()))
         return 0
+    if args.process_sets:
+        return _bench_process_sets(args)
     spec = None if args.localhost else ClusterSpec.from_args(args)
     rows = run_bench(spec, args.workloads.split(","), args.strategies.split(","),
                      args.steps, args.eval_every, args.out,
@@ -61,10 +63,35 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_process_sets(args: argparse.Namespace) -> int:
+    """Static against dynamic Horovod process sets, rotation against shuffle (DS-Sync)."""
+    from hvdx.bench.process_sets import render, run
+    from hvdx.cluster import ClusterSpec
+
+    steps = args.steps or 64
+    if args.localhost:
+        rows = run(ranks=args.ranks, steps=steps, say=lambda s: print(s, flush=True))
+        where = f"localhost, {args.ranks} ranks"
+    else:
+        from hvdx.cluster import EmulatedCluster, mpiexec_command
+
+        spec = ClusterSpec.from_args(args)
+        with EmulatedCluster(spec) as cluster:
+            rows = run(ranks=len(cluster.hosts) * args.ranks_per_host, steps=steps,
+                       launcher=lambda argv: mpiexec_command(cluster, argv,
+                                                             ppn=args.ranks_per_host),
+                       say=lambda s: print(s, flush=True))
+        where = f"emulated {spec.racks}x{spec.hosts_per_rack}, NIC {spec.nic}, uplink {spec.uplink}"
+    print(f"\nDS-Sync process sets on {where} (median over {steps} steps; 1 M floats):")
+    print(render(rows))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from hvdx.bench.strategies import STRATEGIES
+    from hvdx.bench.strategies import DEFAULT_STRATEGIES, STRATEGIES
     from hvdx.cluster import add_cluster_arguments
     import hvdx.plan
+    import hvdx.topology_cli
 
     parser = argparse.ArgumentParser(
         prog="hvdx", description="Network-aware synchronization for Horovod.")
@@ -97,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--ranks", type=int, default=4, help="ranks with --localhost (4)")
     bench.add_argument("--ranks-per-host", type=int, default=1)
     bench.add_argument("--workloads", default="digits_vgg,digits_cnn")
-    bench.add_argument("--strategies", default=",".join(STRATEGIES),
+    bench.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
                        help=f"comma-separated, from {','.join(STRATEGIES)}")
     bench.add_argument("--steps", type=int, help="training steps (default per workload)")
     bench.add_argument("--eval-every", type=int, default=5)
@@ -106,11 +133,23 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--selection", action="store_true",
                        help="only time TopK selection (10M elements, 1%%) against abs and "
                             "torch.topk")
+    bench.add_argument("--process-sets", action="store_true",
+                       help="only measure DS-Sync's Horovod process sets: static against "
+                            "dynamic registration, rotation against shuffle")
     bench.set_defaults(func=_bench)
 
     plan = sub.add_parser("plan", help="predict which strategy wins on a network (alpha-beta)")
     hvdx.plan.add_arguments(plan)
     plan.set_defaults(func=hvdx.plan.run_plan)
+
+    topology = sub.add_parser(
+        "topology", help="hosts, racks, measured bandwidths and the DS-Sync rotation of a job",
+        description="Run under mpirun (rank 0 prints), or with emulated-cluster flags to "
+                    "build that cluster and run there: prints the hosts, the racks, with "
+                    "--probe the bandwidth of every pair of ranks and the slow links, "
+                    "and the DS-Sync rotation for that topology.")
+    hvdx.topology_cli.add_arguments(topology)
+    topology.set_defaults(func=hvdx.topology_cli.run_topology)
     return parser
 
 

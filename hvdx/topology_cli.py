@@ -1,0 +1,296 @@
+"""``hvdx topology``: the hosts, racks, measured links and DS-Sync rotation of a job.
+
+Run it as an MPI job (every rank takes part, rank 0 prints)::
+
+    mpirun -n 4 python -m hvdx.cli topology --probe
+
+or let it build an emulated cluster (:mod:`hvdx.cluster`, root) and start itself there::
+
+    hvdx topology --racks 2 --hosts-per-rack 2 --nic 1gbit --uplink 100mbit --probe
+
+Steps, on every rank:
+
+1. hosts from the shared-memory split; racks from ``HVDX_RACK`` /
+   ``HVDX_CLUSTER_RACK`` (:mod:`hvdx.mpi.topology`);
+2. with ``--probe``, the bandwidth probe (:mod:`hvdx.mpi.probe`) measures every pair;
+   :func:`hvdx.core.bandwidth.measured_topology` then gives the racks (when no label is
+   set), the slow links and who crosses first in each rack;
+3. the rotation :class:`hvdx.DSSync` would use on that topology is built (Wang et al.,
+   arXiv 2007.03298; :class:`hvdx.core.dssync_schedule.RotationSchedule`);
+4. rank 0 prints it all (:func:`render`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from hvdx.core.bandwidth import THRESHOLD_RATIO, MeasuredTopology, measured_topology
+from hvdx.core.dssync_schedule import RotationSchedule, default_rotation_parameters
+from hvdx.core.topology import Partition, Topology
+from hvdx.core.units import format_rate, parse_bytes
+
+__all__ = ["TopologyReport", "add_arguments", "render", "run_topology"]
+
+_CLUSTER_FLAGS = ("cluster_spec", "racks", "hosts_per_rack", "nic", "uplink", "latency",
+                  "uplink_latency", "contention")
+# Rank variables the MPI launchers set, read before MPI starts (see _quiet_rank).
+_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK")
+
+
+@dataclass(frozen=True)
+class TopologyReport:
+    """What rank 0 prints.
+
+    Attributes:
+        measured: hosts, racks, crossing places and slow links.
+        rack_source: where the racks come from (a variable's name, ``"probe"``, or
+            ``"hosts"`` when every host is its own rack).
+        schedule: the rotation built on ``measured``.
+        matrix: bytes per second from row to column (NaN: one host), or ``None``.
+        probe_bytes: bytes per transfer of the probe.
+        probe_seconds: how long the probe took.
+        probe_racks: the fast groups of the probe when labels gave the racks (to
+            compare), else ``None``.
+    """
+
+    measured: MeasuredTopology
+    rack_source: str
+    schedule: RotationSchedule
+    matrix: Optional[np.ndarray] = None
+    probe_bytes: int = 0
+    probe_seconds: float = 0.0
+    probe_racks: Optional[Partition] = None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from hvdx.cluster import add_cluster_arguments
+
+    parser.add_argument("--probe", action="store_true",
+                        help="measure every pair of ranks (point-to-point transfers)")
+    parser.add_argument("--probe-bytes", metavar="SIZE",
+                        help="bytes per transfer, e.g. 4MiB (the default) or 512kb; "
+                             "implies --probe")
+    parser.add_argument("--probe-same-host", action="store_true",
+                        help="also measure ranks of one host (shared memory); implies --probe")
+    parser.add_argument("--intra-phases", metavar="K", help="rotation: intra-rack phases "
+                        "per cross phase (default 1)")
+    parser.add_argument("--cross-ranks", metavar="C", help="rotation: ranks per rack that "
+                        "cross (default all)")
+    add_cluster_arguments(parser)
+    parser.add_argument("--ranks-per-host", type=int, default=1,
+                        help="with an emulated cluster: ranks per host (1)")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="with an emulated cluster: seconds before the job is killed")
+
+
+def run_topology(args: argparse.Namespace) -> int:
+    """The ``hvdx topology`` verb: an emulated cluster, or one rank of an MPI job."""
+    try:
+        options = _options(args)
+    except ValueError:
+        if _quiet_rank():
+            return 2  # rank 0 says it; one line, not one per rank
+        raise
+    if any(getattr(args, name, None) is not None for name in _CLUSTER_FLAGS):
+        return _on_cluster(args, options)
+    report = collect(**options)
+    if report is not None:
+        print(render(report), flush=True)
+    return 0
+
+
+def collect(probe: bool, probe_bytes: Optional[int], intra_phases: int,
+            cross_ranks: Optional[int], same_host: bool = False,
+            comm=None) -> Optional[TopologyReport]:
+    """Module steps 1-3 (collective); the report on rank 0, ``None`` elsewhere."""
+    from mpi4py import MPI
+
+    from hvdx.mpi.probe import DEFAULT_PROBE_BYTES, probe_bandwidth
+    from hvdx.mpi.topology import RACK_VARIABLES, host_labels, rack_labels
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    hosts = host_labels(comm)
+    racks = rack_labels(comm)
+    source = comm.bcast(next((v for v in RACK_VARIABLES if os.environ.get(v)), "labels")
+                        if racks else "hosts", root=0)
+    matrix, nbytes, seconds, probe_racks = None, 0, 0.0, None
+    if probe:
+        result = probe_bandwidth(comm, probe_bytes or DEFAULT_PROBE_BYTES, hosts, same_host)
+        matrix, nbytes, seconds = result.matrix, result.nbytes, result.seconds
+        measured = measured_topology(matrix, hosts, racks)
+        if racks:
+            probe_racks = measured_topology(matrix, hosts).topology.rack_groups()
+        source = source if racks else "probe"
+    else:
+        topology = Topology.from_ranks(hosts, racks if racks else hosts)
+        measured = MeasuredTopology(topology, topology.positions_in_rack(), ())
+    width = max(len(g) for g in measured.topology.rack_groups())
+    schedule = RotationSchedule(measured.topology, intra_phases=intra_phases,
+                                cross_ranks=None if cross_ranks is None
+                                else min(cross_ranks, width),
+                                places=measured.places)
+    if comm.Get_rank() != 0:
+        return None
+    return TopologyReport(measured, source, schedule, matrix, nbytes, seconds, probe_racks)
+
+
+def render(report: TopologyReport) -> str:
+    """The printed report: hosts, racks, matrix, slow links, rotation (module step 4)."""
+    t = report.measured.topology
+    lines = [f"{_n(t.size, 'rank')} on {_n(t.n_hosts, 'host')} (shared-memory split), "
+             f"{_n(t.n_racks, 'rack')} (from {report.rack_source})"]
+    lines.append("hosts: " + "; ".join(f"host {i}: ranks {_ranks(g)}"
+                                      for i, g in enumerate(t.host_groups())))
+    lines.append("racks: " + "; ".join(f"rack {i}: ranks {_ranks(g)}"
+                                      for i, g in enumerate(t.rack_groups())))
+    if report.probe_racks is not None:
+        agree = "agree with" if report.probe_racks == t.rack_groups() else "differ from"
+        lines.append("racks from the probe: " + "; ".join(
+            f"rack {i}: ranks {_ranks(g)}" for i, g in enumerate(report.probe_racks)) +
+            f" ({agree} the labels)")
+    if report.matrix is not None:
+        lines.append("")
+        lines += _matrix_lines(report.matrix, report.probe_bytes, report.probe_seconds)
+        slow = report.measured.slow_links
+        lines.append(f"slow links (below {THRESHOLD_RATIO:g} x the fastest): " +
+                     (", ".join(f"{i}-{j} ({_rate(_link(report.matrix, i, j))})"
+                                for i, j in slow) if slow else "none"))
+        suggestion = _suggestion(report)
+        if suggestion:
+            lines.append(suggestion)
+    s = report.schedule
+    lines.append("")
+    lines.append(f"DS-Sync rotation (intra_phases={s.intra_phases}, "
+                 f"cross_ranks={s.cross_ranks}), period {s.period}:")
+    for step in range(s.period):
+        groups = " ".join("(" + " ".join(map(str, g)) + ")" for g in s.partition(step))
+        lines.append(f"  step {step} {s.phase_kind(step):>5}: {groups}")
+    if s.places != t.positions_in_rack():
+        lines.append("  crossing order changed by the probe: places in rack " +
+                     " ".join(f"{r}:{p}" for r, p in enumerate(s.places)))
+    return "\n".join(lines)
+
+
+# --- helpers ----------------------------------------------------------------------------
+
+def _options(args: argparse.Namespace) -> dict:
+    """Validated options of the MPI part (ValueError naming the flag)."""
+    probe_bytes = None
+    if args.probe_bytes is not None:
+        probe_bytes = parse_bytes(args.probe_bytes, "--probe-bytes")
+    return {"probe": bool(args.probe or probe_bytes or args.probe_same_host),
+            "probe_bytes": probe_bytes, "same_host": bool(args.probe_same_host),
+            "intra_phases": _count(args.intra_phases, "--intra-phases", 1),
+            "cross_ranks": _count(args.cross_ranks, "--cross-ranks", None)}
+
+
+def _count(text: Optional[str], flag: str, default: Optional[int]) -> Optional[int]:
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{flag}={text!r} must be a positive integer")
+    return value
+
+
+def _quiet_rank() -> bool:
+    """An MPI rank other than 0 (from the launcher's variables, before MPI starts)."""
+    return any(os.environ.get(v, "0") not in ("", "0") for v in _RANK_VARIABLES)
+
+
+def _on_cluster(args: argparse.Namespace, options: dict) -> int:
+    """Builds the emulated cluster and runs this verb on it as an MPI job."""
+    import hvdx
+    from hvdx.cluster import ClusterSpec, EmulatedCluster, run_mpi
+
+    spec = ClusterSpec.from_args(args)  # every bad value is reported before anything exists
+    argv = [sys.executable, "-m", "hvdx.cli", "topology"]
+    if options["probe"]:
+        argv += ["--probe"]
+    if options["probe_bytes"]:
+        argv += ["--probe-bytes", str(options["probe_bytes"])]
+    if options["same_host"]:
+        argv += ["--probe-same-host"]
+    argv += ["--intra-phases", str(options["intra_phases"])]
+    if options["cross_ranks"]:
+        argv += ["--cross-ranks", str(options["cross_ranks"])]
+    # The ranks import this checkout's hvdx, whatever their working directory.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(hvdx.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [root, os.environ.get("PYTHONPATH")])))
+    with EmulatedCluster(spec) as cluster:
+        print(f"emulated cluster: {spec.racks} racks x {spec.hosts_per_rack} hosts, NIC "
+              f"{format_rate(spec.nic)}, uplink {format_rate(spec.uplink)}" +
+              "".join(f", {e.target} at {format_rate(e.rate)} from {e.at:g} s"
+                      for e in spec.contention), flush=True)
+        timer = cluster.start_contention() if spec.contention else None
+        try:
+            proc = run_mpi(cluster, argv, ppn=args.ranks_per_host, timeout=args.timeout,
+                           process_env=env, capture_output=False)
+        finally:
+            if timer is not None:
+                timer.stop()
+    return proc.returncode
+
+
+def _link(matrix: np.ndarray, i: int, j: int) -> float:
+    return float(min(matrix[i, j], matrix[j, i]))
+
+
+def _rate(bytes_per_second: float) -> str:
+    """Bits per second in tc's units, three significant digits."""
+    return format_rate(float(f"{bytes_per_second * 8:.3g}"))
+
+
+def _matrix_lines(matrix: np.ndarray, nbytes: int, seconds: float) -> List[str]:
+    n = matrix.shape[0]
+    lines = [f"bandwidth from row to column ({_size(nbytes)} transfers, "
+             f"{seconds:.1f} s; shm: same host, not measured):"]
+    cells = [["" if i == j else "shm" if np.isnan(matrix[i, j]) else _rate(matrix[i, j])
+              for j in range(n)] for i in range(n)]
+    width = max([len(c) for row in cells for c in row] + [len(str(n - 1)), 3])
+    lines.append(" " * 6 + " ".join(f"{j:>{width}}" for j in range(n)))
+    for i, row in enumerate(cells):
+        lines.append(f"{i:>5} " + " ".join(f"{c if c else '-':>{width}}" for c in row))
+    return lines
+
+
+def _suggestion(report: TopologyReport) -> Optional[str]:
+    """The rotation parameters the measured rates call for (cost model), if racks > 1."""
+    t, m = report.measured.topology, report.matrix
+    racks = np.asarray(t.racks)
+    hosts = np.asarray(t.hosts)
+    links = np.fmin(m, m.T)
+    inside = links[(racks[:, None] == racks[None, :]) & (hosts[:, None] != hosts[None, :])]
+    across = links[racks[:, None] != racks[None, :]]
+    if t.n_racks < 2 or not across.size:
+        return None
+    nic = float(np.median(inside)) if inside.size else float(np.nanmax(links))
+    uplink = float(np.median(across))
+    k, c = default_rotation_parameters(t, nic * 8, uplink * 8)
+    return (f"median rates: {_rate(nic)} inside a rack, {_rate(uplink)} across; the cost "
+            f"model suggests DSSync(intra_phases={k}, cross_ranks={c})")
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{nbytes} B"
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def _ranks(group: Sequence[int]) -> str:
+    return " ".join(map(str, group))
