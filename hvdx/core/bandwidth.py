@@ -42,6 +42,7 @@ __all__ = [
     "measured_topology",
     "pair_rounds",
     "rotation_changed",
+    "rotation_on",
 ]
 
 #: A link is slow below this fraction of the fastest one (and a rank's way out of its
@@ -207,11 +208,7 @@ def adapted_rotation(current: RotationSchedule, matrix, keep_racks: bool,
     t = current.topology
     measured = measured_topology(matrix, t.hosts, t.racks if keep_racks else None,
                                  threshold_ratio)
-    width = max(len(g) for g in measured.topology.rack_groups())
-    proposed = RotationSchedule(measured.topology, intra_phases=current.intra_phases,
-                                cross_ranks=None if cross_ranks is None
-                                else min(cross_ranks, width),
-                                split_hosts=current.split_hosts, places=measured.places)
+    proposed = rotation_on(current, measured.topology, measured.places, cross_ranks)
     cycle = [current.partition(s) for s in range(current.period)]
     new_cycle = [proposed.partition(s) for s in range(proposed.period)]
     return measured, (proposed if rotation_changed(cycle, new_cycle) else None)
@@ -220,3 +217,17 @@ def adapted_rotation(current: RotationSchedule, matrix, keep_racks: bool,
 def _labels(labels: Sequence[Hashable]) -> List[int]:
     seen = {}
     return [seen.setdefault(x, len(seen)) for x in labels]
+
+
+def rotation_on(current: RotationSchedule, topology: Topology, places: Sequence[int],
+                cross_ranks: Optional[int] = None) -> RotationSchedule:
+    """``current``'s rotation (its ``intra_phases``, ``split_hosts``) on another topology.
+
+    Step 2 of :func:`adapted_rotation`; also how a saved adaptation is rebuilt on resume.
+    ``cross_ranks``: ``None`` for all of the widest rack, else clamped to it.
+    """
+    width = max(len(g) for g in topology.rack_groups())
+    return RotationSchedule(topology, intra_phases=current.intra_phases,
+                            cross_ranks=None if cross_ranks is None
+                            else min(cross_ranks, width),
+                            split_hosts=current.split_hosts, places=places)
