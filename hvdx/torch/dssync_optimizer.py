@@ -11,28 +11,30 @@ here does, at step ``t`` on every rank:
    by ``hvd.grouped_allreduce_(op=Average)`` on the group's process set, one call per
    dtype, tensors in the optimizer's parameter order. A rank alone in its group sends
    nothing. Every ``global_every``-th step averages over all ranks instead;
-3. ``t += 1``.
+3. with ``swa_start``, from step ``swa_start`` on (every ``swa_every`` steps) the
+   averaged parameters join this rank's running mean (SWA; Izmailov et al., arXiv
+   1803.05407), which ``synchronize_parameters(swa=True)`` finally averages over all
+   ranks into the parameters (the paper's final merge);
+4. ``t += 1``.
 
-Process sets: the groups a periodic schedule uses are registered once, at
-construction, in sorted order on every rank (a group of all ranks is
-``hvd.global_process_set``). A shuffle schedule registers the groups of the next
-:data:`LOOKAHEAD` steps whenever a step needs a group not registered yet. Registration
-needs ``hvd.init(process_sets="dynamic")``, or a static registration of
-:func:`dssync_process_sets` at ``hvd.init``.
+Process sets (:class:`hvdx.mpi.dssync_groups.DSSyncGroups`, shared with TensorFlow):
+the groups a periodic schedule uses are registered once, at construction, in sorted
+order on every rank (a group of all ranks is ``hvd.global_process_set``). A shuffle
+schedule registers the groups of the next :data:`LOOKAHEAD` steps whenever a step needs
+a group not registered yet. Registration needs ``hvd.init(process_sets="dynamic")``,
+or a static registration of :func:`dssync_process_sets` at ``hvd.init``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 import horovod.torch as _hvd
 import torch
-from horovod.torch import mpi_ops as _mpi_ops
 
-from hvdx.core.dssync_schedule import ShuffleSchedule
 from hvdx.dssync import DSSync
+from hvdx.mpi.dssync_groups import LOOKAHEAD, DSSyncGroups, DSSyncStats, static_groups
 from hvdx.torch.wrapping import subclass_of
 
 __all__ = ["DSSyncStats", "LOOKAHEAD", "STATE_KEY", "dssync_process_sets",
@@ -40,33 +42,6 @@ __all__ = ["DSSyncStats", "LOOKAHEAD", "STATE_KEY", "dssync_process_sets",
 
 #: Key of the DS-Sync entry in ``state_dict()``.
 STATE_KEY = "hvdx_dssync"
-#: Steps of a shuffle schedule whose groups are registered together.
-LOOKAHEAD = 16
-
-
-class DSSyncStats:
-    """Bytes this rank sent (ring model: ``2(g-1)/g`` model copies in a group of ``g``)."""
-
-    __slots__ = ("steps", "last_bytes", "total_bytes", "last_group_size")
-
-    def __init__(self):
-        self.steps = 0
-        self.last_bytes = 0.0
-        self.total_bytes = 0.0
-        self.last_group_size = 1
-
-    def _add(self, group_size: int, model_bytes: int):
-        sent = 2.0 * (group_size - 1) / group_size * model_bytes
-        self.steps += 1
-        self.last_bytes = sent
-        self.total_bytes += sent
-        self.last_group_size = group_size
-
-    def as_dict(self) -> Dict[str, float]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-    def __repr__(self):
-        return f"DSSyncStats({self.as_dict()})"
 
 
 def dssync_process_sets(sync: DSSync, size: int) -> List[_hvd.ProcessSet]:
@@ -80,17 +55,7 @@ def dssync_process_sets(sync: DSSync, size: int) -> List[_hvd.ProcessSet]:
         ValueError: for ``schedule="shuffle"``, whose groups are too many to register
             statically: use ``hvd.init(process_sets="dynamic")``.
     """
-    if not isinstance(sync, DSSync):
-        raise ValueError(f"sync={sync!r} must be a hvdx.DSSync")
-    if sync.kind == "shuffle":
-        raise ValueError("dssync_process_sets: schedule='shuffle' draws new groups every "
-                         "step; call hvd.init(process_sets=\"dynamic\") instead")
-    topology = None
-    if sync.needs_topology and sync.topology is None:
-        from hvdx.mpi.topology import detect_topology
-        topology = detect_topology()
-    schedule = sync.build(size, topology)
-    return [_hvd.ProcessSet(list(g)) for g in schedule.groups() if len(g) < size]
+    return [_hvd.ProcessSet(list(g)) for g in static_groups(sync, size)]
 
 
 def make_dssync_optimizer(optimizer, named_parameters, sync: DSSync, schedule):
@@ -111,15 +76,11 @@ class _DSSyncOptimizer:
         self._hvdx_base.__init__(self, params)
         self._hvdx_sync = sync
         self._hvdx_schedule = schedule
-        self._hvdx_size = _hvd.size()
-        self._hvdx_rank = _hvd.rank()
-        self._hvdx_step = 0
-        self._hvdx_sets: Dict[Tuple[int, ...], _hvd.ProcessSet] = {}
-        self.hvdx_stats = DSSyncStats()
-        if isinstance(schedule, ShuffleSchedule):
-            self._hvdx_ensure_sets(0)
-        else:
-            self._hvdx_register([g for g in schedule.groups() if len(g) < self._hvdx_size])
+        # Groups, process sets, step and byte counters: shared with TensorFlow.
+        self._hvdx_groups = DSSyncGroups(sync, schedule, _hvd)
+        self.hvdx_stats = self._hvdx_groups.stats
+        #: SWA running mean of the parameters (created at the first sample).
+        self._hvdx_swa: Optional[List[torch.Tensor]] = None
 
     # --- the public surface of Horovod's optimizer -----------------------------------
 
@@ -139,29 +100,45 @@ class _DSSyncOptimizer:
     def step(self, closure=None):
         """Local step, then averaging inside this rank's group (module docstring)."""
         loss = self._hvdx_base.step(self, closure)
-        step = self._hvdx_step
-        every = self._hvdx_sync.global_every
-        if every and (step + 1) % every == 0:
-            group = tuple(range(self._hvdx_size))
-        else:
-            self._hvdx_ensure_sets(step)
-            group = self._hvdx_schedule.group(step, self._hvdx_rank)
-        self._hvdx_average(group)
-        self._hvdx_step = step + 1
+        groups = self._hvdx_groups
+        self._hvdx_average(groups.group_at(groups.step))
+        if groups.swa_due(groups.step):
+            self._hvdx_swa_sample()
+        groups.step += 1
         return loss
 
-    def synchronize_parameters(self):
+    def synchronize_parameters(self, swa: bool = False):
         """Average parameters (and state, if configured) over all ranks now (collective).
 
         Does not advance the schedule.
+
+        Args:
+            swa: first replace every rank's parameters by its SWA running mean
+                (``DSSync(swa_start=...)``), so the result is the final SWA-style merge:
+                the mean over ranks and sampled steps. Call it once, after training.
+
+        Raises:
+            ValueError: ``swa=True`` before the first sample (or without ``swa_start``),
+                on every rank alike (every rank counts the same steps).
         """
-        self._hvdx_average(tuple(range(self._hvdx_size)))
+        if swa:
+            if not self._hvdx_groups.swa_count:
+                raise ValueError(
+                    "synchronize_parameters(swa=True): no SWA sample yet; set "
+                    f"DSSync(swa_start=...) and train past it (swa_start="
+                    f"{self._hvdx_sync.swa_start}, step {self._hvdx_groups.step})")
+            with torch.no_grad():
+                for p, mean in zip(self._hvdx_params(), self._hvdx_swa):
+                    p.copy_(mean)
+        self._hvdx_average(self._hvdx_groups.all_ranks)
 
     # --- state ----------------------------------------------------------------------
 
     def state_dict(self):
         state = self._hvdx_base.state_dict(self)
-        state[STATE_KEY] = {"step": self._hvdx_step}
+        state[STATE_KEY] = self._hvdx_groups.state()
+        if self._hvdx_swa is not None:
+            state[STATE_KEY]["swa"] = [t.clone() for t in self._hvdx_swa]
         return state
 
     def load_state_dict(self, state_dict):
@@ -169,14 +146,32 @@ class _DSSyncOptimizer:
         dssync = state_dict.pop(STATE_KEY, None)
         self._hvdx_base.load_state_dict(self, state_dict)
         if dssync is not None:
-            self._hvdx_step = int(dssync["step"])
+            self._hvdx_groups.load_state(dssync)
+            if dssync.get("swa") is not None:
+                self._hvdx_swa = [t.detach().clone().to(p.device)
+                                  for t, p in zip(dssync["swa"], self._hvdx_params())]
 
     # --- internals ------------------------------------------------------------------
 
+    def _hvdx_params(self) -> List[torch.Tensor]:
+        return [p for group in self.param_groups for p in group["params"]
+                if p.requires_grad]
+
+    def _hvdx_swa_sample(self):
+        """Add the (group-averaged) parameters to the SWA running mean."""
+        params = self._hvdx_params()
+        if self._hvdx_swa is None:
+            self._hvdx_swa = [torch.zeros_like(p) for p in params]
+        count = self._hvdx_groups.swa_count
+        with torch.no_grad():
+            for mean, p in zip(self._hvdx_swa, params):
+                # The reference's form (hvdx.core.group_averaging.running_mean).
+                mean.copy_(mean + (p - mean) / (count + 1))
+        self._hvdx_groups.swa_count = count + 1
+
     def _hvdx_tensors(self) -> List[torch.Tensor]:
         """Parameters, then (optionally) their state tensors, in a fixed order."""
-        params = [p for group in self.param_groups for p in group["params"]
-                  if p.requires_grad]
+        params = self._hvdx_params()
         tensors = [p.data for p in params]
         if self._hvdx_sync.average_optimizer_state:
             for p in params:
@@ -191,77 +186,16 @@ class _DSSyncOptimizer:
     def _hvdx_average(self, group: Sequence[int]):
         group = tuple(group)
         tensors = self._hvdx_tensors()
-        model_bytes = sum(t.numel() * t.element_size() for t in tensors)
-        self.hvdx_stats._add(len(group), model_bytes)
+        groups = self._hvdx_groups
+        groups.record(group, sum(t.numel() * t.element_size() for t in tensors))
         if len(group) < 2:
             return
-        if len(group) == self._hvdx_size:
-            process_set = _hvd.global_process_set
-        else:
-            process_set = self._hvdx_sets[group]
+        process_set = groups.process_set(group)
         by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
         for t in tensors:
             by_dtype.setdefault(t.dtype, []).append(t)
-        members = "-".join(map(str, group))
         with torch.no_grad():
             for dtype, same in by_dtype.items():
-                name = f"hvdx.dssync.{members}.{str(dtype).replace('torch.', '')}"
+                name = groups.tensor_name(group, str(dtype).replace("torch.", ""))
                 _hvd.grouped_allreduce_(same, op=_hvd.Average, name=name,
                                         process_set=process_set)
-
-    def _hvdx_ensure_sets(self, step: int):
-        """Shuffle schedule: register the next LOOKAHEAD steps' groups when needed."""
-        schedule = self._hvdx_schedule
-        if not isinstance(schedule, ShuffleSchedule):
-            return
-        needed = [g for g in schedule.partition(step) if 1 < len(g) < self._hvdx_size]
-        if all(g in self._hvdx_sets for g in needed):
-            return
-        ahead = schedule.groups_used(range(step, step + LOOKAHEAD))
-        self._hvdx_register([g for g in ahead if len(g) < self._hvdx_size])
-
-    def _hvdx_register(self, groups: Sequence[Tuple[int, ...]]):
-        """Find or add a process set for every group, in the given order, on every rank.
-
-        Every rank sees the same table of registered sets (registration is collective),
-        so every rank adds the same sets in the same order, or raises the same error.
-        """
-        registered = _registered_sets()
-        missing = [g for g in groups if g not in self._hvdx_sets and g not in registered]
-        if missing and not _dynamic():
-            raise ValueError(
-                f"DS-Sync needs Horovod process sets for its groups ({len(missing)} not "
-                f"registered, e.g. {list(missing[0])}). Call "
-                "hvd.init(process_sets=\"dynamic\"), or pass "
-                "process_sets=hvdx.torch.dssync_optimizer.dssync_process_sets(sync, size) to "
-                "hvd.init.")
-        for g in groups:
-            if g in self._hvdx_sets:
-                continue
-            if g in registered:
-                self._hvdx_sets[g] = registered[g]
-            else:
-                self._hvdx_sets[g] = _hvd.add_process_set(list(g))
-
-
-def _registered_sets() -> Dict[Tuple[int, ...], _hvd.ProcessSet]:
-    """Every process set Horovod holds now, by its ranks.
-
-    Workaround: Horovod has no public lookup of registered sets, and
-    ``add_process_set`` refuses a duplicate; this reads its own (internal) table.
-    """
-    table = _mpi_ops._basics._get_process_set_ids_and_ranks()
-    out = {}
-    for process_set_id, ranks in table.items():
-        if process_set_id == 0:
-            continue
-        ps = _hvd.ProcessSet(list(ranks))
-        ps.process_set_id = process_set_id
-        out[tuple(ranks)] = ps
-    return out
-
-
-def _dynamic() -> bool:
-    """Whether Horovod accepts ``add_process_set`` (``hvd.init(process_sets="dynamic")``)."""
-    return os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS", "0").strip().lower() \
-        not in ("", "0", "false", "no", "off")

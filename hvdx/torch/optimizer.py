@@ -8,7 +8,7 @@ from hvdx.compression import TopKCompression
 from hvdx.core.fingerprint import Fingerprint
 from hvdx.dssync import DSSync
 from hvdx.mpi import check_consistent, communicator_for
-from hvdx.mpi.comm import world
+from hvdx.mpi.dssync_groups import resolve_dssync
 from hvdx.settings import group_sizes, horovod_settings, validate_sync
 from hvdx.torch.dssync_optimizer import make_dssync_optimizer
 from hvdx.torch.topk_optimizer import make_topk_optimizer
@@ -90,27 +90,9 @@ def DistributedOptimizer(optimizer, named_parameters=None,
 
 
 def _resolve_dssync(sync, compression, process_set):
-    """``(fingerprint settings, error or None, schedule)`` of a DS-Sync run.
-
-    Collective over all ranks when the topology is detected. A bad argument does not
-    raise here: it becomes a fingerprint entry, so that a rank that fails while the
-    others succeed makes every rank raise the fingerprint error instead of hanging.
-    """
-    topology = None
-    try:
-        if sync.needs_topology and sync.topology is None:
-            from hvdx.mpi.topology import detect_topology
-            topology = detect_topology(world(_hvd.global_process_set))
-        if compression is not _hvd.Compression.none:
-            raise ValueError(f"compression={compression!r}: DS-Sync sends no gradients; "
-                             "leave compression=Compression.none")
-        if process_set is not _hvd.global_process_set:
-            raise ValueError("process_set: DS-Sync chooses its own groups; leave "
-                             "process_set=hvd.global_process_set")
-        schedule = sync.build(_hvd.size(), topology)
-        return sync.settings(_hvd.size(), topology), None, schedule
-    except ValueError as error:
-        return [("dssync.error", str(error))], error, None
+    """``(fingerprint settings, error or None, schedule)``: see
+    :func:`hvdx.mpi.dssync_groups.resolve_dssync` (shared with TensorFlow)."""
+    return resolve_dssync(sync, _hvd, compression, _hvd.Compression.none, process_set)
 
 
 def _parameter_entries(optimizer, named_parameters):

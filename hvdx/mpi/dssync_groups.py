@@ -1,0 +1,259 @@
+"""DS-Sync bookkeeping shared by the framework adapters: groups, process sets, step, bytes.
+
+DS-Sync (Wang et al., "Divide-and-Shuffle Synchronization for Distributed Machine
+Learning", arXiv 2007.03298) averages every rank's parameters inside its group of the
+step's partition. What does not depend on the framework lives here; the adapters
+(:mod:`hvdx.torch.dssync_optimizer`, :mod:`hvdx.tensorflow.dssync`) only gather their
+tensors and call Horovod's ``grouped_allreduce`` on :meth:`DSSyncGroups.process_set`.
+At step ``t`` an adapter does:
+
+1. ``group = groups.group_at(t)``: the rank's group of ``partition(t)``, or all ranks
+   every ``global_every``-th step; for a shuffle schedule this first registers the
+   process sets of the next :data:`LOOKAHEAD` steps if ``partition(t)`` needs one that
+   is not registered yet (collective, and every rank takes the same decision, because
+   every rank computes the same partitions);
+2. ``groups.record(group, model_bytes)`` (byte counters), then, for a group of two or
+   more ranks, an average over ``groups.process_set(group)``;
+3. ``groups.swa_due(t)``: whether the SWA running mean samples the averaged
+   parameters of step ``t`` (``DSSync(swa_start=...)``; the adapter keeps the tensors,
+   ``groups.swa_count`` counts the samples).
+
+Horovod's process-set objects are framework-specific (``horovod.torch.ProcessSet`` and
+``horovod.tensorflow.ProcessSet`` hold different basics), so the adapter passes its
+Horovod module in; nothing here imports torch or TensorFlow.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from hvdx.core.dssync_schedule import ShuffleSchedule
+from hvdx.core.group_averaging import swa_due
+from hvdx.dssync import DSSync
+from hvdx.mpi.comm import world
+
+__all__ = ["DSSyncGroups", "DSSyncStats", "LOOKAHEAD", "dynamic_process_sets",
+           "registered_sets", "resolve_dssync", "static_groups"]
+
+#: Steps of a shuffle schedule whose groups are registered together.
+LOOKAHEAD = 16
+
+
+class DSSyncStats:
+    """Bytes this rank sent (ring model: ``2(g-1)/g`` model copies in a group of ``g``)."""
+
+    __slots__ = ("steps", "last_bytes", "total_bytes", "last_group_size")
+
+    def __init__(self):
+        self.steps = 0
+        self.last_bytes = 0.0
+        self.total_bytes = 0.0
+        self.last_group_size = 1
+
+    def _add(self, group_size: int, model_bytes: int):
+        sent = 2.0 * (group_size - 1) / group_size * model_bytes
+        self.steps += 1
+        self.last_bytes = sent
+        self.total_bytes += sent
+        self.last_group_size = group_size
+
+    def as_dict(self) -> Dict[str, float]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __repr__(self):
+        return f"DSSyncStats({self.as_dict()})"
+
+
+class DSSyncGroups:
+    """The groups of a DS-Sync run on this rank, and their Horovod process sets.
+
+    Collective at construction: a periodic schedule registers all its groups of two or
+    more ranks (except the group of all ranks, Horovod's global set) once, in sorted
+    order on every rank; a shuffle schedule registers the groups of its first
+    :data:`LOOKAHEAD` steps.
+
+    Args:
+        sync: the user's :class:`hvdx.DSSync`.
+        schedule: ``sync.build(size, topology)``.
+        horovod: Horovod's framework module (``horovod.torch`` or
+            ``horovod.tensorflow``): ``size``, ``rank``, ``ProcessSet``,
+            ``add_process_set``, ``global_process_set`` and ``mpi_ops._basics``.
+    """
+
+    def __init__(self, sync: DSSync, schedule, horovod):
+        self.sync = sync
+        self.schedule = schedule
+        self.size = horovod.size()
+        self.rank = horovod.rank()
+        #: Steps taken (the schedule's position); the adapters save and restore it.
+        self.step = 0
+        self.stats = DSSyncStats()
+        #: Samples in the SWA running mean (the adapter holds the mean itself).
+        self.swa_count = 0
+        self._hvd = horovod
+        self._sets: Dict[Tuple[int, ...], object] = {}
+        if isinstance(schedule, ShuffleSchedule):
+            self._ensure_sets(0)
+        else:
+            self._register([g for g in schedule.groups() if len(g) < self.size])
+
+    @property
+    def all_ranks(self) -> Tuple[int, ...]:
+        return tuple(range(self.size))
+
+    def group_at(self, step: int) -> Tuple[int, ...]:
+        """This rank's group at ``step`` (``global_every`` included); registers ahead."""
+        every = self.sync.global_every
+        if every and (step + 1) % every == 0:
+            return self.all_ranks
+        self._ensure_sets(step)
+        return self.schedule.group(step, self.rank)
+
+    def process_set(self, group: Sequence[int]):
+        """The Horovod process set of ``group`` (two or more ranks, registered)."""
+        group = tuple(group)
+        if len(group) == self.size:
+            return self._hvd.global_process_set
+        return self._sets[group]
+
+    def record(self, group: Sequence[int], model_bytes: int) -> None:
+        """Count the bytes one average in ``group`` sends (zero for a group of one)."""
+        self.stats._add(len(group), model_bytes)
+
+    def swa_due(self, step: int) -> bool:
+        """Whether the SWA running mean samples the averaged parameters of ``step``."""
+        return swa_due(step, self.sync.swa_start, self.sync.swa_every)
+
+    def state(self) -> Dict[str, int]:
+        """The checkpointed position: ``{"step": t}``, plus ``"swa_count"`` with SWA."""
+        state = {"step": self.step}
+        if self.sync.swa_start is not None:
+            state["swa_count"] = self.swa_count
+        return state
+
+    def load_state(self, state: Dict[str, int]) -> None:
+        """Resume from :meth:`state`: the schedule continues where it was saved."""
+        self.step = int(state["step"])
+        self.swa_count = int(state.get("swa_count", 0))
+
+    @staticmethod
+    def tensor_name(group: Sequence[int], dtype_name: str) -> str:
+        """The Horovod name of one group's allreduce, the same on every member."""
+        return f"hvdx.dssync.{'-'.join(map(str, group))}.{dtype_name}"
+
+    # --- registration -----------------------------------------------------------------
+
+    def _ensure_sets(self, step: int):
+        """Shuffle schedule: register the next LOOKAHEAD steps' groups when needed."""
+        schedule = self.schedule
+        if not isinstance(schedule, ShuffleSchedule):
+            return
+        needed = [g for g in schedule.partition(step) if 1 < len(g) < self.size]
+        if all(g in self._sets for g in needed):
+            return
+        ahead = schedule.groups_used(range(step, step + LOOKAHEAD))
+        self._register([g for g in ahead if len(g) < self.size])
+
+    def _register(self, groups: Sequence[Tuple[int, ...]]):
+        """Find or add a process set for every group, in the given order, on every rank.
+
+        Every rank sees the same table of registered sets (registration is collective),
+        so every rank adds the same sets in the same order, or raises the same error.
+        """
+        registered = registered_sets(self._hvd)
+        missing = [g for g in groups if g not in self._sets and g not in registered]
+        if missing and not dynamic_process_sets():
+            framework = self._hvd.__name__.split(".")[-1]
+            raise ValueError(
+                f"DS-Sync needs Horovod process sets for its groups ({len(missing)} not "
+                f"registered, e.g. {list(missing[0])}). Call "
+                "hvd.init(process_sets=\"dynamic\"), or pass "
+                f"process_sets=hvdx.{framework}.dssync_process_sets(sync, size) to "
+                "hvd.init.")
+        for g in groups:
+            if g in self._sets:
+                continue
+            if g in registered:
+                self._sets[g] = registered[g]
+            else:
+                self._sets[g] = self._hvd.add_process_set(list(g))
+
+
+def registered_sets(horovod) -> Dict[Tuple[int, ...], object]:
+    """Every process set Horovod holds now, by its ranks.
+
+    Workaround: Horovod has no public lookup of registered sets, and
+    ``add_process_set`` refuses a duplicate; this reads its own (internal) table.
+    """
+    table = horovod.mpi_ops._basics._get_process_set_ids_and_ranks()
+    out = {}
+    for process_set_id, ranks in table.items():
+        if process_set_id == 0:
+            continue
+        ps = horovod.ProcessSet(list(ranks))
+        ps.process_set_id = process_set_id
+        out[tuple(ranks)] = ps
+    return out
+
+
+def dynamic_process_sets() -> bool:
+    """Whether Horovod accepts ``add_process_set`` (``hvd.init(process_sets="dynamic")``)."""
+    return os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS", "0").strip().lower() \
+        not in ("", "0", "false", "no", "off")
+
+
+def static_groups(sync: DSSync, size: int) -> List[Tuple[int, ...]]:
+    """The groups to register at ``hvd.init(process_sets=...)`` for static mode.
+
+    Every group of two or more ranks, except the group of all ranks (Horovod's global
+    set), in sorted order. A rotation without ``topology=`` detects it here from
+    ``MPI.COMM_WORLD`` (collective).
+
+    Raises:
+        ValueError: for ``schedule="shuffle"``, whose groups are too many to register
+            statically: use ``hvd.init(process_sets="dynamic")``.
+    """
+    if not isinstance(sync, DSSync):
+        raise ValueError(f"sync={sync!r} must be a hvdx.DSSync")
+    if sync.kind == "shuffle":
+        raise ValueError("dssync_process_sets: schedule='shuffle' draws new groups every "
+                         "step; call hvd.init(process_sets=\"dynamic\") instead")
+    topology = None
+    if sync.needs_topology and sync.topology is None:
+        from hvdx.mpi.topology import detect_topology
+        topology = detect_topology()
+    schedule = sync.build(size, topology)
+    return [tuple(g) for g in schedule.groups() if len(g) < size]
+
+
+def resolve_dssync(sync: DSSync, horovod, compression, no_compression, process_set
+                   ) -> Tuple[list, Optional[ValueError], object]:
+    """``(fingerprint settings, error or None, schedule)`` of a DS-Sync run.
+
+    Collective over all ranks when the topology is detected. A bad argument does not
+    raise here: it becomes a fingerprint entry, so that a rank that fails while the
+    others succeed makes every rank raise the fingerprint error instead of hanging.
+
+    Args:
+        sync: the user's :class:`hvdx.DSSync`.
+        horovod: Horovod's framework module (``size``, ``global_process_set``).
+        compression: the user's ``compression=``; must be ``no_compression``.
+        no_compression: the framework's ``Compression.none``.
+        process_set: the user's ``process_set=``; must be the global set.
+    """
+    topology = None
+    try:
+        if sync.needs_topology and sync.topology is None:
+            from hvdx.mpi.topology import detect_topology
+            topology = detect_topology(world(horovod.global_process_set))
+        if compression is not no_compression:
+            raise ValueError(f"compression={compression!r}: DS-Sync sends no gradients; "
+                             "leave compression=Compression.none")
+        if process_set is not horovod.global_process_set:
+            raise ValueError("process_set: DS-Sync chooses its own groups; leave "
+                             "process_set=hvd.global_process_set")
+        schedule = sync.build(horovod.size(), topology)
+        return sync.settings(horovod.size(), topology), None, schedule
+    except ValueError as error:
+        return [("dssync.error", str(error))], error, None
