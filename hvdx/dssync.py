@@ -55,12 +55,21 @@ class DSSync:
             (momentum buffers, Adam moments) inside each group.
         global_every: every ``global_every``-th step averages over all ranks instead;
             ``0``: never.
+        swa_start: the final SWA-style merge (the paper's last stage, after Izmailov et
+            al., "Averaging Weights Leads to Wider Optima", arXiv 1803.05407): from the
+            step of this index on (0-based), every rank keeps a running average of its
+            parameters after the group averaging, sampled every ``swa_every`` steps;
+            ``synchronize_parameters(swa=True)`` then writes the mean over all ranks of
+            those averages into the parameters. ``None``: no running average.
+        swa_every: steps between two samples of the running average (``swa_start``
+            must be set).
     """
 
     def __init__(self, schedule="rotation", group_size: Optional[int] = None,
                  seed: int = 0, intra_phases: Optional[int] = None,
                  cross_ranks: Optional[int] = None, topology: Optional[Topology] = None,
-                 average_optimizer_state: bool = False, global_every: int = 0):
+                 average_optimizer_state: bool = False, global_every: int = 0,
+                 swa_start: Optional[int] = None, swa_every: int = 1):
         self.partitions: Optional[ListSchedule] = None
         if isinstance(schedule, str):
             if schedule not in SCHEDULES:
@@ -100,6 +109,11 @@ class DSSync:
                              "True or False")
         self.average_optimizer_state = bool(average_optimizer_state)
         self.global_every = _integer("global_every", global_every, 0)
+        self.swa_start = _optional_integer("swa_start", swa_start, 0)
+        self.swa_every = _integer("swa_every", swa_every, 1)
+        if self.swa_start is None and swa_every != 1:
+            raise ValueError(f"swa_every={swa_every!r} needs swa_start, the step from "
+                             "which the running average is kept")
 
     @property
     def needs_topology(self) -> bool:
@@ -154,7 +168,8 @@ class DSSync:
                  ("dssync.partitions", None if self.partitions is None
                   else repr(self.partitions.partitions())),
                  ("dssync.average_optimizer_state", self.average_optimizer_state),
-                 ("dssync.global_every", self.global_every)]
+                 ("dssync.global_every", self.global_every),
+                 ("dssync.swa_start", self.swa_start), ("dssync.swa_every", self.swa_every)]
         seen = {name for name, _ in entries}
         return entries + [(name, value) for name, value in extra if name not in seen]
 
@@ -164,7 +179,8 @@ class DSSync:
         return (f"DSSync(schedule={schedule}, group_size={self.group_size}, "
                 f"seed={self.seed}, intra_phases={self.intra_phases}, "
                 f"cross_ranks={self.cross_ranks}, average_optimizer_state="
-                f"{self.average_optimizer_state}, global_every={self.global_every})")
+                f"{self.average_optimizer_state}, global_every={self.global_every}, "
+                f"swa_start={self.swa_start}, swa_every={self.swa_every})")
 
 
 def _integer(name: str, value: object, low: int, high: float = math.inf) -> int:

@@ -5,9 +5,19 @@ DS-Sync (Wang et al., arXiv 2007.03298) runs, at every step ``t`` on every rank 
 1. a local SGD step ``x_i <- x_i - lr * grad_i(x_i)``;
 2. an allreduce-average of ``x_i`` inside the rank's group of ``schedule.partition(t)``.
 
-:func:`simulate_dssync` runs that on all ranks of one process; the framework adapters
-are tested against it. Values are arrays whose first axis is the rank (a model is
-flattened into one vector per rank, or any shape after the rank axis).
+That is the "adapt-then-combine" order of the optimizers (torch, Keras). TensorFlow's
+``DistributedGradientTape`` cannot see the optimizer's step, so it averages the
+variables when it hands out the local gradients: "combine-then-adapt",
+``x_i <- avg_group(x)_i - lr * grad_i(x_i)``, the order of D-PSGD (Lian et al., "Can
+Decentralized Algorithms Outperform Centralized Algorithms?", arXiv 1705.09056).
+
+:func:`simulate_dssync` runs either order on all ranks of one process; the framework
+adapters are tested against it. The final SWA-style merge (``DSSync(swa_start=...)``):
+every rank keeps a running mean of its averaged parameters (:func:`swa_due`,
+:func:`running_mean`), and the merge is the mean over ranks of those running means.
+
+Values are arrays whose first axis is the rank (a model is flattened into one vector per
+rank, or any shape after the rank axis).
 """
 
 from __future__ import annotations
@@ -19,12 +29,21 @@ import numpy as np
 from hvdx.core.topology import Partition, Topology
 
 __all__ = [
+    "ADAPT_THEN_COMBINE",
+    "COMBINE_THEN_ADAPT",
     "average_in_groups",
     "consensus_distance",
     "mean_uplink_bytes",
+    "running_mean",
     "simulate_dssync",
+    "swa_due",
     "uplink_bytes",
 ]
+
+#: Local step, then averaging (the optimizers).
+ADAPT_THEN_COMBINE = "adapt_then_combine"
+#: Averaging, then the local step with the gradient taken before it (the TF tape).
+COMBINE_THEN_ADAPT = "combine_then_adapt"
 
 
 def average_in_groups(values_per_rank, partition: Partition) -> np.ndarray:
@@ -49,7 +68,8 @@ def consensus_distance(values_per_rank) -> float:
 
 
 def simulate_dssync(initial, grads_fn: Callable[[np.ndarray, int], np.ndarray], lr: float,
-                    schedule, steps: int, start: int = 0) -> np.ndarray:
+                    schedule, steps: int, start: int = 0, order: str = ADAPT_THEN_COMBINE,
+                    swa_start: Optional[int] = None, swa_every: int = 1):
     """Runs ``steps`` DS-Sync steps from ``start`` on all ranks (see the module docstring).
 
     Args:
@@ -60,15 +80,47 @@ def simulate_dssync(initial, grads_fn: Callable[[np.ndarray, int], np.ndarray], 
         schedule: any schedule of :mod:`hvdx.core.dssync_schedule`.
         steps: number of steps.
         start: the first step's index (schedules depend on it).
+        order: :data:`ADAPT_THEN_COMBINE` (step ``t``: ``x <- avg_t(x - lr * g(x))``)
+            or :data:`COMBINE_THEN_ADAPT` (``x <- avg_t(x) - lr * g(x)``).
+        swa_start, swa_every: as in :class:`hvdx.DSSync`; the running mean samples the
+            group-averaged values (``avg_t(...)`` above) at the steps of :func:`swa_due`.
 
     Returns:
-        The values per rank after the last averaging.
+        The values per rank after the last step; with ``swa_start``, the pair
+        ``(values, swa)``: ``swa`` holds every rank's running mean (zeros before the
+        first sample), and ``swa.mean(axis=0)`` is the final merge.
     """
+    if order not in (ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT):
+        raise ValueError(f"order={order!r} must be {ADAPT_THEN_COMBINE!r} or "
+                         f"{COMBINE_THEN_ADAPT!r}")
     values = np.array(initial, copy=True)
+    swa, count = np.zeros_like(values), 0
     for step in range(start, start + steps):
-        values = values - lr * np.asarray(grads_fn(values, step), dtype=values.dtype)
-        values = average_in_groups(values, schedule.partition(step))
-    return values
+        grads = np.asarray(grads_fn(values, step), dtype=values.dtype)
+        if order == ADAPT_THEN_COMBINE:
+            values = average_in_groups(values - lr * grads, schedule.partition(step))
+            averaged = values
+        else:
+            averaged = average_in_groups(values, schedule.partition(step))
+            values = averaged - lr * grads
+        if swa_due(step, swa_start, swa_every):
+            swa, count = running_mean(swa, count, averaged), count + 1
+    return values if swa_start is None else (values, swa)
+
+
+def swa_due(step: int, swa_start: Optional[int], swa_every: int = 1) -> bool:
+    """Whether the SWA running mean samples the averaged values of ``step`` (0-based)."""
+    return swa_start is not None and step >= swa_start and \
+        (step - swa_start) % swa_every == 0
+
+
+def running_mean(mean, count: int, sample):
+    """The mean of ``count + 1`` samples from the mean of the first ``count``.
+
+    Written as ``mean + (sample - mean) / (count + 1)``, the form every adapter uses,
+    so adapter and reference round alike.
+    """
+    return mean + (sample - mean) / (count + 1)
 
 
 def uplink_bytes(partition: Partition, topology: Topology, model_bytes: float) -> np.ndarray:

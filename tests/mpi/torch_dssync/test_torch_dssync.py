@@ -285,3 +285,41 @@ def test_static_process_sets_of_a_rotation():
     assert [ps.ranks for ps in sets] == [[0, 1], [0, 2], [1, 3], [2, 3]]
     with pytest.raises(ValueError, match="dynamic"):
         dssync_process_sets(hvdx.DSSync("shuffle", group_size=2), 4)
+
+
+# --- the final SWA-style merge --------------------------------------------------------
+
+@pytest.mark.mpi(min_size=1)
+def test_swa_merge_matches_the_numpy_reference_and_survives_state_dict():
+    n, rank = hvd.size(), hvd.rank()
+    sync = hvdx.DSSync("shuffle", group_size=min(2, n), seed=4, swa_start=1, swa_every=2)
+    centres = np.stack([np.random.default_rng(r).normal(size=4) for r in range(n)])
+    initial = np.stack([np.random.default_rng(100 + r).normal(size=4) for r in range(n)])
+    x = nn.Parameter(torch.tensor(initial[rank]))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([x], lr=0.3), sync=sync)
+    for step in range(6):
+        opt.zero_grad()
+        (0.5 * ((x - torch.tensor(centres[rank])) ** 2).sum()).backward()
+        opt.step()
+    expected, swa = simulate_dssync(initial, lambda v, t: v - centres, 0.3,
+                                    opt._hvdx_schedule, 6, swa_start=1, swa_every=2)
+    np.testing.assert_allclose(x.detach().numpy(), expected[rank], rtol=0, atol=1e-12)
+    saved = opt.state_dict()[STATE_KEY]
+    assert saved["step"] == 6 and saved["swa_count"] == 3
+    np.testing.assert_allclose(saved["swa"][0].numpy(), swa[rank], rtol=0, atol=1e-12)
+
+    y = nn.Parameter(torch.tensor(initial[rank]))
+    opt2 = hvd.DistributedOptimizer(torch.optim.SGD([y], lr=0.3), sync=sync)
+    opt2.load_state_dict(opt.state_dict())
+    with torch.no_grad():
+        y.copy_(x)
+    opt2.synchronize_parameters(swa=True)
+    opt.synchronize_parameters(swa=True)
+    np.testing.assert_allclose(x.detach().numpy(), swa.mean(axis=0), rtol=0, atol=1e-12)
+    assert torch.equal(x, y)
+
+
+def test_swa_merge_before_any_sample_is_rejected():
+    opt = dssync_optimizer(model_for(0), hvdx.DSSync("shuffle", group_size=1, swa_start=3))
+    with pytest.raises(ValueError, match="swa=True"):
+        opt.synchronize_parameters(swa=True)
