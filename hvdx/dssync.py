@@ -24,10 +24,11 @@ Example::
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
+from hvdx.core.bandwidth import DEFAULT_PROBE_BYTES
 from hvdx.core.dssync_schedule import ListSchedule, RotationSchedule, ShuffleSchedule
 from hvdx.core.topology import Topology
 
@@ -63,13 +64,23 @@ class DSSync:
             those averages into the parameters. ``None``: no running average.
         swa_every: steps between two samples of the running average (``swa_start``
             must be set).
+        probe_every: ``"rotation"`` only: every ``probe_every`` steps, rerun the
+            bandwidth probe (:mod:`hvdx.mpi.probe`, collective, the same steps on every
+            rank) and, if the measured racks or slow links call for other groups,
+            rebuild the rotation from them (:mod:`hvdx.mpi.dssync_adapt`); ``0``: never.
+        probe_bytes: bytes per probe transfer (default 4 MiB).
+        probe: ``None`` (measure), or a callable ``step -> n x n`` matrix of rates
+            from row to column (e.g. from a monitoring system), called on rank 0 and
+            broadcast, instead of the probe's transfers.
     """
 
     def __init__(self, schedule="rotation", group_size: Optional[int] = None,
                  seed: int = 0, intra_phases: Optional[int] = None,
                  cross_ranks: Optional[int] = None, topology: Optional[Topology] = None,
                  average_optimizer_state: bool = False, global_every: int = 0,
-                 swa_start: Optional[int] = None, swa_every: int = 1):
+                 swa_start: Optional[int] = None, swa_every: int = 1,
+                 probe_every: int = 0, probe_bytes: int = DEFAULT_PROBE_BYTES,
+                 probe: Optional[Callable] = None):
         self.partitions: Optional[ListSchedule] = None
         if isinstance(schedule, str):
             if schedule not in SCHEDULES:
@@ -114,6 +125,15 @@ class DSSync:
         if self.swa_start is None and swa_every != 1:
             raise ValueError(f"swa_every={swa_every!r} needs swa_start, the step from "
                              "which the running average is kept")
+        self.probe_every = _integer("probe_every", probe_every, 0)
+        if self.probe_every and self.kind != "rotation":
+            raise ValueError(f"probe_every={probe_every!r} applies to schedule='rotation' "
+                             "only: the other schedules do not follow the topology")
+        self.probe_bytes = _integer("probe_bytes", probe_bytes, 1)
+        if probe is not None and not callable(probe):
+            raise ValueError(f"probe={probe!r} must be None (measure) or a callable "
+                             "step -> bandwidth matrix")
+        self.probe = probe
 
     @property
     def needs_topology(self) -> bool:
@@ -169,7 +189,11 @@ class DSSync:
                   else repr(self.partitions.partitions())),
                  ("dssync.average_optimizer_state", self.average_optimizer_state),
                  ("dssync.global_every", self.global_every),
-                 ("dssync.swa_start", self.swa_start), ("dssync.swa_every", self.swa_every)]
+                 ("dssync.swa_start", self.swa_start), ("dssync.swa_every", self.swa_every),
+                 # Every rank must probe at the same steps, or the probe's transfers hang.
+                 ("dssync.probe_every", self.probe_every),
+                 ("dssync.probe_bytes", self.probe_bytes),
+                 ("dssync.probe", None if self.probe is None else "callable")]
         seen = {name for name, _ in entries}
         return entries + [(name, value) for name, value in extra if name not in seen]
 
@@ -180,7 +204,8 @@ class DSSync:
                 f"seed={self.seed}, intra_phases={self.intra_phases}, "
                 f"cross_ranks={self.cross_ranks}, average_optimizer_state="
                 f"{self.average_optimizer_state}, global_every={self.global_every}, "
-                f"swa_start={self.swa_start}, swa_every={self.swa_every})")
+                f"swa_start={self.swa_start}, swa_every={self.swa_every}, "
+                f"probe_every={self.probe_every})")
 
 
 def _integer(name: str, value: object, low: int, high: float = math.inf) -> int:

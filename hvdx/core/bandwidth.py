@@ -34,6 +34,7 @@ from hvdx.core.dssync_schedule import RotationSchedule
 from hvdx.core.topology import Partition, Topology, groups_from_bandwidth, slow_links
 
 __all__ = [
+    "DEFAULT_PROBE_BYTES",
     "MeasuredTopology",
     "adapted_rotation",
     "THRESHOLD_RATIO",
@@ -44,6 +45,10 @@ __all__ = [
     "rotation_changed",
     "rotation_on",
 ]
+
+#: Bytes per probe transfer: a few MB, so that a 1gbit link's 4 ms token bucket (in
+#: the emulated cluster) and the start of a TCP stream are a small part of the time.
+DEFAULT_PROBE_BYTES = 4 * 2**20
 
 #: A link is slow below this fraction of the fastest one (and a rank's way out of its
 #: rack below this fraction of its rack's best): far enough from 1 that measurement

@@ -11,7 +11,9 @@ At step ``t`` an adapter does:
    every ``global_every``-th step; for a shuffle schedule this first registers the
    process sets of the next :data:`LOOKAHEAD` steps if ``partition(t)`` needs one that
    is not registered yet (collective, and every rank takes the same decision, because
-   every rank computes the same partitions);
+   every rank computes the same partitions). With ``DSSync(probe_every=K)``, steps
+   ``K, 2K, ...`` first rerun the bandwidth probe and may swap in a rotation rebuilt
+   from it (:mod:`hvdx.mpi.dssync_adapt`; collective, the same decision everywhere);
 2. ``groups.record(group, model_bytes)`` (byte counters), then, for a group of two or
    more ranks, an average over ``groups.process_set(group)``;
 3. ``groups.swa_due(t)``: whether the SWA running mean samples the averaged
@@ -32,6 +34,7 @@ from hvdx.core.dssync_schedule import ShuffleSchedule
 from hvdx.core.group_averaging import swa_due
 from hvdx.dssync import DSSync
 from hvdx.mpi.comm import world
+from hvdx.mpi.dssync_adapt import DSSyncAdaptation
 
 __all__ = ["DSSyncGroups", "DSSyncStats", "LOOKAHEAD", "dynamic_process_sets",
            "registered_sets", "resolve_dssync", "static_groups"]
@@ -43,13 +46,19 @@ LOOKAHEAD = 16
 class DSSyncStats:
     """Bytes this rank sent (ring model: ``2(g-1)/g`` model copies in a group of ``g``)."""
 
-    __slots__ = ("steps", "last_bytes", "total_bytes", "last_group_size")
+    __slots__ = ("steps", "last_bytes", "total_bytes", "last_group_size",
+                 "probes", "adaptations", "last_adaptation_step", "probe_seconds")
 
     def __init__(self):
         self.steps = 0
         self.last_bytes = 0.0
         self.total_bytes = 0.0
         self.last_group_size = 1
+        # DSSync(probe_every=K): probes run, rotations rebuilt (hvdx.mpi.dssync_adapt).
+        self.probes = 0
+        self.adaptations = 0
+        self.last_adaptation_step = -1
+        self.probe_seconds = 0.0
 
     def _add(self, group_size: int, model_bytes: int):
         sent = 2.0 * (group_size - 1) / group_size * model_bytes
@@ -97,13 +106,21 @@ class DSSyncGroups:
             self._ensure_sets(0)
         else:
             self._register([g for g in schedule.groups() if len(g) < self.size])
+        # DSSync(probe_every=K): the probe-and-rebuild loop (collective to set up).
+        self.adaptation = DSSyncAdaptation.create(sync, horovod.global_process_set)
+        self._probed_step = -1
 
     @property
     def all_ranks(self) -> Tuple[int, ...]:
         return tuple(range(self.size))
 
     def group_at(self, step: int) -> Tuple[int, ...]:
-        """This rank's group at ``step`` (``global_every`` included); registers ahead."""
+        """This rank's group at ``step`` (``global_every`` included); registers ahead.
+
+        With ``probe_every``, a probing step first runs the probe and may swap in a
+        rebuilt rotation (:meth:`_adapt`), on every rank alike.
+        """
+        self._adapt(step)
         every = self.sync.global_every
         if every and (step + 1) % every == 0:
             return self.all_ranks
@@ -126,16 +143,46 @@ class DSSyncGroups:
         return swa_due(step, self.sync.swa_start, self.sync.swa_every)
 
     def state(self) -> Dict[str, int]:
-        """The checkpointed position: ``{"step": t}``, plus ``"swa_count"`` with SWA."""
+        """The checkpointed position: ``{"step": t}``, plus ``"swa_count"`` with SWA,
+        plus ``"adapted"`` (the measured topology) once the probe rebuilt the rotation."""
         state = {"step": self.step}
         if self.sync.swa_start is not None:
             state["swa_count"] = self.swa_count
+        adapted = self.adaptation.state() if self.adaptation is not None else None
+        if adapted is not None:
+            state["adapted"] = adapted
         return state
 
     def load_state(self, state: Dict[str, int]) -> None:
-        """Resume from :meth:`state`: the schedule continues where it was saved."""
+        """Resume from :meth:`state`: the schedule continues where it was saved.
+
+        A saved adaptation rebuilds that rotation and registers its process sets:
+        collective, so every rank loads its state at the same point (as for training).
+        """
         self.step = int(state["step"])
         self.swa_count = int(state.get("swa_count", 0))
+        if state.get("adapted") and self.adaptation is not None:
+            self._swap(self.adaptation.restore(state["adapted"], self.schedule))
+            self.stats.adaptations = self.adaptation.adaptations
+
+    # --- adaptation (DSSync(probe_every=K)) ------------------------------------------
+
+    def _adapt(self, step: int) -> None:
+        """Probe at the probing steps (once per step) and swap in a rebuilt rotation."""
+        if self.adaptation is None or self._probed_step == step:
+            return
+        self._probed_step = step
+        new = self.adaptation.maybe_adapt(step, self.schedule)
+        a, stats = self.adaptation, self.stats
+        stats.probes, stats.probe_seconds = a.probes, a.probe_seconds
+        if new is not None:
+            self._swap(new)
+            stats.adaptations, stats.last_adaptation_step = a.adaptations, step
+
+    def _swap(self, schedule) -> None:
+        """Use ``schedule`` from now on; register its groups (collective, same order)."""
+        self.schedule = schedule
+        self._register([g for g in schedule.groups() if len(g) < self.size])
 
     @staticmethod
     def tensor_name(group: Sequence[int], dtype_name: str) -> str:

@@ -30,14 +30,10 @@ from typing import List, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from hvdx.core.bandwidth import pair_rounds
+from hvdx.core.bandwidth import DEFAULT_PROBE_BYTES, pair_rounds
 from hvdx.mpi.topology import host_labels
 
 __all__ = ["DEFAULT_PROBE_BYTES", "Probe", "probe_bandwidth"]
-
-#: Bytes per transfer: a few MB, so that a 1gbit link's 4 ms token bucket and the
-#: start of a TCP stream are a small part of the time.
-DEFAULT_PROBE_BYTES = 4 * 2**20
 
 _TAG_WARM, _TAG_DATA, _TAG_ACK = 7301, 7302, 7303
 
