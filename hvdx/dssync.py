@@ -68,6 +68,8 @@ class DSSync:
             bandwidth probe (:mod:`hvdx.mpi.probe`, collective, the same steps on every
             rank) and, if the measured racks or slow links call for other groups,
             rebuild the rotation from them (:mod:`hvdx.mpi.dssync_adapt`); ``0``: never.
+            A rebuilt rotation may need new groups: use
+            ``hvd.init(process_sets="dynamic")``.
         probe_bytes: bytes per probe transfer (default 4 MiB).
         probe: ``None`` (measure), or a callable ``step -> n x n`` matrix of rates
             from row to column (e.g. from a monitoring system), called on rank 0 and
