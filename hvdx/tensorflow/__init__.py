@@ -6,7 +6,11 @@ unchanged, except:
 - :func:`init` also makes an uncaught exception on one rank abort the whole job;
 - :func:`DistributedGradientTape` accepts every Horovod argument plus ``sync=``, and on
   its first ``gradient()`` call checks that all ranks agree on the variables and
-  settings before the first allreduce.
+  settings before the first allreduce;
+- ``sync=hvdx.DSSync(...)`` replaces the gradient allreduce by DS-Sync group averaging
+  through Horovod process sets (:mod:`hvdx.tensorflow.dssync`); :func:`dssync_state`
+  gives the tape's DS-Sync state (checkpoint, ``synchronize_parameters``), and
+  :func:`dssync_process_sets` the sets for a static ``hvd.init``.
 
 With no hvdx feature switched on, the tape is Horovod's own, so training is bitwise
 identical to Horovod's. Keras users import :mod:`hvdx.tensorflow.keras`.
@@ -22,3 +26,4 @@ from horovod.tensorflow import Compression  # noqa: E402,F401
 
 from hvdx.tensorflow.runtime import init  # noqa: E402,F401
 from hvdx.tensorflow.gradient_tape import DistributedGradientTape  # noqa: E402,F401
+from hvdx.tensorflow.dssync import dssync_process_sets, dssync_state  # noqa: E402,F401

@@ -2,7 +2,9 @@
 
 import horovod.tensorflow as _hvd
 
+from hvdx.dssync import DSSync
 from hvdx.settings import group_sizes, horovod_settings, validate_sync
+from hvdx.tensorflow.dssync import make_dssync_tape
 from hvdx.tensorflow.runtime import check_variables_once, flat_variables
 
 __all__ = ["DistributedGradientTape"]
@@ -20,8 +22,13 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     ``sync=`` (an hvdx strategy; ``None`` keeps Horovod's gradient allreduce). The first
     ``gradient()`` call checks that every rank has the same variables (shape, dtype, in
     order) and settings, and raises the same ``ValueError`` on every rank otherwise.
+
+    ``sync=hvdx.DSSync(...)``: ``gradient()`` returns the local gradients and replaces
+    the variables by their group average (see :mod:`hvdx.tensorflow.dssync`).
     """
     validate_sync(sync)
+    if isinstance(sync, DSSync):
+        return make_dssync_tape(gradtape, sync, compression, process_set)
     tape = _hvd.DistributedGradientTape(
         gradtape, device_dense=device_dense, device_sparse=device_sparse,
         compression=compression, sparse_as_dense=sparse_as_dense, op=op,

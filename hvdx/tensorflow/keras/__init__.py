@@ -17,3 +17,4 @@ from horovod.tensorflow.keras import Compression, callbacks, elastic  # noqa: E4
 
 from hvdx.tensorflow.runtime import init  # noqa: E402,F401
 from hvdx.tensorflow.keras.optimizer import DistributedOptimizer  # noqa: E402,F401
+from hvdx.tensorflow.dssync import dssync_process_sets  # noqa: E402,F401

@@ -3,7 +3,9 @@
 import horovod.tensorflow.keras as _hvd_keras
 from horovod.tensorflow import Average, Compression, global_process_set
 
+from hvdx.dssync import DSSync
 from hvdx.settings import group_sizes, horovod_settings, validate_sync
+from hvdx.tensorflow.dssync import make_dssync_keras_optimizer
 from hvdx.tensorflow.runtime import check_variables_once
 
 __all__ = ["DistributedOptimizer"]
@@ -21,8 +23,15 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     plus ``sync=`` (an hvdx strategy; ``None`` keeps Horovod's gradient allreduce). The
     first gradient aggregation (inside ``fit``'s traced step, or eagerly) checks that
     every rank trains the same variables with the same settings.
+
+    ``sync=hvdx.DSSync(...)``: ``apply_gradients`` applies the local gradients, then
+    averages the variables in the step's group (see :mod:`hvdx.tensorflow.dssync`);
+    ``compression`` and ``process_set`` must keep their defaults, the other gradient
+    arguments are unused.
     """
     validate_sync(sync)
+    if isinstance(sync, DSSync):
+        return make_dssync_keras_optimizer(optimizer, sync, compression, process_set)
     opt = _hvd_keras.DistributedOptimizer(
         optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
         compression=compression, sparse_as_dense=sparse_as_dense,
