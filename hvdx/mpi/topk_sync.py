@@ -1,0 +1,371 @@
+"""One step of bidirectional TopK with error feedback over mpi4py, shared by the adapters.
+
+Zou, De Sterck & Liu, "Downlink Compression Improves TopK Sparsification", arXiv
+2209.15203. The math (selection, residuals, aggregation, downlink) is
+:mod:`hvdx.core.bidirectional_topk`; the pair collectives are :mod:`hvdx.mpi.sparse`.
+:class:`TopKSynchronizer` holds everything that is neither torch nor TensorFlow: the
+residual memories, the step counter, the byte counters, the NaN/Inf agreement, the
+dense/compressed split and the fused exchange. The framework adapters
+(:mod:`hvdx.torch.topk_optimizer`, :mod:`hvdx.tensorflow.topk`) only turn their
+gradients into flat float32 numpy arrays, run Horovod's allreduce for the tensors the
+synchronizer leaves dense, and write the updates back.
+
+One :meth:`TopKSynchronizer.synchronize` call, with the tensors in a fixed order (the
+same on every rank):
+
+1. agree on NaN/Inf: each rank names its first non-finite tensor, one tiny allgather
+   combines them, and every rank raises the same ``ValueError`` naming the first bad
+   tensor and the ranks that had it, before any residual changes;
+2. split: tensors with fewer than ``min_size`` entries, tensors the adapter marks
+   (sparse gradients), and every tensor during ``warmup_steps`` stay dense; the adapter's
+   ``start_dense`` callback starts Horovod's allreduce of those before the sparse
+   exchange, so that the two overlap;
+3. uplink, per tensor: :func:`~hvdx.core.bidirectional_topk.uplink` with the worker
+   residual (each tensor keeps its own ``k``);
+4. exchange all tensors' pairs at once in one flat index space (tensor ``t`` shifted by
+   its offset in the concatenation): ``gathered`` (one Allgatherv; every rank aggregates
+   and runs the downlink of each tensor with its replica of the server residual) or
+   ``sharded`` (each tensor keeps its own shards; one Alltoallv carries all tensors'
+   pieces to the shard owners, which aggregate their shards, run the downlink with their
+   shard of the server residual, and one Allgatherv returns the results). A step costs a
+   fixed number of collectives whatever the number of tensors, and the result is bitwise
+   the per-tensor one. ``m`` is the average over ranks (``op=Sum`` multiplies by the
+   size). With ``error_feedback=False`` no residual is kept (plain TopK);
+5. wait for the dense allreduces, count the step.
+
+The updates come back as flat float32 arrays; the adapter writes them (and the dense
+results) where its optimizer reads gradients.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from hvdx.compression import TopKCompression
+from hvdx.core.bidirectional_topk import (aggregate, downlink, select, selection_rng,
+                                          to_dense, uplink)
+from hvdx.core.error_feedback import ResidualMemory
+from hvdx.core.sharding import shard_bounds, shard_k, split_by_shard
+from hvdx.mpi.sparse import allgatherv_pairs, alltoallv_pairs
+
+__all__ = ["TopKStats", "TopKSynchronizer", "first_nonfinite"]
+
+#: The most entries one fused exchange covers: its indices must fit in int32.
+_GROUP_LIMIT = 2 ** 31
+
+#: ``start_dense(positions)`` returns a callable that waits for those allreduces (or None).
+StartDense = Callable[[List[int]], Optional[Callable[[], None]]]
+
+
+class TopKStats:
+    """Bytes this rank handed to MPI (``sent``) and got from it (``received``).
+
+    ``last_*``: the last step; ``total_*``: since construction. Sparse exchanges count
+    the buffers given to mpi4py (pairs and counts); Horovod's dense allreduce is counted
+    as a ring allreduce, ``2 (P - 1) / P`` times the tensor's bytes each way.
+    """
+
+    __slots__ = ("last_sent", "last_received", "total_sent", "total_received",
+                 "last_sparse_tensors", "last_dense_tensors", "steps")
+
+    def __init__(self):
+        self.last_sent = self.last_received = 0.0
+        self.total_sent = self.total_received = 0.0
+        self.last_sparse_tensors = self.last_dense_tensors = 0
+        self.steps = 0
+
+    def _begin(self):
+        self.last_sent = self.last_received = 0.0
+        self.last_sparse_tensors = self.last_dense_tensors = 0
+
+    def _add(self, sent, received):
+        self.last_sent += sent
+        self.last_received += received
+        self.total_sent += sent
+        self.total_received += received
+
+    def as_dict(self) -> Dict[str, float]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __repr__(self):
+        return f"TopKStats({self.as_dict()})"
+
+
+def first_nonfinite(arrays: Sequence[np.ndarray]) -> int:
+    """The position of the first array holding NaN or Inf, ``len(arrays)`` if none."""
+    for position, a in enumerate(arrays):
+        if not np.isfinite(a).all():
+            return position
+    return len(arrays)
+
+
+class TopKSynchronizer:
+    """Residuals, counters and the fused exchange of one TopK run (steps 1 to 5 above).
+
+    Args:
+        names: one unique name per tensor, in the fixed order every rank uses; they key
+            the residuals and name a tensor in errors.
+        compression: the :class:`~hvdx.compression.TopKCompression` spec.
+        comm: an mpi4py communicator with exactly the ranks of the Horovod process set.
+        sum_op: ``True`` for ``op=Sum`` (the update is multiplied by the size),
+            ``False`` for ``op=Average``.
+        labels: what errors call each tensor (default: its name). TensorFlow keys the
+            residuals by position (``variable[i]``: Keras names change between model
+            instances) and names the variables in errors.
+
+    Attributes:
+        worker, server: the :class:`~hvdx.core.error_feedback.ResidualMemory` of this
+            rank's uplink residuals and of its replica (gathered) or shard (sharded) of
+            the server residuals.
+        step: steps taken (it seeds the threshold selector and ends the warm-up).
+        stats: :class:`TopKStats`.
+        comm: the communicator; assignable (tests wrap it to count collectives).
+    """
+
+    def __init__(self, names: Sequence[str], compression: TopKCompression, comm,
+                 sum_op: bool = False, labels: Optional[Sequence[str]] = None):
+        names = [str(n) for n in names]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"parameter names must be unique, found duplicates: {duplicates}")
+        self.names = tuple(names)
+        self.labels = self.names if labels is None else tuple(str(n) for n in labels)
+        if len(self.labels) != len(self.names):
+            raise ValueError(f"got {len(self.labels)} labels for {len(self.names)} names")
+        self.compression = compression
+        self.comm = comm
+        self.size = comm.Get_size()
+        self.rank = comm.Get_rank()
+        self.mode = compression.resolve_mode(self.size)
+        self.sum_op = bool(sum_op)
+        self.worker = ResidualMemory(self.names)
+        self.server = ResidualMemory(self.names)
+        self.step = 0
+        self.stats = TopKStats()
+
+    # --- one step ------------------------------------------------------------------------
+
+    def synchronize(self, sizes: Sequence[int], flat: Callable[[int], np.ndarray],
+                    start_dense: StartDense, first_bad: int,
+                    force_dense: Sequence[int] = (),
+                    itemsizes: Optional[Sequence[int]] = None) -> Dict[int, np.ndarray]:
+        """Run steps 1 to 5 for every tensor.
+
+        Args:
+            sizes: the number of entries of each tensor, in the order of ``names``.
+            flat: ``position -> flat float32 numpy array`` of that tensor's gradient;
+                called once per compressed tensor, after the NaN/Inf agreement.
+            start_dense: ``positions -> wait`` starts the adapter's dense allreduce
+                (Horovod's) of those tensors and returns a callable that waits for it,
+                or ``None`` when it already finished. Called on every rank, also with an
+                empty list, so that it may run collectives of its own.
+            first_bad: this rank's first tensor with NaN or Inf (``len(sizes)`` if none).
+            force_dense: positions that must stay dense (sparse gradients).
+            itemsizes: bytes per entry of each tensor, for the dense byte count
+                (default 4).
+
+        Returns:
+            ``{position: update}`` for the compressed tensors: flat float32 arrays.
+
+        Raises:
+            ValueError: a gradient has NaN or Inf on some rank; raised on every rank,
+                before any residual, counter or gradient changes.
+        """
+        if len(sizes) != len(self.names):
+            raise ValueError(f"got {len(sizes)} tensors for {len(self.names)} names")
+        self.check_finite(first_bad)
+        stats = self.stats
+        stats._begin()
+        dense, sparse = self.split(sizes, force_dense)
+        wait = start_dense(dense)
+        itemsizes = [4] * len(sizes) if itemsizes is None else itemsizes
+        for position in dense:
+            nbytes = 2 * (self.size - 1) / self.size * sizes[position] * itemsizes[position]
+            stats._add(nbytes, nbytes)
+        updates = self._exchange_all([(p, sizes[p]) for p in sparse], flat)
+        if wait is not None:
+            wait()
+        stats.last_sparse_tensors, stats.last_dense_tensors = len(sparse), len(dense)
+        stats.steps += 1
+        self.step += 1
+        return updates
+
+    def check_finite(self, first_bad: int) -> None:
+        """Step 1: one allgather of every rank's first bad position; raise on every rank.
+
+        Collective: every rank calls it once per step, with ``len(names)`` when all its
+        gradients are finite.
+        """
+        everyone = self.comm.allgather(int(first_bad))
+        worst = min(everyone)
+        if worst >= len(self.names):
+            return
+        ranks = [r for r, i in enumerate(everyone) if i == worst]
+        raise ValueError(
+            f"hvdx TopK: gradient of parameter '{self.labels[worst]}' has NaN or Inf values "
+            f"on rank(s) {ranks}; no residual was changed and no parameter was updated")
+
+    def split(self, sizes: Sequence[int], force_dense: Sequence[int] = ()
+              ) -> Tuple[List[int], List[int]]:
+        """Step 2: ``(dense positions, compressed positions)``, each in the fixed order."""
+        compression = self.compression
+        warm = self.step < compression.warmup_steps
+        forced = set(force_dense)
+        dense, sparse = [], []
+        for position, d in enumerate(sizes):
+            if warm or position in forced or d < compression.min_size:
+                dense.append(position)
+            else:
+                sparse.append(position)
+        return dense, sparse
+
+    # --- state ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """The step, the layout the server residuals belong to, and copies of the residuals."""
+        return {"step": self.step, "mode": self.mode, "size": self.size, "rank": self.rank,
+                "worker": self.worker.state_dict(), "server": self.server.state_dict()}
+
+    def load_state_dict(self, state) -> None:
+        """Restore :meth:`state_dict`'s content (residuals as numpy arrays).
+
+        Raises:
+            ValueError: the server residuals were saved for another mode or number of
+                ranks (a shard means nothing in another layout); nothing is changed.
+        """
+        if state["server"] and (state["mode"], state["size"]) != (self.mode, self.size):
+            raise ValueError(
+                f"the checkpoint's TopK server residuals are for mode={state['mode']} on "
+                f"{state['size']} ranks, this optimizer runs mode={self.mode} on {self.size}")
+        self.worker.load_state_dict(state["worker"])
+        self.server.load_state_dict(state["server"])
+        self.step = int(state["step"])
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _exchange_all(self, tensors, flat) -> Dict[int, np.ndarray]:
+        """Steps 3 and 4 for every compressed tensor, fused into a fixed number of collectives.
+
+        The tensors share one flat index space: tensor ``t`` occupies
+        ``[offsets[t], offsets[t] + d_t)`` in the fixed order, so the pairs of all tensors
+        travel in one buffer and each rank's received pairs are cut back per tensor by
+        ``searchsorted`` on the offsets. Selection, aggregation (rank order) and the
+        downlink stay per tensor, so the result is bitwise the per-tensor one. Tensors are
+        grouped so that every group's index space fits in int32 (one group in practice).
+        """
+        updates: Dict[int, np.ndarray] = {}
+        start, total = 0, 0
+        for i, (_, d) in enumerate(tensors):
+            if i > start and total + d > _GROUP_LIMIT:
+                updates.update(self._exchange_group(tensors[start:i], flat))
+                start, total = i, 0
+            total += d
+        if tensors:
+            updates.update(self._exchange_group(tensors[start:], flat))
+        return updates
+
+    def _rng(self, role, index, position):
+        config = self.compression.config
+        if config.selector != "threshold":
+            return None
+        return selection_rng(config.seed, self.step, role, index, position)
+
+    def _exchange_group(self, group, flat) -> Dict[int, np.ndarray]:
+        config = self.compression.config
+        feedback = self.compression.error_feedback
+        rank = self.rank
+        sizes = [d for _, d in group]
+        offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+        ups = []
+        for position, d in group:
+            g = flat(position)
+            name = self.names[position]
+            if feedback:
+                ups.append(uplink(self.worker, name, g, config.k_up(d), config,
+                                  self._rng("up", rank, position)))
+            else:
+                ups.append(select(g, config.k_up(d), config, self._rng("up", rank, position)))
+        if self.mode == "gathered":
+            updates = self._gathered(group, offsets, ups)
+        else:
+            updates = self._sharded(group, offsets, ups)
+        if self.sum_op:
+            updates = [u * np.float32(self.size) for u in updates]
+        return {position: u for (position, _), u in zip(group, updates)}
+
+    def _gathered(self, group, offsets, ups):
+        """One Allgatherv of every tensor's pairs; every rank aggregates and runs the downlink."""
+        config, size = self.compression.config, self.size
+        feedback = self.compression.error_feedback
+        indices = np.concatenate([i.astype(np.int64) + offsets[t]
+                                  for t, (i, _) in enumerate(ups)])
+        values = np.concatenate([v for _, v in ups])
+        gathered, sent, received = allgatherv_pairs(self.comm, indices, values)
+        self.stats._add(sent, received)
+        cuts = [np.searchsorted(i, offsets) for i, _ in gathered]
+        updates = []
+        for t, (position, d) in enumerate(group):
+            name = self.names[position]
+            pieces = [(i[c[t]:c[t + 1]], v[c[t]:c[t + 1]]) for (i, v), c in zip(gathered, cuts)]
+            m = aggregate(pieces, d, size, offset=offsets[t], dtype=np.float32)
+            k_down = config.k_down(d)
+            if k_down is None:
+                updates.append(m)
+                continue
+            server = self.server.get(name) if feedback else None
+            u_indices, u_values, residual = downlink(m, server, k_down, config,
+                                                     self._rng("down", 0, position))
+            if feedback:
+                self.server.set(name, residual)
+            updates.append(to_dense(u_indices, u_values, d))
+        return updates
+
+    def _sharded(self, group, offsets, ups):
+        """One Alltoallv of the pairs to the shard owners, one Allgatherv of their picks.
+
+        Every tensor keeps its own shards (:func:`~hvdx.core.sharding.shard_bounds` of its
+        length); what one rank sends an owner is all tensors' pieces for it, in order.
+        """
+        config, size, rank = self.compression.config, self.size, self.rank
+        feedback = self.compression.error_feedback
+        all_bounds = [shard_bounds(d, size) for _, d in group]
+        outgoing = [[] for _ in range(size)]
+        for t, ((indices, values), bounds) in enumerate(zip(ups, all_bounds)):
+            for owner, (i, v) in enumerate(split_by_shard(indices, values, bounds)):
+                outgoing[owner].append((i.astype(np.int64) + offsets[t], v))
+        pieces = [(np.concatenate([i for i, _ in out]), np.concatenate([v for _, v in out]))
+                  for out in outgoing]
+        incoming, sent, received = alltoallv_pairs(self.comm, pieces)
+        self.stats._add(sent, received)
+        cuts = [np.searchsorted(i, offsets) for i, _ in incoming]
+        chosen = []
+        for t, ((position, d), bounds) in enumerate(zip(group, all_bounds)):
+            name = self.names[position]
+            lo, hi = int(bounds[rank]), int(bounds[rank + 1])
+            mine = [(i[c[t]:c[t + 1]], v[c[t]:c[t + 1]]) for (i, v), c in zip(incoming, cuts)]
+            m_s = aggregate(mine, hi - lo, size, offset=offsets[t] + lo, dtype=np.float32)
+            k_down = config.k_down(d)
+            if k_down is None:
+                local = np.flatnonzero(m_s)
+                chosen.append((local + (offsets[t] + lo), m_s[local]))
+                continue
+            share = int(shard_k(k_down, bounds)[rank])
+            server = self.server.get(name) if feedback else None
+            local, values, residual = downlink(m_s, server, share, config,
+                                               self._rng("down", rank, position))
+            if feedback:
+                self.server.set(name, residual)
+            chosen.append((local + (offsets[t] + lo), values))
+        selected, sent, received = allgatherv_pairs(
+            self.comm, np.concatenate([i for i, _ in chosen]),
+            np.concatenate([v for _, v in chosen]))
+        self.stats._add(sent, received)
+        cuts = [np.searchsorted(i, offsets) for i, _ in selected]
+        updates = []
+        for t, (_, d) in enumerate(group):
+            indices = np.concatenate([i[c[t]:c[t + 1]] for (i, _), c in zip(selected, cuts)])
+            values = np.concatenate([v[c[t]:c[t + 1]] for (_, v), c in zip(selected, cuts)])
+            updates.append(to_dense(indices.astype(np.int64) - offsets[t], values, d))
+        return updates
