@@ -37,6 +37,7 @@ sets of :func:`dssync_process_sets` passed to ``hvd.init``.
 
 from __future__ import annotations
 
+import json
 from typing import Dict, List, Optional, Sequence
 
 import horovod.tensorflow as _hvd
@@ -69,7 +70,8 @@ class DSSyncState(tf.Module):
     """The DS-Sync state of one model: schedule step, SWA running mean, byte counters.
 
     A ``tf.Module``: put it in a ``tf.train.Checkpoint`` (the Keras optimizer tracks
-    its own), and a restored run continues the same schedule.
+    its own), and a restored run continues the same schedule (with ``probe_every``,
+    on the rotation rebuilt from the probe, kept in ``adapted``).
 
     Attributes:
         step: ``tf.Variable`` (int64), steps taken: the schedule's position.
@@ -89,6 +91,10 @@ class DSSyncState(tf.Module):
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
             self.swa_count = tf.Variable(0, dtype=tf.int64, trainable=False,
                                          name="swa_count")
+            if self._groups.adaptation is not None:
+                # DSSync(probe_every=K): the rebuilt rotation (JSON, "" until one).
+                self.adapted = tf.Variable("", dtype=tf.string, trainable=False,
+                                           name="adapted")
         self.swa: List[tf.Variable] = []
         self._bound = _Bound()
 
@@ -102,6 +108,8 @@ class DSSyncState(tf.Module):
 
     # --- binding ------------------------------------------------------------------------
 
+    # Plain Python at trace time: AutoGraph must not try to convert mpi4py's methods.
+    @tf.autograph.experimental.do_not_convert
     def bind(self, variables: Sequence[tf.Variable], what: str) -> None:
         """The variables this state averages; checked across ranks at the first call.
 
@@ -138,6 +146,7 @@ class DSSyncState(tf.Module):
 
     # --- averaging ----------------------------------------------------------------------
 
+    @tf.autograph.experimental.do_not_convert
     def average(self, extra: Sequence[tf.Variable] = ()) -> None:
         """Steps 2-4 of the module docstring, eagerly or inside a ``tf.function``."""
         variables = list(self._variables) + list(extra)
@@ -192,7 +201,25 @@ class DSSyncState(tf.Module):
 
     def _exchange_at(self, step, *values):
         """Body of the ``tf.py_function``: runs eagerly, with this step's process set."""
-        return self._exchange(self._groups.group_at(int(step.numpy())), list(values))
+        step = int(step.numpy())
+        if self._groups.adaptation is None:
+            return self._exchange(self._groups.group_at(step), list(values))
+        self._load_adaptation(step)
+        group = self._groups.group_at(step)  # may probe and rebuild the rotation
+        state = self._groups.adaptation.state()
+        saved = "" if state is None else json.dumps(state, sort_keys=True, default=int)
+        if saved != self._bound.adapted:
+            self.adapted.assign(saved)
+            self._bound.adapted = saved
+        return self._exchange(group, list(values))
+
+    def _load_adaptation(self, step: int) -> None:
+        """A checkpoint restored ``adapted``: continue on that rotation (collective: it
+        registers process sets, and every rank restores the same checkpoint)."""
+        saved = self.adapted.numpy().decode()
+        if saved and saved != self._bound.adapted:
+            self._groups.load_state({"step": step, "adapted": json.loads(saved)})
+        self._bound.adapted = saved
 
     def _exchange(self, group, values: List[tf.Tensor]) -> List[tf.Tensor]:
         groups = self._groups
@@ -217,11 +244,12 @@ class _Bound:
     """Holds the averaged variables (the model's) and the fingerprint settings out of the
     checkpoint's reach: a ``tf.Module`` would track them."""
 
-    __slots__ = ("variables", "settings")
+    __slots__ = ("variables", "settings", "adapted")
 
     def __init__(self):
         self.variables: Optional[List[tf.Variable]] = None
         self.settings: list = []
+        self.adapted = ""  # the JSON in ``DSSyncState.adapted`` as last read or written
 
 
 def _new_state(sync: DSSync, compression, process_set, what: str) -> DSSyncState:

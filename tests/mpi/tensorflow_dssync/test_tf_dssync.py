@@ -321,3 +321,48 @@ def test_static_process_sets_of_a_rotation():
     assert all(isinstance(ps, horovod.tensorflow.ProcessSet) for ps in sets)
     with pytest.raises(ValueError, match="dynamic"):
         hvd.dssync_process_sets(hvdx.DSSync("shuffle", group_size=2), 4)
+
+
+# --- probe_every: the rebuilt rotation survives a checkpoint --------------------------
+
+def contended_from(step_slowed):
+    """A probe answer (2 racks, 1 Gbit inside, 100 Mbit across) in which rank 0's NIC
+    is slowed to 10 Mbit from ``step_slowed`` on."""
+    def probe(step):
+        n = hvd.size()
+        rack = np.arange(n) // max(n // 2, 1)
+        m = np.where(rack[:, None] == rack[None, :], 125e6, 12.5e6)
+        if step >= step_slowed:
+            m[0, :] = m[:, 0] = 1.25e6
+        np.fill_diagonal(m, 0)
+        return m
+    return probe
+
+
+@pytest.mark.mpi(min_size=4)
+def test_a_resumed_run_continues_on_the_rotation_rebuilt_from_the_probe(tmp_path):
+    n, rank = hvd.size(), hvd.rank()
+    centres, initial = quadratic(n)
+
+    def run(start):
+        sync = hvdx.DSSync(topology=Topology.from_counts(2, n // 2), cross_ranks=1,
+                           probe_every=2, probe=contended_from(0))
+        x = tf.Variable(start)
+        step, _ = trainer("tape-function", sync, x, centres[rank])
+        state = hvd.dssync_state(sync)
+        return x, step, state, tf.train.Checkpoint(x=x, dssync=state)
+
+    x, step, state, checkpoint = run(initial[rank])
+    for _ in range(3):  # rebuilt at step 2: rank 0 no longer crosses
+        step()
+    assert state.hvdx_stats.adaptations == 1
+    path = checkpoint.write(str(tmp_path / f"ckpt-{rank}"))
+    for _ in range(3):
+        step()
+
+    x2, step2, state2, checkpoint2 = run(np.zeros(4))
+    checkpoint2.read(path)
+    for _ in range(3):
+        step2()
+    np.testing.assert_allclose(x2.numpy(), x.numpy(), rtol=0, atol=1e-12)
+    assert state2.hvdx_stats.adaptations == 1
