@@ -21,8 +21,9 @@ the tape cannot see the optimizer's step, so ``gradient()`` returns the LOCAL gr
 ``x_{t+1} = avg_group(x_t) - lr * g(x_t)``, the update of D-PSGD (Lian et al., arXiv
 1705.09056), which the reference runs with ``order=COMBINE_THEN_ADAPT``. Its state (step,
 SWA means, byte counters) belongs to the ``DSSync`` object, because a script builds a
-new tape every step: use one ``DSSync`` object per model, and
-:func:`dssync_state` to checkpoint it or to call ``synchronize_parameters``.
+new tape every step: create one ``DSSync`` object per model, once, outside the step
+(a new object starts again at step 0), and use :func:`dssync_state` to checkpoint it or
+to call ``synchronize_parameters``. Every ``gradient()`` call is one DS-Sync step.
 
 How one average runs, eagerly, inside ``tf.function`` and in Keras ``fit`` alike:
 Horovod's TensorFlow ops take their process set when they are built, but the group
