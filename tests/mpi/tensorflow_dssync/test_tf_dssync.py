@@ -268,6 +268,17 @@ def test_different_seeds_raise_the_fingerprint_error_on_every_rank(entry):
     assert len(set(hvd.allgather_object(str(info.value)))) == 1
 
 
+@pytest.mark.mpi(min_size=3)
+def test_without_dynamic_process_sets_the_error_says_what_to_do(monkeypatch):
+    n = hvd.size()
+    # A group no other test registers: ranks 0, 1 and the last.
+    partition = [[0, 1, n - 1]] + [[r] for r in range(2, n - 1)]
+    monkeypatch.setenv("HOROVOD_DYNAMIC_PROCESS_SETS", "0")
+    with pytest.raises(ValueError, match='process_sets="dynamic"') as info:
+        build("keras", hvdx.DSSync([partition]))
+    assert "hvdx.tensorflow.dssync_process_sets(sync, size)" in str(info.value)
+
+
 def test_swa_merge_before_any_sample_is_rejected():
     x = tf.Variable([1.0, 2.0], dtype=tf.float64)
     sync = hvdx.DSSync("shuffle", group_size=1, swa_start=5)
