@@ -8,19 +8,60 @@ in a small ``Allgather`` / ``Alltoall`` of int64.
 Every function returns, with its result, the bytes this rank handed to MPI for others
 (``sent``) and received from others (``received``), counts included: Horovod's timeline
 does not see mpi4py traffic, so hvdx counts its own.
+
+Waiting: the collectives are started non-blocking and completed by :func:`wait`, which
+tests the request and sleeps ``HVDX_MPI_POLL_US`` microseconds (default 50) between
+tests. A blocking MPI call spins on its core until the slowest rank arrives; where ranks
+outnumber cores (or share them with data loaders and Horovod's background thread), that
+spinning takes the core from the very rank being waited for. ``HVDX_MPI_POLL_US=0``
+spins (``MPI_Wait``).
 """
 
 from __future__ import annotations
 
+import os
+import time
 from typing import List, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["allgatherv_pairs", "alltoallv_pairs", "pack_pairs", "unpack_pairs"]
+__all__ = ["allgather_int", "allgatherv_pairs", "alltoallv_pairs", "pack_pairs",
+           "unpack_pairs", "wait"]
 
 Pairs = Tuple[np.ndarray, np.ndarray]
 _INDEX_LIMIT = np.iinfo(np.int32).max
+
+
+def _poll_seconds() -> float:
+    raw = os.environ.get("HVDX_MPI_POLL_US", "50")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"HVDX_MPI_POLL_US={raw!r} must be a number of microseconds "
+                         "(0: spin in MPI_Wait)") from None
+    if value < 0:
+        raise ValueError(f"HVDX_MPI_POLL_US={raw!r} must be >= 0")
+    return value * 1e-6
+
+
+_POLL_S = _poll_seconds()
+
+
+def wait(request: MPI.Request) -> None:
+    """Complete ``request``, sleeping between tests instead of spinning (module docstring)."""
+    if _POLL_S <= 0:
+        request.Wait()
+        return
+    while not request.Test():
+        time.sleep(_POLL_S)
+
+
+def allgather_int(comm: MPI.Comm, value: int) -> np.ndarray:
+    """Every rank's ``value`` (int64), in rank order."""
+    out = np.empty(comm.Get_size(), np.int64)
+    wait(comm.Iallgather(np.array([value], np.int64), out))
+    return out
 
 
 def pack_pairs(indices: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -54,13 +95,12 @@ def allgatherv_pairs(comm: MPI.Comm, indices: np.ndarray,
     """
     size = comm.Get_size()
     mine = pack_pairs(indices, values)
-    counts = np.empty(size, np.int64)
-    comm.Allgather(np.array([mine.shape[0]], np.int64), counts)
+    counts = allgather_int(comm, mine.shape[0])
     total = int(counts.sum())
     gathered = np.empty((total, 2), np.int32)
     elements = counts * 2
     displacements = np.concatenate([[0], np.cumsum(elements)[:-1]])
-    comm.Allgatherv(mine, [gathered, elements, displacements, MPI.INT32_T])
+    wait(comm.Iallgatherv(mine, [gathered, elements, displacements, MPI.INT32_T]))
     offsets = np.concatenate([[0], np.cumsum(counts)])
     result = [unpack_pairs(gathered[offsets[r]:offsets[r + 1]]) for r in range(size)]
     others = size - 1
@@ -83,14 +123,14 @@ def alltoallv_pairs(comm: MPI.Comm,
     packed = [pack_pairs(i, v) for i, v in pieces]
     send_counts = np.array([p.shape[0] for p in packed], np.int64)
     recv_counts = np.empty(size, np.int64)
-    comm.Alltoall(send_counts, recv_counts)
+    wait(comm.Ialltoall(send_counts, recv_counts))
     send = np.concatenate(packed) if packed else np.empty((0, 2), np.int32)
     recv = np.empty((int(recv_counts.sum()), 2), np.int32)
     send_elements, recv_elements = send_counts * 2, recv_counts * 2
     send_displacements = np.concatenate([[0], np.cumsum(send_elements)[:-1]])
     recv_displacements = np.concatenate([[0], np.cumsum(recv_elements)[:-1]])
-    comm.Alltoallv([send, send_elements, send_displacements, MPI.INT32_T],
-                   [recv, recv_elements, recv_displacements, MPI.INT32_T])
+    wait(comm.Ialltoallv([send, send_elements, send_displacements, MPI.INT32_T],
+                         [recv, recv_elements, recv_displacements, MPI.INT32_T]))
     offsets = np.concatenate([[0], np.cumsum(recv_counts)])
     result = [unpack_pairs(recv[offsets[r]:offsets[r + 1]]) for r in range(size)]
     others = size - 1

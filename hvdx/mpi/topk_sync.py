@@ -48,7 +48,7 @@ from hvdx.core.bidirectional_topk import (aggregate, downlink, select, selection
                                           to_dense, uplink)
 from hvdx.core.error_feedback import ResidualMemory
 from hvdx.core.sharding import shard_bounds, shard_k, split_by_shard
-from hvdx.mpi.sparse import allgatherv_pairs, alltoallv_pairs
+from hvdx.mpi.sparse import allgather_int, allgatherv_pairs, alltoallv_pairs
 
 __all__ = ["TopKStats", "TopKSynchronizer", "first_nonfinite"]
 
@@ -198,7 +198,7 @@ class TopKSynchronizer:
         Collective: every rank calls it once per step, with ``len(names)`` when all its
         gradients are finite.
         """
-        everyone = self.comm.allgather(int(first_bad))
+        everyone = [int(i) for i in allgather_int(self.comm, int(first_bad))]
         worst = min(everyone)
         if worst >= len(self.names):
             return

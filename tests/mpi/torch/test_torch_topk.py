@@ -353,7 +353,9 @@ class Several(nn.Module):
 
 
 class CountingComm:
-    """Passes every call to ``comm`` and counts the collectives."""
+    """Passes every call to ``comm`` and counts the collectives (a non-blocking one,
+    ``Iallgather``, counts as its blocking name: hvdx starts them and sleeps while they
+    complete)."""
 
     COLLECTIVES = ("allgather", "Allgather", "Allgatherv", "Alltoall", "Alltoallv")
 
@@ -362,9 +364,10 @@ class CountingComm:
 
     def __getattr__(self, name):
         attribute = getattr(self.comm, name)
-        if name in self.COLLECTIVES:
+        blocking = name[1:] if name.startswith("I") else name
+        if blocking in self.COLLECTIVES:
             def counted(*args, **kwargs):
-                self.calls.append(name)
+                self.calls.append(blocking)
                 return attribute(*args, **kwargs)
             return counted
         return attribute
