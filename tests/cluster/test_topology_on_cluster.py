@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(_mpi_skip_reason() is not None,
 def output():
     proc = subprocess.run(
         [sys.executable, "-m", "hvdx.cli", "topology", "--racks", "2", "--hosts-per-rack",
-         "2", "--nic", NIC, "--uplink", UPLINK, "--probe", "--probe-bytes", "1MiB",
+         "2", "--nic", NIC, "--uplink", UPLINK, "--probe",
          "--timeout", "60"], capture_output=True, text=True, timeout=90, env=child_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
