@@ -7,6 +7,9 @@ unchanged, except:
 - :func:`DistributedGradientTape` accepts every Horovod argument plus ``sync=``, and on
   its first ``gradient()`` call checks that all ranks agree on the variables and
   settings before the first allreduce;
+- ``Compression`` keeps Horovod's ``none`` and ``fp16`` and adds ``topk`` (bidirectional
+  TopK with error feedback, :mod:`hvdx.tensorflow.topk`); :func:`topk_state` gives a
+  tape's residuals (checkpoint them with ``tf.train.Checkpoint``);
 - ``sync=hvdx.DSSync(...)`` replaces the gradient allreduce by DS-Sync group averaging
   through Horovod process sets (:mod:`hvdx.tensorflow.dssync`); :func:`dssync_state`
   gives the tape's DS-Sync state (checkpoint, ``synchronize_parameters``), and
@@ -22,8 +25,9 @@ _hvd = import_framework("tensorflow")
 
 # Every public name of horovod.tensorflow (it has no __all__; a test checks none is missing).
 from horovod.tensorflow import *  # noqa: E402,F401,F403
-from horovod.tensorflow import Compression  # noqa: E402,F401
 
+from hvdx.tensorflow.compression import Compression  # noqa: E402,F401
 from hvdx.tensorflow.runtime import init  # noqa: E402,F401
 from hvdx.tensorflow.gradient_tape import DistributedGradientTape  # noqa: E402,F401
+from hvdx.tensorflow.topk import TopKState, topk_state  # noqa: E402,F401
 from hvdx.tensorflow.dssync import dssync_process_sets, dssync_state  # noqa: E402,F401

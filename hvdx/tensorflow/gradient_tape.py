@@ -2,10 +2,12 @@
 
 import horovod.tensorflow as _hvd
 
+from hvdx.compression import TopKCompression
 from hvdx.dssync import DSSync
 from hvdx.settings import group_sizes, horovod_settings, validate_sync
 from hvdx.tensorflow.dssync import make_dssync_tape
 from hvdx.tensorflow.runtime import check_variables_once, flat_variables
+from hvdx.tensorflow.topk import install_on_tape
 
 __all__ = ["DistributedGradientTape"]
 
@@ -25,6 +27,10 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
 
     ``sync=hvdx.DSSync(...)``: ``gradient()`` returns the local gradients and replaces
     the variables by their group average (see :mod:`hvdx.tensorflow.dssync`).
+
+    ``compression=hvd.Compression.topk(...)``: bidirectional TopK with error feedback,
+    synchronized by hvdx (see :mod:`hvdx.tensorflow.topk`); ``op`` must be ``Average``
+    or ``Sum``, and :func:`hvdx.tensorflow.topk_state` gives the residuals to checkpoint.
     """
     validate_sync(sync)
     if isinstance(sync, DSSync):
@@ -35,6 +41,9 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
         gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
         groups=groups, process_set=process_set,
         scale_local_gradients=scale_local_gradients)
+    if isinstance(compression, TopKCompression):
+        # Horovod's tape holds compression only inside _allreduce_grads, replaced here.
+        install_on_tape(tape, compression, op, gradient_predivide_factor, process_set)
     settings = horovod_settings(
         compression=compression, sparse_as_dense=sparse_as_dense, op=op,
         gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,

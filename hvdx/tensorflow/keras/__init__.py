@@ -5,7 +5,9 @@
 unchanged, except :func:`init` (job-wide abort on an uncaught exception) and
 :func:`DistributedOptimizer`, which accepts every Horovod argument plus ``sync=`` and
 checks on its first gradient aggregation that all ranks agree on the variables and
-settings. With no hvdx feature switched on, the optimizer is Horovod's own.
+settings, and ``Compression``, which adds ``topk`` to Horovod's compressors (TopK with
+error feedback, :mod:`hvdx.tensorflow.topk`). With no hvdx feature switched on, the
+optimizer is Horovod's own.
 """
 
 from hvdx._horovod import import_framework
@@ -13,7 +15,9 @@ from hvdx._horovod import import_framework
 import_framework("tensorflow")
 
 from horovod.tensorflow.keras import *  # noqa: E402,F401,F403
-from horovod.tensorflow.keras import Compression, callbacks, elastic  # noqa: E402,F401
+from horovod.tensorflow.keras import callbacks, elastic  # noqa: E402,F401
+
+from hvdx.tensorflow.compression import Compression  # noqa: E402,F401
 
 from hvdx.tensorflow.runtime import init  # noqa: E402,F401
 from hvdx.tensorflow.keras.optimizer import DistributedOptimizer  # noqa: E402,F401

@@ -3,10 +3,12 @@
 import horovod.tensorflow.keras as _hvd_keras
 from horovod.tensorflow import Average, Compression, global_process_set
 
+from hvdx.compression import TopKCompression
 from hvdx.dssync import DSSync
 from hvdx.settings import group_sizes, horovod_settings, validate_sync
 from hvdx.tensorflow.dssync import make_dssync_keras_optimizer
 from hvdx.tensorflow.runtime import check_variables_once
+from hvdx.tensorflow.topk import check_topk_arguments, install_on_keras_optimizer
 
 __all__ = ["DistributedOptimizer"]
 
@@ -28,10 +30,19 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     averages the variables in the step's group (see :mod:`hvdx.tensorflow.dssync`);
     ``compression`` and ``process_set`` must keep their defaults, the other gradient
     arguments are unused.
+
+    ``compression=hvd.Compression.topk(...)``: bidirectional TopK with error feedback,
+    synchronized by hvdx (see :mod:`hvdx.tensorflow.topk`); ``op`` must be ``Average``
+    or ``Sum``; ``backward_passes_per_step > 1`` works (Horovod's local aggregation
+    hands the summed gradients to TopK every N passes). The residuals are the tracked
+    ``optimizer.hvdx_topk`` (saved with the optimizer), the bytes ``optimizer.hvdx_stats``.
     """
     validate_sync(sync)
     if isinstance(sync, DSSync):
         return make_dssync_keras_optimizer(optimizer, sync, compression, process_set)
+    topk = isinstance(compression, TopKCompression)
+    if topk:  # before Horovod's own op check, for TopK's message
+        check_topk_arguments(op, gradient_predivide_factor)
     opt = _hvd_keras.DistributedOptimizer(
         optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
         compression=compression, sparse_as_dense=sparse_as_dense,
@@ -40,6 +51,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
         average_aggregated_gradients=average_aggregated_gradients,
         num_groups=num_groups, groups=groups, process_set=process_set,
         scale_local_gradients=scale_local_gradients)
+    if topk:  # Horovod holds compression only inside _allreduce_grads, replaced here
+        install_on_keras_optimizer(opt, compression, op, gradient_predivide_factor,
+                                   process_set)
     settings = horovod_settings(
         optimizer=type(optimizer).__name__, compression=compression,
         sparse_as_dense=sparse_as_dense,

@@ -1,0 +1,335 @@
+"""hvdx.tensorflow.Compression.topk: TensorFlow's tape and Keras optimizer give the numpy
+reference's update bitwise (the one PyTorch's optimizer is tested against), eagerly and
+inside tf.function, reduce to Horovod's dense average at ratio 1, train under model.fit,
+checkpoint bitwise, and fail on every rank together."""
+
+import shutil
+import tempfile
+
+import horovod.tensorflow
+import horovod.tensorflow.keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hvdx.tensorflow as hvd
+import hvdx.tensorflow.keras as hvd_keras
+from hvdx.core.bidirectional_topk import TopKConfig, simulate_step
+from hvdx.core.error_feedback import ResidualMemory
+from tf_models import batches, small_cnn
+
+LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+SIZES = (3000, 517, 8)  # the last stays below min_size: Horovod averages it densely
+MIN_SIZE = 100
+RATIOS = (0.02, 0.01)
+COMPILED = [False, True]
+COMPILED_IDS = ["eager", "tf.function"]
+
+
+def grads_of_all_ranks(step, d, seed=0):
+    """Every rank's gradient at ``step``; all ranks can compute all of them."""
+    out = []
+    for r in range(hvd.size()):
+        rng = np.random.default_rng([seed, step, r])
+        scale = np.exp(np.random.default_rng([seed]).uniform(-3, 1, d))
+        out.append((rng.standard_normal(d) * scale).astype(np.float32))
+    return out
+
+
+def flat_variables(sizes=SIZES):
+    return [tf.Variable(tf.zeros(d), name=f"w{t}") for t, d in enumerate(sizes)]
+
+
+def tape_step(variables, compiled, **kwargs):
+    """``grads -> updates`` through a TopK tape: the loss sum(w * g) has gradient g."""
+
+    def step(*grads):
+        with tf.GradientTape() as tape:
+            loss = tf.add_n([tf.reduce_sum(w * g) for w, g in zip(variables, grads)])
+        tape = hvd.DistributedGradientTape(tape, **kwargs)
+        return tape.gradient(loss, variables)
+
+    return tf.function(step) if compiled else step
+
+
+def same_everywhere(array):
+    everyone = hvd.allgather_object(np.asarray(array))
+    return all(np.array_equal(everyone[0], a) for a in everyone)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("compiled", COMPILED, ids=COMPILED_IDS)
+@pytest.mark.parametrize("mode", ["gathered", "sharded"])
+def test_tape_update_equals_the_numpy_reference_bitwise(mode, compiled):
+    variables = flat_variables()
+    spec = hvd.Compression.topk(*RATIOS, mode=mode, min_size=MIN_SIZE)
+    step = tape_step(variables, compiled, compression=spec)
+    state = hvd.topk_state(variables)
+    size, rank = hvd.size(), hvd.rank()
+    config = TopKConfig(*RATIOS)
+    names = [f"variable[{i}]" for i in range(len(variables))]  # keyed by position
+    workers = [ResidualMemory(names) for _ in range(size)]
+    servers = [ResidualMemory(names) for _ in range(size)]
+    for t in range(3):
+        grads = [grads_of_all_ranks(t, d, seed=i) for i, d in enumerate(SIZES)]
+        updates = step(*[tf.constant(g[rank]) for g in grads])
+        received = 0
+        for name, g, u in zip(names[:2], grads, updates):
+            ref = simulate_step(g, workers, servers, config, mode, step=t, name=name)
+            assert u.dtype == tf.float32 and np.array_equal(u.numpy(), ref.u), name
+            assert np.array_equal(state.synchronizer.worker.get(name), workers[rank].get(name))
+            assert np.array_equal(state.synchronizer.server.get(name), servers[rank].get(name))
+            received += ref.stats.recv_bytes[rank]
+            assert same_everywhere(u)
+        dense = horovod.tensorflow.allreduce(tf.constant(grads[2][rank]), op=hvd.Average)
+        np.testing.assert_allclose(updates[2].numpy(), dense.numpy(), rtol=0, atol=1e-6)
+        # Bytes as in PyTorch: pairs (8 bytes) and one 8-byte count per peer and
+        # collective, plus the small tensor counted as a ring allreduce.
+        collectives = 1 if mode == "gathered" else 2
+        ring = 2 * (size - 1) / size * SIZES[2] * 4
+        assert state.stats.last_received == received + collectives * 8 * (size - 1) + ring
+        assert (state.stats.last_sparse_tensors, state.stats.last_dense_tensors) == (2, 1)
+    assert state.step == 3 and state.stats.steps == 3
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("mode", ["gathered", "sharded"])
+def test_ratio_one_is_horovods_dense_average_and_residuals_stay_zero(mode):
+    variables = flat_variables(SIZES[:1])
+    step = tape_step(variables, True,
+                     compression=hvd.Compression.topk(1.0, 1.0, mode=mode, min_size=0))
+    for t in range(2):
+        g = tf.constant(grads_of_all_ranks(t, SIZES[0])[hvd.rank()])
+        dense = horovod.tensorflow.allreduce(g, op=hvd.Average)
+        (u,) = step(g)
+        np.testing.assert_allclose(u.numpy(), dense.numpy(), rtol=0, atol=1e-6)
+    sync = hvd.topk_state(variables).synchronizer
+    assert not np.any(sync.worker.get("variable[0]"))
+    assert not np.any(sync.server.get("variable[0]"))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_op_sum_is_size_times_the_average():
+    g = tf.constant(grads_of_all_ranks(0, SIZES[0])[hvd.rank()])
+    spec = hvd.Compression.topk(0.1, 0.1, min_size=0)
+    (average,) = tape_step(flat_variables(SIZES[:1]), False, compression=spec)(g)
+    (total,) = tape_step(flat_variables(SIZES[:1]), False, compression=spec, op=hvd.Sum)(g)
+    np.testing.assert_array_equal(total.numpy(), average.numpy() * hvd.size())
+
+
+def initial_model():
+    model = small_cnn()
+    model.build((None, 8, 8, 1))
+    model.set_weights(hvd.broadcast_object(model.get_weights(), root_rank=0))
+    return model
+
+
+def model_from(weights):
+    model = small_cnn()
+    model.build((None, 8, 8, 1))
+    model.set_weights(weights)
+    return model
+
+
+# small_cnn's fc1 kernel (128 x 32) and fc2 kernel (32 x 10) are compressed; the conv
+# kernel (72 entries) and the biases go through Horovod's allreduce.
+SPEC = dict(ratio=0.05, downlink_ratio=0.05, min_size=256)
+STEPS = 12
+
+
+def tape_training_step(model, optimizer, compiled):
+    variables = model.trainable_variables
+
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = LOSS(yb, model(xb, training=True))
+        tape = hvd.DistributedGradientTape(tape, compression=hvd.Compression.topk(**SPEC))
+        grads = tape.gradient(loss, variables)
+        optimizer.apply_gradients(zip(grads, variables))
+        return loss
+
+    return tf.function(step) if compiled else step
+
+
+def run(step, x, y):
+    return [float(step(x[i:i + 16], y[i:i + 16])) for i in range(0, len(x), 16)]
+
+
+def keras_model(weights, **kwargs):
+    model = model_from(weights)
+    optimizer = hvd_keras.DistributedOptimizer(
+        tf.keras.optimizers.SGD(learning_rate=0.1, momentum=0.9),
+        compression=hvd_keras.Compression.topk(**SPEC), **kwargs)
+    model.compile(optimizer=optimizer, loss=LOSS)
+    return model, optimizer
+
+
+def fit(model, x, y):
+    return model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+
+
+def repeated_batch(steps):
+    x, y = batches(hvd.rank(), 1)
+    return np.concatenate([x] * steps), np.concatenate([y] * steps)
+
+
+def mean_over_ranks(values):
+    return np.mean(hvd.allgather_object(values), axis=0)
+
+
+def assert_trained_and_identical_on_every_rank(model, start):
+    for w, w0 in zip(model.get_weights(), start):
+        assert not np.array_equal(w, w0), "a weight did not train"
+        assert same_everywhere(w)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("how", ["eager", "tf.function", "keras_fit"])
+def test_training_reduces_the_loss_and_keeps_ranks_identical(how):
+    start = initial_model().get_weights()
+    x, y = repeated_batch(STEPS)  # one batch, learnt by heart
+    if how == "keras_fit":
+        model, optimizer = keras_model(start)
+        first = float(LOSS(y[:16], model(x[:16])))
+        fit(model, x, y)
+        stats = optimizer.hvdx_stats
+    else:
+        model = model_from(start)
+        optimizer = tf.keras.optimizers.SGD(learning_rate=0.1, momentum=0.9)
+        first = float(LOSS(y[:16], model(x[:16])))
+        run(tape_training_step(model, optimizer, how == "tf.function"), x, y)
+        stats = hvd.topk_state(model.trainable_variables).stats
+    last = float(LOSS(y[:16], model(x[:16])))
+    first, last = mean_over_ranks([first, last])
+    assert last < 0.8 * first, (first, last)
+    assert stats.steps == STEPS
+    assert (stats.last_sparse_tensors, stats.last_dense_tensors) == (2, 4)
+    if hvd.size() > 1:
+        assert stats.last_sent > 0 and stats.total_received > stats.last_received
+    assert_trained_and_identical_on_every_rank(model, start)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_keras_backward_passes_per_step_compresses_the_sum_every_n_passes():
+    start = initial_model().get_weights()
+    model, optimizer = keras_model(start, backward_passes_per_step=2)
+    x, y = batches(hvd.rank(), 6)
+    fit(model, x, y)
+    assert optimizer.hvdx_stats.steps == 3 and optimizer.hvdx_topk.step == 3
+    assert_trained_and_identical_on_every_rank(model, start)
+
+
+@pytest.fixture
+def directory():
+    path = tempfile.mkdtemp(prefix=f"hvdx-topk-rank{hvd.rank()}-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_tape_checkpoint_resumes_bitwise(directory):
+    x, y = batches(hvd.rank(), 6)
+    start = initial_model().get_weights()
+
+    def make():
+        model = model_from(start)
+        optimizer = tf.keras.optimizers.SGD(learning_rate=0.05, momentum=0.9)
+        optimizer.build(model.trainable_variables)
+        state = hvd.topk_state(model.trainable_variables)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, topk=state)
+        return model, tape_training_step(model, optimizer, compiled=True), state, checkpoint
+
+    model, step, state, checkpoint = make()
+    run(step, x[:48], y[:48])
+    path = checkpoint.write(f"{directory}/ckpt")
+    assert state.step == 3
+    run(step, x[48:], y[48:])
+
+    resumed, step2, state2, checkpoint2 = make()
+    checkpoint2.read(path).assert_consumed()
+    assert state2.step == 3  # applied when the first step binds the state
+    run(step2, x[48:], y[48:])
+    for a, b in zip(model.get_weights(), resumed.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert state2.step == 6 and state2.synchronizer.worker.state_dict()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_keras_checkpoint_of_the_model_holds_the_residuals_and_resumes_bitwise(directory):
+    x, y = batches(hvd.rank(), 6)
+    start = initial_model().get_weights()
+    model, optimizer = keras_model(start)
+    fit(model, x[:48], y[:48])
+    path = tf.train.Checkpoint(model=model).write(f"{directory}/ckpt")
+    assert optimizer.hvdx_topk.step == 3
+    fit(model, x[48:], y[48:])
+
+    resumed, optimizer2 = keras_model(start)
+    optimizer2.build(resumed.trainable_variables)
+    tf.train.Checkpoint(model=resumed).read(path).assert_existing_objects_matched()
+    assert optimizer2.hvdx_topk.step == 3
+    fit(resumed, x[48:], y[48:])
+    for a, b in zip(model.get_weights(), resumed.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert optimizer2.hvdx_topk.step == 6
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("op, name", [(hvd.Adasum, "Adasum")])
+def test_unsupported_ops_are_rejected(op, name):
+    with tf.GradientTape() as tape:
+        pass
+    with pytest.raises(ValueError, match=f"op={name} is not supported with TopK"):
+        hvd.DistributedGradientTape(tape, compression=hvd.Compression.topk(0.1), op=op)
+    with pytest.raises(ValueError, match=f"op={name} is not supported with TopK"):
+        hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(), op=op,
+                                       compression=hvd_keras.Compression.topk(0.1))
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("kwargs, message", [
+    ({"ratio": 0.0}, "ratio=0.0 must be in"),
+    ({"ratio": 0.1, "downlink_ratio": 1.5}, "downlink_ratio=1.5 must be in"),
+])
+def test_a_bad_ratio_raises_at_construction(kwargs, message):
+    for compression in (hvd.Compression, hvd_keras.Compression):
+        with pytest.raises(ValueError, match=message):
+            compression.topk(**kwargs)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("compiled", COMPILED, ids=COMPILED_IDS)
+def test_a_nan_gradient_on_one_rank_raises_everywhere_and_changes_nothing(compiled):
+    variables = flat_variables()
+    step = tape_step(variables, compiled,
+                     compression=hvd.Compression.topk(*RATIOS, min_size=MIN_SIZE))
+    rank, bad_rank = hvd.rank(), hvd.size() - 1
+    grads = [grads_of_all_ranks(0, d, seed=i)[rank] for i, d in enumerate(SIZES)]
+    step(*[tf.constant(g) for g in grads])
+    sync = hvd.topk_state(variables).synchronizer
+    before = sync.state_dict()
+    if rank == bad_rank:
+        grads[1][5] = np.inf
+    # Eagerly the ValueError itself; in a graph, TensorFlow's error for a failed
+    # py_function, with the same message.
+    error = tf.errors.InvalidArgumentError if compiled else ValueError
+    with pytest.raises(error) as info:
+        step(*[tf.constant(g) for g in grads])
+    message = str(info.value)
+    expected = (f"hvdx TopK: gradient of parameter 'w1:0' has NaN or Inf values on "
+                f"rank(s) [{bad_rank}]; no residual was changed")
+    assert expected in message
+    after = sync.state_dict()
+    assert after["step"] == before["step"] == 1
+    for side in ("worker", "server"):
+        assert list(after[side]) == list(before[side])
+        assert all(np.array_equal(after[side][n], before[side][n]) for n in before[side])
+    assert len(set(hvd.allgather_object(expected in message))) == 1
+
+
+@pytest.mark.mpi(min_size=1)
+def test_compression_keeps_horovods_compressors_and_adds_topk():
+    for ours, theirs in ((hvd, horovod.tensorflow), (hvd_keras, horovod.tensorflow.keras)):
+        assert ours.Compression.none is theirs.Compression.none
+        assert ours.Compression.fp16 is theirs.Compression.fp16
+        assert ours.Compression.topk(0.01).ratio == 0.01
