@@ -57,3 +57,12 @@ def test_bench_on_localhost_is_labelled_as_having_no_bottleneck(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "localhost (no emulated bottleneck)" in proc.stdout
     assert (tmp_path / "results.png").stat().st_size > 0
+
+
+def test_process_set_measurement_reports_static_dynamic_and_shuffle():
+    proc, _ = run([sys.executable, "-m", "hvdx.cli", "bench", "--process-sets", "--localhost",
+                   "--ranks", "4", "--steps", "4"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for case in ("rotation, static sets", "rotation, dynamic sets",
+                 "shuffle g=2, dynamic sets", "no DS-Sync, default init"):
+        assert f"| {case} |" in proc.stdout, proc.stdout
