@@ -27,6 +27,7 @@ Horovod module in; nothing here imports torch or TensorFlow.
 
 from __future__ import annotations
 
+import atexit
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -95,6 +96,7 @@ class DSSyncGroups:
         self.schedule = schedule
         self.size = horovod.size()
         self.rank = horovod.rank()
+        _barrier_at_exit(horovod.global_process_set)
         #: Steps taken (the schedule's position); the adapters save and restore it.
         self.step = 0
         self.stats = DSSyncStats()
@@ -225,6 +227,23 @@ class DSSyncGroups:
                 self._sets[g] = registered[g]
             else:
                 self._sets[g] = self._hvd.add_process_set(list(g))
+
+
+_EXIT_BARRIER: List[object] = []
+
+
+def _barrier_at_exit(global_process_set) -> None:
+    """Make every rank wait for the others before Horovod shuts down at exit.
+
+    Groups finish their last average at different times, and a rank that exits shuts
+    Horovod down under the ranks still averaging in other groups (their op fails with
+    "Horovod has been shut down"). Registered after ``hvd.init`` (whose shutdown hook
+    therefore runs later: atexit is last in, first out); an uncaught exception aborts
+    the job through :mod:`hvdx.mpi.abort` before atexit, so this cannot hang it.
+    """
+    if not _EXIT_BARRIER:
+        _EXIT_BARRIER.append(world(global_process_set))
+        atexit.register(_EXIT_BARRIER[0].Barrier)
 
 
 def registered_sets(horovod) -> Dict[Tuple[int, ...], object]:

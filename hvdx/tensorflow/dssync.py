@@ -268,6 +268,7 @@ def _new_state(sync: DSSync, compression, process_set, what: str) -> DSSyncState
     return state
 
 
+@tf.autograph.experimental.do_not_convert
 def dssync_state(sync: DSSync) -> DSSyncState:
     """The state ``DistributedGradientTape(tape, sync=sync)`` keeps for ``sync``.
 
@@ -296,6 +297,9 @@ def _tape_state(sync: DSSync, compression, process_set) -> DSSyncState:
 
 # --- the tape ---------------------------------------------------------------------------
 
+# Often called while a tf.function is traced: AutoGraph must not convert (slowly, and
+# uselessly: no tensor decides anything here) the registration and mpi4py code below.
+@tf.autograph.experimental.do_not_convert
 def make_dssync_tape(gradtape, sync: DSSync, compression, process_set):
     """``gradtape`` as an instance of a run-time subclass whose ``gradient`` averages.
 
@@ -314,6 +318,7 @@ def make_dssync_tape(gradtape, sync: DSSync, compression, process_set):
     return tape
 
 
+@tf.autograph.experimental.do_not_convert
 def _tape_gradient(self, target, sources, output_gradients=None, *args, **kwargs):
     """Local gradients; then the sources are replaced by their group average."""
     grads = self._hvdx_base.gradient(self, target, sources, output_gradients, *args,
