@@ -18,13 +18,16 @@ from typing import Optional
 from hvdx.core.bidirectional_topk import MODES, TopKConfig
 from hvdx.core.topk_selection import DEFAULT_SAMPLE_SIZE
 
-__all__ = ["MODES_AUTO", "TopKCompression", "topk"]
+__all__ = ["MODES_AUTO", "SELECTIONS", "TopKCompression", "topk"]
 
 #: Accepted ``mode`` values: ``"auto"`` is sharded above 2 ranks, gathered otherwise.
 MODES_AUTO = ("auto",) + MODES
 
 #: Tensors with fewer entries go dense through Horovod's allreduce.
 DEFAULT_MIN_SIZE = 1024
+
+#: Accepted ``selection`` values: each tensor its own ``k``, or one ``k`` over all.
+SELECTIONS = ("layerwise", "global")
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,11 @@ class TopKCompression:
         warmup_steps: the first ``warmup_steps`` steps are dense for every tensor.
         error_feedback: keep the worker and server residuals (the default). ``False`` runs
             plain TopK: what a selection drops is lost, and no residual is stored.
+        selection: ``"layerwise"`` (each compressed tensor keeps its ``ratio`` of its own
+            entries) or ``"global"`` (the compressed tensors are treated as one vector,
+            concatenated in the fixed parameter order, and ``ratio`` of all their entries
+            is kept wherever the largest are: a layer with small gradients may send
+            nothing in a step, one with large gradients more than its share).
     """
 
     config: TopKConfig
@@ -47,6 +55,7 @@ class TopKCompression:
     min_size: int = DEFAULT_MIN_SIZE
     warmup_steps: int = 0
     error_feedback: bool = True
+    selection: str = "layerwise"
 
     def __post_init__(self):
         if not isinstance(self.config, TopKConfig):
@@ -57,6 +66,8 @@ class TopKCompression:
         _check_integer("warmup_steps", self.warmup_steps, 0)
         if not isinstance(self.error_feedback, bool):
             raise ValueError(f"error_feedback={self.error_feedback!r} must be True or False")
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"selection={self.selection!r} must be one of {SELECTIONS}")
 
     @property
     def ratio(self) -> float:
@@ -79,7 +90,7 @@ class TopKCompression:
         return (f"topk ratio={c.ratio!r} downlink={downlink} mode={self.mode} "
                 f"min_size={self.min_size} warmup_steps={self.warmup_steps} "
                 f"selector={c.selector} sample_size={c.sample_size} seed={c.seed} "
-                f"error_feedback={self.error_feedback}")
+                f"error_feedback={self.error_feedback} selection={self.selection}")
 
     def __str__(self) -> str:
         return self.describe()
@@ -88,7 +99,8 @@ class TopKCompression:
 def topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,
          mode: str = "auto", min_size: int = DEFAULT_MIN_SIZE, warmup_steps: int = 0,
          selector: str = "exact", sample_size: int = DEFAULT_SAMPLE_SIZE,
-         seed: int = 0, error_feedback: bool = True) -> TopKCompression:
+         seed: int = 0, error_feedback: bool = True,
+         selection: str = "layerwise") -> TopKCompression:
     """Build a :class:`TopKCompression`, validating every argument here.
 
     Args:
@@ -101,6 +113,8 @@ def topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,
         sample_size: entries sampled by the threshold selector.
         seed: seeds the threshold selector, identically on every rank.
         error_feedback: ``False`` for plain TopK without worker or server residuals.
+        selection: ``"layerwise"`` (per tensor) or ``"global"`` (one ``k`` over all
+            compressed tensors).
 
     Raises:
         ValueError: an argument is out of range, named with its value (``ratio=2.0``).
@@ -108,7 +122,7 @@ def topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,
     config = TopKConfig(ratio=ratio, downlink_ratio=downlink_ratio, selector=selector,
                         sample_size=sample_size, seed=seed)
     return TopKCompression(config, mode=mode, min_size=min_size, warmup_steps=warmup_steps,
-                           error_feedback=error_feedback)
+                           error_feedback=error_feedback, selection=selection)
 
 
 def _check_integer(name: str, value: object, low: int) -> None:

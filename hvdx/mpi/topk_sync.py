@@ -21,7 +21,10 @@ same on every rank):
    ``start_dense`` callback starts Horovod's allreduce of those before the sparse
    exchange, so that the two overlap;
 3. uplink, per tensor: :func:`~hvdx.core.bidirectional_topk.uplink` with the worker
-   residual (each tensor keeps its own ``k``);
+   residual (each tensor keeps its own ``k``). With ``selection="global"`` the compressed
+   tensors are first concatenated, in the fixed order, into one vector that steps 3 and 4
+   treat as a single tensor (one ``k``, one residual, shards of the whole vector), and
+   its update is cut back into the tensors afterwards;
 4. exchange all tensors' pairs at once in one flat index space (tensor ``t`` shifted by
    its offset in the concatenation): ``gathered`` (one Allgatherv; every rank aggregates
    and runs the downlink of each tensor with its replica of the server residual) or
@@ -54,6 +57,9 @@ __all__ = ["TopKStats", "TopKSynchronizer", "first_nonfinite"]
 
 #: The most entries one fused exchange covers: its indices must fit in int32.
 _GROUP_LIMIT = 2 ** 31
+
+#: The residuals' key of the concatenated vector under ``selection="global"``.
+GLOBAL_NAME = "hvdx.global"
 
 #: ``start_dense(positions)`` returns a callable that waits for those allreduces (or None).
 StartDense = Callable[[List[int]], Optional[Callable[[], None]]]
@@ -140,8 +146,13 @@ class TopKSynchronizer:
         self.rank = comm.Get_rank()
         self.mode = compression.resolve_mode(self.size)
         self.sum_op = bool(sum_op)
-        self.worker = ResidualMemory(self.names)
-        self.server = ResidualMemory(self.names)
+        self.selection = compression.selection
+        keys = (GLOBAL_NAME,) if self.selection == "global" else self.names
+        self.worker = ResidualMemory(keys)
+        self.server = ResidualMemory(keys)
+        #: ``selection="global"``: the ``(name, size)`` of the concatenated tensors, fixed
+        #: at the first compressed step (it keys the checkpoint's residuals).
+        self.layout: Optional[Tuple[Tuple[str, int], ...]] = None
         self.step = 0
         self.stats = TopKStats()
 
@@ -226,21 +237,44 @@ class TopKSynchronizer:
     def state_dict(self) -> dict:
         """The step, the layout the server residuals belong to, and copies of the residuals."""
         return {"step": self.step, "mode": self.mode, "size": self.size, "rank": self.rank,
+                "selection": self.selection,
+                "layout": None if self.layout is None else [list(e) for e in self.layout],
                 "worker": self.worker.state_dict(), "server": self.server.state_dict()}
 
-    def load_state_dict(self, state) -> None:
-        """Restore :meth:`state_dict`'s content (residuals as numpy arrays).
+    def check_state_dict(self, state) -> None:
+        """Raise what :meth:`load_state_dict` would raise, changing nothing.
+
+        Adapters call it before loading anything else, so that a refused checkpoint
+        leaves the wrapped optimizer as it was too.
 
         Raises:
             ValueError: the server residuals were saved for another mode or number of
-                ranks (a shard means nothing in another layout); nothing is changed.
+                ranks (a shard means nothing in another layout), or the residuals for
+                another ``selection``.
         """
         if state["server"] and (state["mode"], state["size"]) != (self.mode, self.size):
             raise ValueError(
                 f"the checkpoint's TopK server residuals are for mode={state['mode']} on "
                 f"{state['size']} ranks, this optimizer runs mode={self.mode} on {self.size}")
+        selection = state.get("selection", "layerwise")
+        if selection != self.selection and (state["worker"] or state["server"]):
+            raise ValueError(
+                f"the checkpoint's TopK residuals are for selection={selection!r}, this "
+                f"optimizer runs selection={self.selection!r}")
+
+    def load_state_dict(self, state) -> None:
+        """Restore :meth:`state_dict`'s content (residuals as numpy arrays).
+
+        Raises:
+            ValueError: see :meth:`check_state_dict`; nothing is changed.
+        """
+        self.check_state_dict(state)
+        layout = state.get("layout")
+        if layout is not None:
+            layout = tuple((str(n), int(d)) for n, d in layout)
         self.worker.load_state_dict(state["worker"])
         self.server.load_state_dict(state["server"])
+        self.layout = layout
         self.step = int(state["step"])
 
     # --- internals -----------------------------------------------------------------------
@@ -255,6 +289,8 @@ class TopKSynchronizer:
         downlink stay per tensor, so the result is bitwise the per-tensor one. Tensors are
         grouped so that every group's index space fits in int32 (one group in practice).
         """
+        if self.selection == "global":
+            return self._exchange_global(tensors, flat)
         updates: Dict[int, np.ndarray] = {}
         start, total = 0, 0
         for i, (_, d) in enumerate(tensors):
@@ -265,6 +301,39 @@ class TopKSynchronizer:
         if tensors:
             updates.update(self._exchange_group(tensors[start:], flat))
         return updates
+
+    def _exchange_global(self, tensors, flat) -> Dict[int, np.ndarray]:
+        """``selection="global"``: steps 3 and 4 on the concatenation of all ``tensors``.
+
+        The concatenation is one virtual tensor at position ``len(names)`` (its selection
+        seed) keyed ``GLOBAL_NAME`` in the residuals, so the exchange is exactly that of
+        one tensor of ``sum(d)`` entries: the reference is
+        :func:`~hvdx.core.bidirectional_topk.simulate_step` on the concatenated gradient.
+        """
+        if not tensors:
+            return {}
+        layout = tuple((self.names[p], d) for p, d in tensors)
+        if self.layout is not None and layout != self.layout:
+            raise ValueError(
+                "TopK selection='global': the compressed tensors changed since the first "
+                f"compressed step ({len(self.layout)} tensors, now {len(layout)}); the "
+                "residual of the concatenation no longer lines up")
+        sizes = [d for _, d in tensors]
+        total = int(sum(sizes))
+        if total > _GROUP_LIMIT:
+            raise ValueError(f"TopK selection='global' over {total} entries: indices must fit "
+                             "in int32; use selection='layerwise'")
+        self.layout = layout
+        whole = np.concatenate([flat(p) for p, _ in tensors]) if len(tensors) > 1 \
+            else flat(tensors[0][0])
+        virtual = len(self.names)
+        update = self._exchange_group([(virtual, total)], lambda _: whole)[virtual]
+        offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+        return {p: update[offsets[t]:offsets[t + 1]] for t, (p, _) in enumerate(tensors)}
+
+    def _name(self, position: int) -> str:
+        """The residuals' key of ``position`` (the virtual global tensor included)."""
+        return GLOBAL_NAME if position == len(self.names) else self.names[position]
 
     def _rng(self, role, index, position):
         config = self.compression.config
@@ -281,7 +350,7 @@ class TopKSynchronizer:
         ups = []
         for position, d in group:
             g = flat(position)
-            name = self.names[position]
+            name = self._name(position)
             if feedback:
                 ups.append(uplink(self.worker, name, g, config.k_up(d), config,
                                   self._rng("up", rank, position)))
@@ -307,7 +376,7 @@ class TopKSynchronizer:
         cuts = [np.searchsorted(i, offsets) for i, _ in gathered]
         updates = []
         for t, (position, d) in enumerate(group):
-            name = self.names[position]
+            name = self._name(position)
             pieces = [(i[c[t]:c[t + 1]], v[c[t]:c[t + 1]]) for (i, v), c in zip(gathered, cuts)]
             m = aggregate(pieces, d, size, offset=offsets[t], dtype=np.float32)
             k_down = config.k_down(d)
@@ -342,7 +411,7 @@ class TopKSynchronizer:
         cuts = [np.searchsorted(i, offsets) for i, _ in incoming]
         chosen = []
         for t, ((position, d), bounds) in enumerate(zip(group, all_bounds)):
-            name = self.names[position]
+            name = self._name(position)
             lo, hi = int(bounds[rank]), int(bounds[rank + 1])
             mine = [(i[c[t]:c[t + 1]], v[c[t]:c[t + 1]]) for (i, v), c in zip(incoming, cuts)]
             m_s = aggregate(mine, hi - lo, size, offset=offsets[t] + lo, dtype=np.float32)

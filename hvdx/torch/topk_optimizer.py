@@ -188,13 +188,15 @@ class _TopKOptimizer:
     def load_state_dict(self, state_dict):
         state_dict = dict(state_dict)
         topk = state_dict.pop(STATE_KEY, None)
+        if topk is not None:
+            topk = dict(topk)
+            for side in ("worker", "server"):
+                topk[side] = {n: _to_numpy(t) for n, t in topk[side].items()}
+            # A refused checkpoint changes nothing, the wrapped optimizer's state included.
+            self._hvdx_sync.check_state_dict(topk)
         self._hvdx_base.load_state_dict(self, state_dict)
-        if topk is None:
-            return
-        topk = dict(topk)
-        for side in ("worker", "server"):
-            topk[side] = {n: _to_numpy(t) for n, t in topk[side].items()}
-        self._hvdx_sync.load_state_dict(topk)
+        if topk is not None:
+            self._hvdx_sync.load_state_dict(topk)
 
     # --- internals ------------------------------------------------------------------
 

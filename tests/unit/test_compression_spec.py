@@ -13,10 +13,11 @@ def test_defaults_and_description():
     assert spec.ratio == 0.01 and spec.downlink_ratio == 0.01 and spec.config.bidirectional
     assert spec.describe() == ("topk ratio=0.01 downlink=0.01 mode=auto min_size=1024 "
                                "warmup_steps=0 selector=exact sample_size=65536 seed=0 "
-                               "error_feedback=True")
+                               "error_feedback=True selection=layerwise")
     assert "downlink=none" in topk(0.05).describe()
     assert topk(0.01) == topk(0.01)  # value semantics: same settings, same spec
-    assert topk(0.01, error_feedback=False).describe().endswith(" error_feedback=False")
+    assert " error_feedback=False " in topk(0.01, error_feedback=False).describe()
+    assert topk(0.01, selection="global").describe().endswith(" selection=global")
     assert topk(0.01, error_feedback=False) != topk(0.01)
     with pytest.raises(ValueError, match="error_feedback=1 must be True or False"):
         topk(0.01, error_feedback=1)
@@ -33,6 +34,7 @@ def test_defaults_and_description():
     ({"warmup_steps": 1.5}, "warmup_steps=1.5"),
     ({"selector": "random"}, "selector='random'"),
     ({"seed": -3}, "seed=-3"),
+    ({"selection": "per-layer"}, "selection='per-layer'"),
 ])
 def test_bad_arguments_raise_naming_the_argument_and_value(kwargs, message):
     with pytest.raises(ValueError) as info:
