@@ -24,15 +24,19 @@ Example::
 from __future__ import annotations
 
 import math
+import os
 from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
 from hvdx.core.bandwidth import DEFAULT_PROBE_BYTES
-from hvdx.core.dssync_schedule import ListSchedule, RotationSchedule, ShuffleSchedule
+from hvdx.core.dssync_schedule import (ListSchedule, RotationSchedule, ShuffleSchedule,
+                                       default_rotation_parameters)
 from hvdx.core.topology import Topology
+from hvdx.core.units import parse_rate
 
-__all__ = ["DSSync"]
+__all__ = ["DSSync", "LINK_RATES_VARIABLES", "link_rates_from_environment",
+           "parse_link_rates"]
 
 SCHEDULES = ("rotation", "shuffle")
 
@@ -48,8 +52,20 @@ class DSSync:
         group_size: ``"shuffle"`` only (required there): ranks per group, at most the
             number of ranks. ``1`` is local SGD; the number of ranks is one group of all.
         seed: ``"shuffle"``: the seed every rank draws the partitions from.
-        intra_phases: ``"rotation"``: intra-rack phases per cross-rack phase (default 1).
-        cross_ranks: ``"rotation"``: ranks per rack that cross (default: all).
+        intra_phases: ``"rotation"``: intra-rack phases per cross-rack phase. Default:
+            from the cost of crossing when the link rates are known (``link_rates``),
+            else 1.
+        cross_ranks: ``"rotation"``: ranks per rack that cross. Default: from the cost
+            of crossing when the link rates are known, else all.
+        link_rates: ``"rotation"``: ``(nic, uplink)``, a host's NIC rate and a rack
+            uplink's rate each way (bits/s or tc strings such as ``"25gbit"``). With
+            ``intra_phases`` and ``cross_ranks`` both left ``None``, they come from
+            :func:`~hvdx.core.dssync_schedule.default_rotation_parameters` of these rates:
+            on an oversubscribed uplink, one rank per rack crosses, and as many intra-rack
+            phases run between crossings as the slow uplink needs to carry one. ``None``:
+            read ``HVDX_LINK_RATES`` (``"nic,uplink"``), else
+            ``HVDX_CLUSTER_LINK_RATES`` (set by the emulated cluster), if set;
+            ``hvdx topology --probe`` measures and prints them.
         topology: ``"rotation"``: a :class:`~hvdx.core.topology.Topology`; ``None``:
             detected from MPI (:func:`hvdx.mpi.topology.detect_topology`).
         average_optimizer_state: also average the optimizer's per-parameter tensors
@@ -82,7 +98,8 @@ class DSSync:
                  average_optimizer_state: bool = False, global_every: int = 0,
                  swa_start: Optional[int] = None, swa_every: int = 1,
                  probe_every: int = 0, probe_bytes: int = DEFAULT_PROBE_BYTES,
-                 probe: Optional[Callable] = None):
+                 probe: Optional[Callable] = None,
+                 link_rates: Optional[Tuple[object, object]] = None):
         self.partitions: Optional[ListSchedule] = None
         if isinstance(schedule, str):
             if schedule not in SCHEDULES:
@@ -113,8 +130,10 @@ class DSSync:
             raise ValueError(f"topology={topology!r} must be a hvdx.core.topology.Topology "
                              "or None (detect)")
         self.topology = topology
+        self.link_rates = None if link_rates is None else \
+            parse_link_rates(link_rates, "link_rates")
         for name, value in (("intra_phases", intra_phases), ("cross_ranks", cross_ranks),
-                            ("topology", topology)):
+                            ("topology", topology), ("link_rates", link_rates)):
             if value is not None and self.kind != "rotation":
                 raise ValueError(f"{name}={value!r} applies to schedule='rotation' only")
         if not isinstance(average_optimizer_state, (bool, np.bool_)):
@@ -142,13 +161,16 @@ class DSSync:
         """Whether :meth:`build` needs a topology (the rotation does)."""
         return self.kind == "rotation"
 
-    def build(self, n: int, topology: Optional[Topology] = None):
+    def build(self, n: int, topology: Optional[Topology] = None,
+              link_rates: Optional[Tuple[int, int]] = None):
         """The schedule for ``n`` ranks (a :mod:`hvdx.core.dssync_schedule` object).
 
         Args:
             n: number of ranks.
             topology: the detected topology, used when none was given at construction
                 (required then for ``"rotation"``).
+            link_rates: ``(nic, uplink)`` in bits/s found by the adapter
+                (``HVDX_LINK_RATES``), used when none were given at construction.
 
         Raises:
             ValueError: ``group_size`` above ``n``, partitions of another number of
@@ -171,21 +193,37 @@ class DSSync:
                              "and racks; pass topology= or let the adapter detect it")
         if topology.size != n:
             raise ValueError(f"topology has {topology.size} ranks but the job has {n}")
-        return RotationSchedule(topology, intra_phases=self.intra_phases or 1,
-                                cross_ranks=self.cross_ranks)
+        intra_phases, cross_ranks = self.rotation_parameters(topology, link_rates)
+        return RotationSchedule(topology, intra_phases=intra_phases, cross_ranks=cross_ranks)
 
-    def settings(self, n: Optional[int] = None,
-                 topology: Optional[Topology] = None) -> List[Tuple[str, object]]:
+    def rotation_parameters(self, topology: Topology,
+                            link_rates: Optional[Tuple[int, int]] = None
+                            ) -> Tuple[int, Optional[int]]:
+        """``(intra_phases, cross_ranks)`` of the rotation: as given, else from the rates.
+
+        Only when both are left ``None`` and rates are known (``link_rates=`` at
+        construction, else the adapter's) does the cost model choose them; otherwise
+        ``intra_phases`` defaults to 1 and ``cross_ranks`` to all ranks of a rack.
+        """
+        rates = self.link_rates if self.link_rates is not None else link_rates
+        if self.intra_phases is None and self.cross_ranks is None and rates is not None:
+            return default_rotation_parameters(topology, *rates)
+        return self.intra_phases or 1, self.cross_ranks
+
+    def settings(self, n: Optional[int] = None, topology: Optional[Topology] = None,
+                 link_rates: Optional[Tuple[int, int]] = None) -> List[Tuple[str, object]]:
         """Fingerprint entries: the built schedule's settings, then the other arguments.
 
         With ``n``, the schedule is built (:meth:`build`) and its settings (for the
         rotation: the topology's digest) come first; without, only the arguments.
         """
-        entries = list(self.build(n, topology).settings()) if n is not None else \
+        entries = list(self.build(n, topology, link_rates).settings()) if n is not None else \
             [("dssync.schedule", self.kind)]
         extra = [("dssync.group_size", self.group_size), ("dssync.seed", self.seed),
                  ("dssync.intra_phases", self.intra_phases),
                  ("dssync.cross_ranks", self.cross_ranks),
+                 ("dssync.link_rates", self.link_rates if self.link_rates is not None
+                  else link_rates),
                  ("dssync.topology", None if self.topology is None else self.topology.digest()),
                  ("dssync.partitions", None if self.partitions is None
                   else repr(self.partitions.partitions())),
@@ -208,6 +246,41 @@ class DSSync:
                 f"{self.average_optimizer_state}, global_every={self.global_every}, "
                 f"swa_start={self.swa_start}, swa_every={self.swa_every}, "
                 f"probe_every={self.probe_every})")
+
+
+#: ``"nic,uplink"`` link rates of the job's cluster (see ``DSSync(link_rates=...)``), in
+#: order of precedence: the user's, then the emulated cluster's (:mod:`hvdx.cluster`).
+LINK_RATES_VARIABLES = ("HVDX_LINK_RATES", "HVDX_CLUSTER_LINK_RATES")
+
+
+def parse_link_rates(value, name: str = "link_rates") -> Tuple[int, int]:
+    """``(nic, uplink)`` in bits/s from a pair or a ``"nic,uplink"`` string.
+
+    Raises:
+        ValueError: naming ``name`` and the value.
+    """
+    pair = value.split(",") if isinstance(value, str) else value
+    try:
+        nic, uplink = pair
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={value!r} must be a pair (nic, uplink) of rates, e.g. "
+                         "('25gbit', '100gbit')") from None
+    return (int(parse_rate(nic.strip() if isinstance(nic, str) else nic, f"{name}[0] (nic)")),
+            int(parse_rate(uplink.strip() if isinstance(uplink, str) else uplink,
+                           f"{name}[1] (uplink)")))
+
+
+def link_rates_from_environment() -> Optional[Tuple[int, int]]:
+    """The first of :data:`LINK_RATES_VARIABLES` that is set, parsed; else ``None``.
+
+    Per rank: ranks that read different rates build different rotations, which the
+    fingerprint (``dssync.link_rates``) turns into the same error on every rank.
+    """
+    for variable in LINK_RATES_VARIABLES:
+        raw = os.environ.get(variable, "").strip()
+        if raw:
+            return parse_link_rates(raw, variable)
+    return None
 
 
 def _integer(name: str, value: object, low: int, high: float = math.inf) -> int:

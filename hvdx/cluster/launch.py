@@ -47,7 +47,11 @@ def launcher_script(cluster: EmulatedCluster) -> str:
     for host in cluster.hosts:
         entry = {"netns": host.netns,
                  "env": {"HVDX_CLUSTER_HOST": host.name,
-                         "HVDX_CLUSTER_RACK": str(host.rack)}}
+                         "HVDX_CLUSTER_RACK": str(host.rack),
+                         # The configured rates, from which DS-Sync's rotation takes its
+                         # defaults (hvdx.DSSync(link_rates=...)).
+                         "HVDX_CLUSTER_LINK_RATES":
+                             f"{int(cluster.spec.nic)}bit,{int(cluster.spec.uplink)}bit"}}
         for key in (host.control_addr, host.data_addr, host.name):
             hosts[key] = entry
     hosts_file = os.path.join(cluster.workdir, "hosts.json")
@@ -122,8 +126,8 @@ def run_mpi(cluster: EmulatedCluster, argv: Sequence[str], timeout: Optional[flo
         timeout: seconds before the job is killed (``subprocess.TimeoutExpired``). Set
             one: Hydra waits forever for a proxy that never starts.
         process_env: environment of ``mpiexec`` itself (default this process's),
-            which Hydra hands on to every rank. ``HVDX_CLUSTER_HOST``/``_RACK`` are
-            dropped from it so that each rank sees its own host's values.
+            which Hydra hands on to every rank. ``HVDX_CLUSTER_HOST``/``_RACK``/
+            ``_LINK_RATES`` are dropped from it so that each rank sees its own host's values.
         **run_kwargs: passed to :func:`subprocess.run`; output is captured as text
             unless they say otherwise.
 
@@ -131,7 +135,7 @@ def run_mpi(cluster: EmulatedCluster, argv: Sequence[str], timeout: Optional[flo
         The finished process (``returncode``, ``stdout``, ``stderr``).
     """
     base_env: Dict[str, str] = dict(os.environ if process_env is None else process_env)
-    for key in ("HVDX_CLUSTER_HOST", "HVDX_CLUSTER_RACK"):
+    for key in ("HVDX_CLUSTER_HOST", "HVDX_CLUSTER_RACK", "HVDX_CLUSTER_LINK_RATES"):
         base_env.pop(key, None)
     run_kwargs.setdefault("capture_output", True)
     run_kwargs.setdefault("text", True)

@@ -33,7 +33,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from hvdx.core.dssync_schedule import ShuffleSchedule
 from hvdx.core.group_averaging import swa_due
-from hvdx.dssync import DSSync
+from hvdx.dssync import DSSync, link_rates_from_environment
 from hvdx.mpi.comm import world
 from hvdx.mpi.dssync_adapt import DSSyncAdaptation
 
@@ -289,7 +289,8 @@ def static_groups(sync: DSSync, size: int) -> List[Tuple[int, ...]]:
     if sync.needs_topology and sync.topology is None:
         from hvdx.mpi.topology import detect_topology
         topology = detect_topology()
-    schedule = sync.build(size, topology)
+    rates = link_rates_from_environment() if sync.needs_topology else None
+    schedule = sync.build(size, topology, rates)
     return [tuple(g) for g in schedule.groups() if len(g) < size]
 
 
@@ -319,7 +320,8 @@ def resolve_dssync(sync: DSSync, horovod, compression, no_compression, process_s
         if process_set is not horovod.global_process_set:
             raise ValueError("process_set: DS-Sync chooses its own groups; leave "
                              "process_set=hvd.global_process_set")
-        schedule = sync.build(horovod.size(), topology)
-        return sync.settings(horovod.size(), topology), None, schedule
+        rates = link_rates_from_environment() if sync.needs_topology else None
+        schedule = sync.build(horovod.size(), topology, rates)
+        return sync.settings(horovod.size(), topology, rates), None, schedule
     except ValueError as error:
         return [("dssync.error", str(error))], error, None

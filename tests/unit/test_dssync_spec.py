@@ -99,3 +99,52 @@ def test_validate_sync_accepts_dssync():
     validate_sync(DSSync("shuffle", group_size=1))
     with pytest.raises(TypeError, match="hvdx.DSSync"):
         validate_sync("ring")
+
+
+def test_rotation_parameters_come_from_the_link_rates_when_not_given():
+    """The issue's defaults: with a 10:1 oversubscribed uplink on 2 racks x 2 hosts, one
+    rank per rack crosses, and ten intra-rack phases run while the uplink carries one
+    model; without rates, one intra phase and every rank crosses, as before."""
+    topology = Topology.from_counts(2, 2)
+    assert DSSync().rotation_parameters(topology) == (1, None)
+    assert DSSync().rotation_parameters(topology, (1e9, 1e8)) == (10, 1)
+    assert DSSync(link_rates=("1gbit", "500mbit")).rotation_parameters(topology) == (2, 1)
+    # Given values win, and half-given ones are not completed by the model.
+    assert DSSync(intra_phases=3).rotation_parameters(topology, (1e9, 1e8)) == (3, None)
+    assert DSSync(cross_ranks=2).rotation_parameters(topology, (1e9, 1e8)) == (1, 2)
+    schedule = DSSync().build(4, topology, (1e9, 1e8))
+    assert (schedule.intra_phases, schedule.cross_ranks) == (10, 1)
+
+
+def test_link_rates_are_in_the_fingerprint_and_read_from_the_environment(monkeypatch):
+    from hvdx.dssync import link_rates_from_environment
+
+    topology = Topology.from_counts(2, 2)
+    assert DSSync().settings(4, topology, (1e9, 1e8)) != DSSync().settings(4, topology)
+    monkeypatch.delenv("HVDX_LINK_RATES", raising=False)
+    monkeypatch.delenv("HVDX_CLUSTER_LINK_RATES", raising=False)
+    assert link_rates_from_environment() is None
+    monkeypatch.setenv("HVDX_CLUSTER_LINK_RATES", "1000000000bit,100000000bit")
+    assert link_rates_from_environment() == (10**9, 10**8)
+    monkeypatch.setenv("HVDX_LINK_RATES", "25gbit, 100gbit")  # the user's wins
+    assert link_rates_from_environment() == (25 * 10**9, 100 * 10**9)
+    monkeypatch.setenv("HVDX_LINK_RATES", "fast,slow")
+    with pytest.raises(ValueError, match="HVDX_LINK_RATES"):
+        link_rates_from_environment()
+
+
+@pytest.mark.parametrize("value, message", [
+    (("1gbit",), "link_rates=('1gbit',) must be a pair"),
+    ("1gbit", "link_rates='1gbit' must be a pair"),
+    (("1gbit", "fast"), "link_rates[1] (uplink)='fast'"),
+    (("0bit", "1gbit"), "link_rates[0] (nic)"),
+])
+def test_bad_link_rates_name_the_argument(value, message):
+    with pytest.raises(ValueError) as info:
+        DSSync(link_rates=value)
+    assert message in str(info.value)
+
+
+def test_link_rates_apply_to_the_rotation_only():
+    with pytest.raises(ValueError, match="link_rates=.*rotation"):
+        DSSync("shuffle", group_size=2, link_rates=("1gbit", "100mbit"))
