@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import horovod.tensorflow as _hvd
+import tensorflow as tf
 
 from hvdx.compression import TopKCompression, topk as _topk
 
@@ -21,4 +22,7 @@ class Compression(_hvd.Compression):
         compression=hvd.Compression.topk(ratio=0.01, downlink_ratio=0.01)
     """
 
-    topk = staticmethod(_topk)
+    # Scripts often build the spec inside a tf.function (next to the tape): AutoGraph
+    # would convert hvdx's plain-Python validation, which is slow and was seen to fail
+    # intermittently inside AutoGraph's converted code, so it is left unconverted.
+    topk = staticmethod(tf.autograph.experimental.do_not_convert(_topk))

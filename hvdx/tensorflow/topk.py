@@ -153,7 +153,8 @@ class TopKState(tf.Module):
         if state is None:
             state = {"step": 0, "mode": None, "size": None, "rank": None,
                      "worker": {}, "server": {}}
-        header = {k: state[k] for k in ("step", "mode", "size", "rank")}
+        # Everything but the residuals is small and JSON (step, layout, selection, ...).
+        header = {k: v for k, v in state.items() if k not in ("worker", "server")}
         arrays = {}
         for side in ("worker", "server"):
             header[side] = list(state[side])
@@ -181,6 +182,7 @@ class TopKState(tf.Module):
 _tape_states: Dict[Tuple[int, ...], Tuple[List[weakref.ref], TopKState]] = {}
 
 
+@tf.autograph.experimental.do_not_convert
 def topk_state(variables) -> TopKState:
     """The :class:`TopKState` that TopK tapes use for ``variables`` (made if missing).
 
@@ -286,6 +288,7 @@ def _step(sync: TopKSynchronizer, tensors, force_dense, op, prescale, postscale,
     return results
 
 
+@tf.autograph.experimental.do_not_convert  # plain Python, often called in a tf.function
 def install_on_tape(tape, compression, op, gradient_predivide_factor, process_set):
     """Make Horovod's tape ``tape`` synchronize with TopK (steps 1 to 5)."""
     check_topk_arguments(op, gradient_predivide_factor)

@@ -92,6 +92,23 @@ def test_tape_update_equals_the_numpy_reference_bitwise(mode, compiled):
     assert state.step == 3 and state.stats.steps == 3
 
 
+
+@pytest.mark.mpi(min_size=1)
+def test_global_selection_equals_the_reference_on_the_concatenated_gradient():
+    variables = flat_variables()
+    spec = hvd.Compression.topk(*RATIOS, mode="sharded", min_size=MIN_SIZE,
+                                selection="global")
+    step = tape_step(variables, False, compression=spec)
+    size, rank = hvd.size(), hvd.rank()
+    workers = [ResidualMemory(["all"]) for _ in range(size)]
+    servers = [ResidualMemory(["all"]) for _ in range(size)]
+    for t in range(2):
+        grads = [grads_of_all_ranks(t, d, seed=i) for i, d in enumerate(SIZES)]
+        updates = step(*[tf.constant(g[rank]) for g in grads])
+        whole = [np.concatenate([grads[0][r], grads[1][r]]) for r in range(size)]
+        ref = simulate_step(whole, workers, servers, TopKConfig(*RATIOS), "sharded", step=t,
+                            name="all")
+        assert np.array_equal(np.concatenate([updates[0], updates[1]]), ref.u)
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("mode", ["gathered", "sharded"])
 def test_ratio_one_is_horovods_dense_average_and_residuals_stay_zero(mode):
