@@ -201,15 +201,19 @@ def assert_trained_and_identical_on_every_rank(model, start):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("how", ["eager", "tf.function", "keras_fit"])
+@pytest.mark.parametrize("how", ["eager", "tf.function", "keras_fit_two_passes_per_step"])
 def test_training_reduces_the_loss_and_keeps_ranks_identical(how):
+    """Keras runs with backward_passes_per_step=2: Horovod's helper sums two passes and
+    TopK compresses the sum, once per two batches."""
     start = initial_model().get_weights()
     x, y = repeated_batch(STEPS)  # one batch, learnt by heart
-    if how == "keras_fit":
-        model, optimizer = keras_model(start)
+    steps = STEPS
+    if how.startswith("keras_fit"):
+        model, optimizer = keras_model(start, backward_passes_per_step=2)
         first = float(LOSS(y[:16], model(x[:16])))
         fit(model, x, y)
-        stats = optimizer.hvdx_stats
+        stats, steps = optimizer.hvdx_stats, STEPS // 2
+        assert optimizer.hvdx_topk.step == steps
     else:
         model = model_from(start)
         optimizer = tf.keras.optimizers.SGD(learning_rate=0.1, momentum=0.9)
@@ -219,20 +223,10 @@ def test_training_reduces_the_loss_and_keeps_ranks_identical(how):
     last = float(LOSS(y[:16], model(x[:16])))
     first, last = mean_over_ranks([first, last])
     assert last < 0.8 * first, (first, last)
-    assert stats.steps == STEPS
+    assert stats.steps == steps
     assert (stats.last_sparse_tensors, stats.last_dense_tensors) == (2, 4)
     if hvd.size() > 1:
         assert stats.last_sent > 0 and stats.total_received > stats.last_received
-    assert_trained_and_identical_on_every_rank(model, start)
-
-
-@pytest.mark.mpi(min_size=1)
-def test_keras_backward_passes_per_step_compresses_the_sum_every_n_passes():
-    start = initial_model().get_weights()
-    model, optimizer = keras_model(start, backward_passes_per_step=2)
-    x, y = batches(hvd.rank(), 6)
-    fit(model, x, y)
-    assert optimizer.hvdx_stats.steps == 3 and optimizer.hvdx_topk.step == 3
     assert_trained_and_identical_on_every_rank(model, start)
 
 
@@ -342,6 +336,17 @@ def test_a_nan_gradient_on_one_rank_raises_everywhere_and_changes_nothing(compil
         assert list(after[side]) == list(before[side])
         assert all(np.array_equal(after[side][n], before[side][n]) for n in before[side])
     assert len(set(hvd.allgather_object(expected in message))) == 1
+
+
+@pytest.mark.mpi(min_size=2)
+def test_different_ratios_raise_the_fingerprint_error_on_every_rank():
+    spec = hvd.Compression.topk(0.01 if hvd.rank() != 1 else 0.02, 0.01)
+    step = tape_step(flat_variables(SIZES[:1]), False, compression=spec)
+    with pytest.raises(ValueError, match="setting 'compression' differs") as info:
+        step(tf.ones(SIZES[0]))
+    message = str(info.value)
+    assert "ratio=0.01" in message and "ratio=0.02" in message
+    assert len(set(hvd.allgather_object(message))) == 1
 
 
 @pytest.mark.mpi(min_size=1)
