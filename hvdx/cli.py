@@ -52,6 +52,13 @@ def _bench(args: argparse.Namespace) -> int:
         return 0
     if args.process_sets:
         return _bench_process_sets(args)
+    if args.topk_bytes:
+        from hvdx.bench.topk_bytes import render, run
+
+        rows = run(steps=args.steps or 5, say=lambda s: print(s, flush=True))
+        print("\nTopK 0.01/0.01 traffic on digits_vgg (hvdx's counters; localhost):")
+        print(render(rows))
+        return 0
     spec = None if args.localhost else ClusterSpec.from_args(args)
     rows = run_bench(spec, args.workloads.split(","), args.strategies.split(","),
                      args.steps, args.eval_every, args.out,
@@ -133,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--selection", action="store_true",
                        help="only time TopK selection (10M elements, 1%%) against abs and "
                             "torch.topk")
+    bench.add_argument("--topk-bytes", action="store_true",
+                       help="only count TopK's bytes per rank per step, uplink and "
+                            "downlink, gathered and sharded, at 2, 4 and 8 ranks")
     bench.add_argument("--process-sets", action="store_true",
                        help="only measure DS-Sync's Horovod process sets: static against "
                             "dynamic registration, rotation against shuffle")

@@ -155,6 +155,8 @@ def main(argv=None):
             "parameters": sum(p.numel() for p in model.parameters()),
             "parameter_split": parameter_split(model),
             "compute_s": float(np.median([r["compute_s"] for r in everyone])),
+            "cost_options": strategy.cost_options_of(optimizer)
+            if strategy.cost_options_of else strategy.cost_options,
         }
         with open(args.out + ".tmp", "w") as f:
             json.dump(result, f)

@@ -33,6 +33,8 @@ class Strategy:
     bytes_per_step: Callable
     cost_model: Optional[str] = None  # its name in hvdx.core.cost_model, if priced there
     cost_options: Dict = field(default_factory=dict)
+    #: (distributed optimizer) -> cost options read off the run (override cost_options).
+    cost_options_of: Optional[Callable] = None
     init_kwargs: Dict = field(default_factory=dict)  # for hvd.init
     #: Run by a plain ``hvdx bench`` (others only when named in ``--strategies``).
     default: bool = True
@@ -67,9 +69,11 @@ def _counted_bytes(optimizer, model, size, steps):
 
 #: The benchmark's TopK setting: the issue's 1% both ways.
 TOPK_RATIO = 0.01
-#: The benchmark's DS-Sync rotation: an intra-rack phase, then a cross phase in which
-#: one rank per rack crosses (a third of a ring's uplink bytes on 2 racks x 2 hosts).
-DSSYNC_OPTIONS = {"intra_phases": 1, "cross_ranks": 1}
+#: The benchmark's DS-Sync: the rotation with its default parameters, which the cost of
+#: crossing sets from the link rates the emulated cluster exports
+#: (``HVDX_CLUSTER_LINK_RATES``): with 1 Gbit NICs and a 100 Mbit uplink on 2 racks x 2
+#: hosts, 10 intra-rack phases per cross phase, one rank per rack crossing.
+DSSYNC_OPTIONS: Dict = {}
 
 
 def _dssync(optimizer, model):
@@ -94,6 +98,12 @@ def _dssync_adaptive(optimizer, model):
                                     sync=hvdx.DSSync(**DSSYNC_ADAPTIVE_OPTIONS))
 
 
+def _rotation_options(optimizer) -> Dict:
+    """The cost model's options for the rotation the run actually used."""
+    schedule = optimizer._hvdx_groups.schedule
+    return {"intra_phases": schedule.intra_phases, "cross_ranks": schedule.cross_ranks}
+
+
 def _dssync_bytes(optimizer, model, size, steps):
     """The ring model inside each step's group (hvdx hands the groups to Horovod)."""
     each_way = optimizer.hvdx_stats.total_bytes / steps
@@ -107,13 +117,14 @@ STRATEGIES: Dict[str, Strategy] = {
                      "feedback", _topk, _counted_bytes, cost_model="topk",
                      cost_options={"ratio": TOPK_RATIO, "downlink_ratio": TOPK_RATIO,
                                    "mode": "sharded"}),
-    "dssync": Strategy("dssync", "DS-Sync rotation, 1 rank per rack crossing", _dssync,
-                       _dssync_bytes, cost_model="dssync", cost_options=DSSYNC_OPTIONS,
+    "dssync": Strategy("dssync", "DS-Sync rotation, parameters from the cost of crossing",
+                       _dssync, _dssync_bytes, cost_model="dssync",
+                       cost_options_of=_rotation_options,
                        init_kwargs={"process_sets": "dynamic"}),
     "dssync_adaptive": Strategy(
         "dssync_adaptive", "DS-Sync rotation, re-planned from a bandwidth probe every "
         f"{DSSYNC_ADAPTIVE_OPTIONS['probe_every']} steps", _dssync_adaptive, _dssync_bytes,
-        cost_model="dssync", cost_options=DSSYNC_OPTIONS,
+        cost_model="dssync", cost_options_of=_rotation_options,
         init_kwargs={"process_sets": "dynamic"}, default=False),
 }
 

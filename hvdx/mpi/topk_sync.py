@@ -71,22 +71,31 @@ class TopKStats:
     ``last_*``: the last step; ``total_*``: since construction. Sparse exchanges count
     the buffers given to mpi4py (pairs and counts); Horovod's dense allreduce is counted
     as a ring allreduce, ``2 (P - 1) / P`` times the tensor's bytes each way.
+
+    ``phases`` splits the totals by the path the bytes took: ``"up"`` (the workers'
+    pairs: the allgather of gathered mode, the alltoall of sharded mode), ``"down"``
+    (sharded mode's allgather of the selected shards; gathered mode computes the
+    downlink on every rank and sends nothing) and ``"dense"`` (Horovod's allreduce of
+    the small tensors), each ``[sent, received]``.
     """
 
     __slots__ = ("last_sent", "last_received", "total_sent", "total_received",
-                 "last_sparse_tensors", "last_dense_tensors", "steps")
+                 "last_sparse_tensors", "last_dense_tensors", "steps", "phases")
 
     def __init__(self):
         self.last_sent = self.last_received = 0.0
         self.total_sent = self.total_received = 0.0
         self.last_sparse_tensors = self.last_dense_tensors = 0
         self.steps = 0
+        self.phases = {"up": [0.0, 0.0], "down": [0.0, 0.0], "dense": [0.0, 0.0]}
 
     def _begin(self):
         self.last_sent = self.last_received = 0.0
         self.last_sparse_tensors = self.last_dense_tensors = 0
 
-    def _add(self, sent, received):
+    def _add(self, sent, received, phase):
+        self.phases[phase][0] += sent
+        self.phases[phase][1] += received
         self.last_sent += sent
         self.last_received += received
         self.total_sent += sent
@@ -194,7 +203,7 @@ class TopKSynchronizer:
         itemsizes = [4] * len(sizes) if itemsizes is None else itemsizes
         for position in dense:
             nbytes = 2 * (self.size - 1) / self.size * sizes[position] * itemsizes[position]
-            stats._add(nbytes, nbytes)
+            stats._add(nbytes, nbytes, "dense")
         updates = self._exchange_all([(p, sizes[p]) for p in sparse], flat)
         if wait is not None:
             wait()
@@ -372,7 +381,7 @@ class TopKSynchronizer:
                                   for t, (i, _) in enumerate(ups)])
         values = np.concatenate([v for _, v in ups])
         gathered, sent, received = allgatherv_pairs(self.comm, indices, values)
-        self.stats._add(sent, received)
+        self.stats._add(sent, received, "up")
         cuts = [np.searchsorted(i, offsets) for i, _ in gathered]
         updates = []
         for t, (position, d) in enumerate(group):
@@ -407,7 +416,7 @@ class TopKSynchronizer:
         pieces = [(np.concatenate([i for i, _ in out]), np.concatenate([v for _, v in out]))
                   for out in outgoing]
         incoming, sent, received = alltoallv_pairs(self.comm, pieces)
-        self.stats._add(sent, received)
+        self.stats._add(sent, received, "up")
         cuts = [np.searchsorted(i, offsets) for i, _ in incoming]
         chosen = []
         for t, ((position, d), bounds) in enumerate(zip(group, all_bounds)):
@@ -430,7 +439,7 @@ class TopKSynchronizer:
         selected, sent, received = allgatherv_pairs(
             self.comm, np.concatenate([i for i, _ in chosen]),
             np.concatenate([v for _, v in chosen]))
-        self.stats._add(sent, received)
+        self.stats._add(sent, received, "down")
         cuts = [np.searchsorted(i, offsets) for i, _ in selected]
         updates = []
         for t, (_, d) in enumerate(group):

@@ -519,3 +519,23 @@ def test_global_selection_checkpoints_and_resumes_bitwise():
     layerwise = topk_optimizer(Several(), hvd.Compression.topk(0.02, 0.01, min_size=0))
     with pytest.raises(ValueError, match="selection='global'"):
         layerwise.load_state_dict(state)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("mode", MODES)
+def test_byte_counters_split_into_uplink_downlink_and_dense(mode):
+    model = Several()
+    opt = topk_optimizer(model, hvd.Compression.topk(0.02, 0.01, mode=mode, min_size=4))
+    for t, d in enumerate(SIZES):
+        getattr(model, f"w{t}").grad = torch.from_numpy(
+            grads_of_all_ranks(0, d, seed=40 + t)[hvd.rank()].copy())
+    opt.step()
+    stats = opt.hvdx_stats
+    phases = stats.phases
+    assert sum(s for s, _ in phases.values()) == pytest.approx(stats.total_sent)
+    assert sum(r for _, r in phases.values()) == pytest.approx(stats.total_received)
+    assert phases["dense"][0] == pytest.approx(2 * (hvd.size() - 1) / hvd.size() * 4 * (1 + 3))
+    if mode == "gathered" or hvd.size() == 1:
+        assert phases["down"] == [0.0, 0.0]  # every rank computes the downlink itself
+    else:
+        assert phases["down"][1] > 0
