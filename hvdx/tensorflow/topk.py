@@ -186,8 +186,10 @@ _tape_states: Dict[Tuple[int, ...], Tuple[List[weakref.ref], TopKState]] = {}
 def topk_state(variables) -> TopKState:
     """The :class:`TopKState` that TopK tapes use for ``variables`` (made if missing).
 
-    Pass the same list, in the same order, as the ``sources`` of ``tape.gradient``;
-    call it before training to checkpoint or restore the residuals::
+    Pass the same list, in the same order, as the ``sources`` of ``tape.gradient``
+    (without the sources registered with ``register_local_source``, which Horovod keeps
+    out of the synchronization); call it before training to checkpoint or restore the
+    residuals::
 
         state = hvd.topk_state(model.trainable_variables)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=opt, topk=state)
