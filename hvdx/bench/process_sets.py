@@ -29,13 +29,13 @@ Rank 0 prints one JSON line; :func:`run` collects them into one table.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import time
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
+
+from hvdx.bench.jobs import report, run_job
 
 __all__ = ["CASES", "run", "render"]
 
@@ -134,12 +134,7 @@ def run(ranks: int = 4, steps: int = 64, model_floats: int = 1 << 20,
             argv += ["--schedule", schedule]
         command = launcher(argv) if launcher else ["mpirun", "-n", str(ranks)] + argv
         say(f"process sets: {label} ({ranks} ranks, {steps} steps)")
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-        if proc.returncode != 0 or not lines:
-            raise RuntimeError(f"process-set case {label!r} failed (exit "
-                               f"{proc.returncode}):\n{proc.stderr[-2000:]}")
-        row = json.loads(lines[-1])
+        row = run_job(command, f"process-set case {label!r}", timeout=600)
         row["case"] = label
         rows.append(row)
     return rows
@@ -176,10 +171,7 @@ def main(argv=None):
     parser.add_argument("--model-floats", type=int, default=1 << 20)
     args = parser.parse_args(argv)
     result = _one(args.mode, args.schedule, args.steps, args.model_floats)
-    from mpi4py import MPI
-
-    if MPI.COMM_WORLD.Get_rank() == 0:
-        print(json.dumps(result), flush=True)
+    report(result)
 
 
 if __name__ == "__main__":

@@ -24,12 +24,12 @@ against the emulated interfaces' byte counters at 4 ranks.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 from typing import Callable, Dict, List, Sequence
 
 import numpy as np
+
+from hvdx.bench.jobs import report, run_job
 
 __all__ = ["run", "render"]
 
@@ -84,12 +84,7 @@ def run(ranks: Sequence[int] = (2, 4, 8), modes: Sequence[str] = ("gathered", "s
             command = ["mpirun", "-n", str(n), sys.executable, "-m", "hvdx.bench.topk_bytes",
                        "--mode", mode, "--steps", str(steps), "--ratio", str(ratio),
                        "--downlink-ratio", str(downlink_ratio)]
-            proc = subprocess.run(command, capture_output=True, text=True, timeout=900)
-            lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-            if proc.returncode != 0 or not lines:
-                raise RuntimeError(f"topk bytes at {n} ranks, mode={mode} failed (exit "
-                                   f"{proc.returncode}):\n{proc.stderr[-2000:]}")
-            rows.append(json.loads(lines[-1]))
+            rows.append(run_job(command, f"topk bytes at {n} ranks, mode={mode}"))
     return rows
 
 
@@ -119,10 +114,7 @@ def main(argv=None):
     parser.add_argument("--downlink-ratio", type=float, default=0.01)
     args = parser.parse_args(argv)
     result = _one(args.mode, args.steps, args.ratio, args.downlink_ratio)
-    from mpi4py import MPI
-
-    if MPI.COMM_WORLD.Get_rank() == 0:
-        print(json.dumps(result), flush=True)
+    report(result)
 
 
 if __name__ == "__main__":

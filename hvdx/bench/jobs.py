@@ -1,0 +1,36 @@
+"""Small MPI measurement jobs: one JSON line from rank 0, collected by the driver.
+
+``hvdx bench --process-sets`` and ``--topk-bytes`` run a module of
+:mod:`hvdx.bench` under ``mpirun`` once per case; its ranks measure, rank 0 prints one
+JSON object (:func:`report`), and the driver reads it back (:func:`run_job`).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Dict, List
+
+__all__ = ["report", "run_job"]
+
+
+def report(result: Dict) -> None:
+    """Print ``result`` as one JSON line, on rank 0 of ``MPI.COMM_WORLD`` only."""
+    from mpi4py import MPI
+
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        print(json.dumps(result), flush=True)
+
+
+def run_job(command: List[str], what: str, timeout: float = 900.0) -> Dict:
+    """Run ``command`` (an MPI launch) and return the last JSON line rank 0 printed.
+
+    Raises:
+        RuntimeError: naming ``what``, with the end of the job's error output, when the
+            job fails or prints no result.
+    """
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+    return json.loads(lines[-1])
