@@ -1,6 +1,7 @@
 """``hvdx.tensorflow.DistributedGradientTape``: Horovod's tape, checked across ranks."""
 
 import horovod.tensorflow as _hvd
+import tensorflow as tf
 
 from hvdx.compression import TopKCompression
 from hvdx.dssync import DSSync
@@ -12,6 +13,7 @@ from hvdx.tensorflow.topk import install_on_tape
 __all__ = ["DistributedGradientTape"]
 
 
+@tf.autograph.experimental.do_not_convert  # builds objects at trace time: nothing to convert
 def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
                             compression=_hvd.Compression.none, sparse_as_dense=False,
                             op=_hvd.Average, gradient_predivide_factor=1.0,

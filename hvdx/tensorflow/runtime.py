@@ -34,6 +34,9 @@ def check_variables_once(owner, method_name: str, variables_of, settings, what: 
     original = getattr(owner, method_name)
     process_set = owner.process_set if hasattr(owner, "process_set") else None
 
+    # Plain trace-time Python (mpi4py, hashing): AutoGraph has nothing to convert here,
+    # and converting it (and Horovod's method it calls) cost 10-30 s per process.
+    @tf.autograph.experimental.do_not_convert
     @functools.wraps(original)
     def first_call(*args, **kwargs):
         variables = list(variables_of(args, kwargs))
