@@ -91,7 +91,11 @@ def test_set_rate_changes_a_link_at_once(cluster):
     try:
         assert tbf_rate(cluster.rack_netns[0], "up0") == 20 * 10**6
         assert tbf_rate(cluster.core_netns, "r0") == 20 * 10**6
-        ok, message = within(measure_bandwidth(cluster, "h2", "h0", seconds=1.5), "20mbit")
+        # At 20 Mbit a shaped TCP flow spends longer in loss recovery than at the NIC
+        # rates above (one run measured 16.9 Mbit/s over 1.5 s): measure longer and allow
+        # 25%, which still tells 20 from the 100 Mbit the link had.
+        ok, message = within(measure_bandwidth(cluster, "h2", "h0", seconds=3.0), "20mbit",
+                             tolerance=0.25)
         assert ok, message
     finally:
         cluster.set_rate("uplink0", UPLINK)
