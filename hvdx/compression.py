@@ -48,6 +48,13 @@ class TopKCompression:
             concatenated in the fixed parameter order, and ``ratio`` of all their entries
             is kept wherever the largest are: a layer with small gradients may send
             nothing in a step, one with large gradients more than its share).
+        momentum_correction: Deep Gradient Compression's momentum correction and
+            factor masking (Lin, Han, Mao, Wang & Dally, ICLR 2018, arXiv 1712.01887):
+            each rank accumulates its own momentum velocity and compresses that instead
+            of the gradient, and zeroes the velocity where it was sent; the wrapped
+            ``torch.optim.SGD`` then steps without momentum. Plain momentum applied
+            after a sparse aggregate keeps pushing stale, delayed directions; this keeps
+            momentum local. PyTorch, SGD without Nesterov or dampening only.
     """
 
     config: TopKConfig
@@ -56,6 +63,7 @@ class TopKCompression:
     warmup_steps: int = 0
     error_feedback: bool = True
     selection: str = "layerwise"
+    momentum_correction: bool = False
 
     def __post_init__(self):
         if not isinstance(self.config, TopKConfig):
@@ -66,6 +74,9 @@ class TopKCompression:
         _check_integer("warmup_steps", self.warmup_steps, 0)
         if not isinstance(self.error_feedback, bool):
             raise ValueError(f"error_feedback={self.error_feedback!r} must be True or False")
+        if not isinstance(self.momentum_correction, bool):
+            raise ValueError(f"momentum_correction={self.momentum_correction!r} must be "
+                             "True or False")
         if self.selection not in SELECTIONS:
             raise ValueError(f"selection={self.selection!r} must be one of {SELECTIONS}")
 
@@ -90,7 +101,8 @@ class TopKCompression:
         return (f"topk ratio={c.ratio!r} downlink={downlink} mode={self.mode} "
                 f"min_size={self.min_size} warmup_steps={self.warmup_steps} "
                 f"selector={c.selector} sample_size={c.sample_size} seed={c.seed} "
-                f"error_feedback={self.error_feedback} selection={self.selection}")
+                f"error_feedback={self.error_feedback} selection={self.selection}"
+                + (" momentum_correction=True" if self.momentum_correction else ""))
 
     def __str__(self) -> str:
         return self.describe()
@@ -100,7 +112,8 @@ def topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,
          mode: str = "auto", min_size: int = DEFAULT_MIN_SIZE, warmup_steps: int = 0,
          selector: str = "exact", sample_size: int = DEFAULT_SAMPLE_SIZE,
          seed: int = 0, error_feedback: bool = True,
-         selection: str = "layerwise") -> TopKCompression:
+         selection: str = "layerwise",
+         momentum_correction: bool = False) -> TopKCompression:
     """Build a :class:`TopKCompression`, validating every argument here.
 
     Args:
@@ -115,6 +128,7 @@ def topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,
         error_feedback: ``False`` for plain TopK without worker or server residuals.
         selection: ``"layerwise"`` (per tensor) or ``"global"`` (one ``k`` over all
             compressed tensors).
+        momentum_correction: DGC's local momentum with factor masking (PyTorch SGD).
 
     Raises:
         ValueError: an argument is out of range, named with its value (``ratio=2.0``).
@@ -122,7 +136,8 @@ def topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,
     config = TopKConfig(ratio=ratio, downlink_ratio=downlink_ratio, selector=selector,
                         sample_size=sample_size, seed=seed)
     return TopKCompression(config, mode=mode, min_size=min_size, warmup_steps=warmup_steps,
-                           error_feedback=error_feedback, selection=selection)
+                           error_feedback=error_feedback, selection=selection,
+                           momentum_correction=momentum_correction)
 
 
 def _check_integer(name: str, value: object, low: int) -> None:

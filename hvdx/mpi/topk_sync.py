@@ -164,6 +164,9 @@ class TopKSynchronizer:
         self.layout: Optional[Tuple[Tuple[str, int], ...]] = None
         self.step = 0
         self.stats = TopKStats()
+        #: ``{position: indices}``: the entries of each compressed tensor this rank sent
+        #: in the last step (DGC's momentum factor masking zeroes them).
+        self.last_sent: Dict[int, np.ndarray] = {}
 
     # --- one step ------------------------------------------------------------------------
 
@@ -199,6 +202,7 @@ class TopKSynchronizer:
         stats = self.stats
         stats._begin()
         dense, sparse = self.split(sizes, force_dense)
+        self.last_sent = {}
         wait = start_dense(dense)
         itemsizes = [4] * len(sizes) if itemsizes is None else itemsizes
         for position in dense:
@@ -338,6 +342,10 @@ class TopKSynchronizer:
         virtual = len(self.names)
         update = self._exchange_group([(virtual, total)], lambda _: whole)[virtual]
         offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+        sent = self.last_sent.pop(virtual)
+        cuts = np.searchsorted(sent, offsets)
+        for t, (p, _) in enumerate(tensors):
+            self.last_sent[p] = sent[cuts[t]:cuts[t + 1]] - offsets[t]
         return {p: update[offsets[t]:offsets[t + 1]] for t, (p, _) in enumerate(tensors)}
 
     def _name(self, position: int) -> str:
@@ -365,6 +373,8 @@ class TopKSynchronizer:
                                   self._rng("up", rank, position)))
             else:
                 ups.append(select(g, config.k_up(d), config, self._rng("up", rank, position)))
+        for (position, _), (indices, _) in zip(group, ups):
+            self.last_sent[position] = indices
         if self.mode == "gathered":
             updates = self._gathered(group, offsets, ups)
         else:

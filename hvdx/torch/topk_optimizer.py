@@ -41,14 +41,25 @@ Notes:
       allreduces the sum.
     - Sparse gradients (``torch.sparse``) are densified and averaged by Horovod, then made
       sparse again.
-    - Global TopK selection across tensors is not implemented: each tensor keeps its own
-      ``ratio``.
+    - ``selection="global"``: one ``k`` over all compressed tensors (see
+      :mod:`hvdx.mpi.topk_sync`).
+    - ``momentum_correction=True`` (Deep Gradient Compression, Lin et al., arXiv
+      1712.01887; the wrapped optimizer must be ``torch.optim.SGD`` without Nesterov or
+      dampening): hvdx takes the momentum ``m`` and weight decay ``wd`` of each
+      parameter group over. Before step 2, ``g <- g + wd p``; a compressed tensor's
+      gradient becomes its local velocity ``v <- m v + g``, which steps 2 to 5 compress;
+      after the exchange, ``v`` is zeroed where this rank sent it (factor masking). A
+      dense tensor is averaged first and then gets ``v <- m v + avg`` (SGD's own
+      momentum). The wrapped step then runs with momentum and weight decay 0. So tensors
+      left dense train exactly as SGD with momentum under Horovod; at ``ratio=1`` a
+      compressed tensor sends its whole velocity, which masking then clears: plain SGD on
+      the average.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 import horovod.torch as _hvd
@@ -113,6 +124,9 @@ class _TopKOptimizer:
         self.backward_passes_per_step = backward_passes_per_step
         self._hvdx_synchronized = False
         self._hvdx_should_synchronize = True
+        self._hvdx_velocity: Dict[str, torch.Tensor] = {}
+        if compression.momentum_correction:
+            _check_momentum_correction(self)
 
     # The synchronizer's objects under the names this optimizer always had.
     hvdx_stats = property(lambda self: self._hvdx_sync.stats,
@@ -142,7 +156,17 @@ class _TopKOptimizer:
         if self._hvdx_should_synchronize and not self._hvdx_synchronized:
             self.synchronize()
         self._hvdx_synchronized = False
-        return self._hvdx_base.step(self, closure)
+        if not self._hvdx_sync.compression.momentum_correction:
+            return self._hvdx_base.step(self, closure)
+        # The velocity (and weight decay) went into p.grad already: step without them.
+        saved = [(group["momentum"], group["weight_decay"]) for group in self.param_groups]
+        try:
+            for group in self.param_groups:
+                group["momentum"], group["weight_decay"] = 0.0, 0.0
+            return self._hvdx_base.step(self, closure)
+        finally:
+            for group, (momentum, decay) in zip(self.param_groups, saved):
+                group["momentum"], group["weight_decay"] = momentum, decay
 
     def synchronize(self):
         """Replace every ``p.grad`` by the TopK-compressed average (steps 1 to 5)."""
@@ -153,6 +177,9 @@ class _TopKOptimizer:
             grads.append(p.grad)
         entries = self._hvdx_entries
         pending = []
+        correction = self._hvdx_sync.compression.momentum_correction
+        if correction:
+            compressed = self._hvdx_local_momentum(grads)
 
         def start_dense(positions):
             pending.extend((position, self._hvdx_dense_async(*entries[position]))
@@ -173,6 +200,8 @@ class _TopKOptimizer:
             out = _hvd.synchronize(handle)
             if was_sparse:
                 entries[position][1].grad = out.to_sparse()
+        if correction:
+            self._hvdx_after_exchange(compressed)
         self._hvdx_synchronized = True
 
     # --- state ----------------------------------------------------------------------
@@ -182,6 +211,8 @@ class _TopKOptimizer:
         topk = self._hvdx_sync.state_dict()
         for side in ("worker", "server"):
             topk[side] = {n: torch.from_numpy(e) for n, e in topk[side].items()}
+        if self._hvdx_velocity:
+            topk["velocity"] = {n: v.detach().clone() for n, v in self._hvdx_velocity.items()}
         state[STATE_KEY] = topk
         return state
 
@@ -197,8 +228,58 @@ class _TopKOptimizer:
         self._hvdx_base.load_state_dict(self, state_dict)
         if topk is not None:
             self._hvdx_sync.load_state_dict(topk)
+            params = dict(self._hvdx_entries)
+            self._hvdx_velocity = {
+                n: v.detach().to(params[n].device, params[n].dtype).clone()
+                for n, v in topk.get("velocity", {}).items() if n in params}
 
     # --- internals ------------------------------------------------------------------
+
+    def _hvdx_group_of(self):
+        """``{id(parameter): its param_group}``."""
+        return {id(p): group for group in self.param_groups for p in group["params"]}
+
+    def _hvdx_local_momentum(self, grads):
+        """Momentum correction, before the exchange: weight decay into every gradient,
+        then each compressed tensor's gradient replaced by its local velocity."""
+        entries, groups = self._hvdx_entries, self._hvdx_group_of()
+        _, compressed = self._hvdx_sync.split(
+            [g.numel() for g in grads], [i for i, g in enumerate(grads) if g.is_sparse])
+        with torch.no_grad():
+            for (name, p), g in zip(entries, grads):
+                decay = groups[id(p)]["weight_decay"]
+                if decay and not g.is_sparse:
+                    g.add_(p.detach(), alpha=decay)
+            for position in compressed:
+                name, p = entries[position]
+                momentum = groups[id(p)]["momentum"]
+                v = self._hvdx_velocity.get(name)
+                v = p.grad.detach().clone() if v is None else v.mul_(momentum).add_(p.grad)
+                self._hvdx_velocity[name] = v
+                p.grad.copy_(v)
+        return compressed
+
+    def _hvdx_after_exchange(self, compressed):
+        """Momentum correction, after the exchange: factor masking for the compressed
+        tensors, SGD's momentum on the average for the dense ones."""
+        entries, groups = self._hvdx_entries, self._hvdx_group_of()
+        sent = self._hvdx_sync.last_sent
+        done = set(compressed)
+        with torch.no_grad():
+            for position in compressed:
+                name, p = entries[position]
+                indices = sent.get(position)
+                if indices is not None and len(indices):
+                    self._hvdx_velocity[name].view(-1)[
+                        torch.from_numpy(np.asarray(indices, np.int64)).to(p.device)] = 0
+            for position, (name, p) in enumerate(entries):
+                if position in done or p.grad.is_sparse:
+                    continue
+                momentum = groups[id(p)]["momentum"]
+                v = self._hvdx_velocity.get(name)
+                v = p.grad.detach().clone() if v is None else v.mul_(momentum).add_(p.grad)
+                self._hvdx_velocity[name] = v
+                p.grad.copy_(v)
 
     def _hvdx_dense_async(self, name, p):
         """Horovod's allreduce of ``p.grad`` (in place when dense)."""
@@ -215,6 +296,20 @@ class _TopKOptimizer:
                                        prescale_factor=prescale, postscale_factor=postscale,
                                        process_set=self._hvdx_process_set)
         return handle, was_sparse
+
+
+def _check_momentum_correction(optimizer) -> None:
+    """``momentum_correction`` takes SGD's momentum over: SGD without Nesterov or
+    dampening only (anything else would be applied twice or differently)."""
+    for group in optimizer.param_groups:
+        if "momentum" not in group or "dampening" not in group:
+            raise ValueError(
+                f"momentum_correction=True needs torch.optim.SGD (with momentum), got "
+                f"{optimizer._hvdx_base.__name__}; use momentum_correction=False")
+        if group.get("nesterov") or group["dampening"]:
+            raise ValueError(
+                f"momentum_correction=True supports SGD without Nesterov or dampening, got "
+                f"nesterov={group.get('nesterov')}, dampening={group['dampening']}")
 
 
 def _first_nonfinite(grads) -> int:

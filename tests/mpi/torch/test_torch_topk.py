@@ -539,3 +539,78 @@ def test_byte_counters_split_into_uplink_downlink_and_dense(mode):
         assert phases["down"] == [0.0, 0.0]  # every rank computes the downlink itself
     else:
         assert phases["down"][1] > 0
+
+
+def horovod_sgd(model, momentum, weight_decay):
+    return horovod.torch.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.05, momentum=momentum,
+                        weight_decay=weight_decay),
+        named_parameters=model.named_parameters())
+
+
+def corrected(model, **topk):
+    spec = hvd.Compression.topk(momentum_correction=True, **topk)
+    return topk_optimizer(model, spec, torch.optim.SGD(model.parameters(), lr=0.05,
+                                                       momentum=0.9, weight_decay=1e-3))
+
+
+def assert_same_training(a, opt_a, b, opt_b, steps=4):
+    data = batches(hvd.rank(), steps, seed=5)
+    train(a, opt_a, data)
+    train(b, opt_b, data)
+    for (name, x), y in zip(a.named_parameters(), b.parameters()):
+        assert torch.allclose(x, y, atol=1e-6), name
+
+
+@pytest.mark.mpi(min_size=1)
+def test_momentum_correction_leaves_dense_tensors_as_sgd_with_momentum_under_horovod():
+    """Every tensor below min_size: averaged, then SGD's own momentum and weight decay."""
+    model, reference = initial_model(), initial_model()
+    assert_same_training(model, corrected(model, ratio=0.05, min_size=10**9),
+                         reference, horovod_sgd(reference, 0.9, 1e-3))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_momentum_correction_at_ratio_one_masks_the_whole_velocity_plain_sgd():
+    """DGC's factor masking zeroes the velocity wherever it was sent; at ratio 1 all of
+    it is sent every step, so what remains is SGD without momentum on the average."""
+    model, reference = initial_model(), initial_model()
+    opt = corrected(model, ratio=1.0, downlink_ratio=1.0, min_size=0)
+    assert_same_training(model, opt, reference, horovod_sgd(reference, 0.0, 1e-3))
+    assert all(not v.any() for v in opt._hvdx_velocity.values())
+
+
+@pytest.mark.mpi(min_size=1)
+def test_momentum_correction_keeps_unsent_velocity_and_resumes_bitwise():
+    data = batches(hvd.rank(), 6, seed=6)
+    model = initial_model()
+    opt = corrected(model, ratio=0.05, downlink_ratio=0.02, min_size=256)
+    train(model, opt, data[:3])
+    velocity = opt._hvdx_velocity["fc1.weight"]
+    sent = opt._hvdx_sync.last_sent[2]  # fc1.weight: conv.weight, conv.bias come first
+    assert not velocity.view(-1)[torch.from_numpy(sent)].any()
+    assert velocity.count_nonzero() > velocity.numel() // 2  # the rest keeps its momentum
+    saved_model, saved_opt = copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
+    assert set(saved_opt["hvdx_topk"]["velocity"]) == {n for n, _ in model.named_parameters()}
+    train(model, opt, data[3:])
+    resumed = SmallCNN()
+    resumed.load_state_dict(saved_model)
+    opt2 = corrected(resumed, ratio=0.05, downlink_ratio=0.02, min_size=256)
+    opt2.load_state_dict(saved_opt)
+    train(resumed, opt2, data[3:])
+    for (name, a), b in zip(model.named_parameters(), resumed.parameters()):
+        assert torch.equal(a, b), name
+    # The wrapped step ran without momentum and weight decay, which are restored after.
+    assert opt.param_groups[0]["momentum"] == 0.9 and opt.param_groups[0]["weight_decay"] == 1e-3
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("make, message", [
+    (lambda p: torch.optim.Adam(p, lr=0.01), "needs torch.optim.SGD"),
+    (lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9, nesterov=True), "nesterov=True"),
+])
+def test_momentum_correction_refuses_optimizers_it_cannot_take_over(make, message):
+    model = Flat()
+    with pytest.raises(ValueError, match=message):
+        topk_optimizer(model, hvd.Compression.topk(0.01, momentum_correction=True),
+                       make(model.parameters()))
