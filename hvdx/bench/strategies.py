@@ -62,6 +62,15 @@ def _topk(optimizer, model):
                                          selector=TOPK_SELECTOR))
 
 
+def _topk_dgc(optimizer, model):
+    import hvdx.torch as hvd
+
+    return hvd.DistributedOptimizer(
+        optimizer, named_parameters=model.named_parameters(),
+        compression=hvd.Compression.topk(ratio=TOPK_RATIO, downlink_ratio=TOPK_RATIO,
+                                         selector=TOPK_SELECTOR, momentum_correction=True))
+
+
 def _counted_bytes(optimizer, model, size, steps):
     """hvdx's own traffic: the byte counters of the optimizer, per step."""
     stats = optimizer.hvdx_stats
@@ -122,6 +131,11 @@ STRATEGIES: Dict[str, Strategy] = {
                      f"feedback, {TOPK_SELECTOR} selector", _topk, _counted_bytes, cost_model="topk",
                      cost_options={"ratio": TOPK_RATIO, "downlink_ratio": TOPK_RATIO,
                                    "mode": "sharded"}),
+    "topk_dgc": Strategy("topk_dgc", f"bidirectional TopK {TOPK_RATIO:g}/{TOPK_RATIO:g} with "
+                         "error feedback and DGC momentum correction", _topk_dgc,
+                         _counted_bytes, cost_model="topk",
+                         cost_options={"ratio": TOPK_RATIO, "downlink_ratio": TOPK_RATIO,
+                                       "mode": "sharded"}),
     "dssync": Strategy("dssync", "DS-Sync rotation, parameters from the cost of crossing",
                        _dssync, _dssync_bytes, cost_model="dssync",
                        cost_options_of=_rotation_options,
