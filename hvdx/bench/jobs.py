@@ -8,18 +8,30 @@ JSON object (:func:`report`), and the driver reads it back (:func:`run_job`).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from typing import Dict, List
 
 __all__ = ["report", "run_job"]
 
 
 def report(result: Dict) -> None:
-    """Print ``result`` as one JSON line, on rank 0 of ``MPI.COMM_WORLD`` only."""
+    """Print ``result`` as one JSON line on rank 0 of ``MPI.COMM_WORLD``, then end the
+    process on every rank.
+
+    The ranks leave through a barrier and ``os._exit``, not ``MPI_Finalize``: MPICH's
+    finalize over UCX's TCP transport was seen to spin forever on the emulated hosts (as
+    :mod:`hvdx.bench.runner` found); nothing is in flight after the barrier.
+    """
     from mpi4py import MPI
 
     if MPI.COMM_WORLD.Get_rank() == 0:
         print(json.dumps(result), flush=True)
+    MPI.COMM_WORLD.Barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_job(command: List[str], what: str, timeout: float = 900.0) -> Dict:
