@@ -71,8 +71,11 @@ __all__ = ["TopKState", "check_topk_arguments", "install_on_keras_optimizer",
 _OP_NAMES = {_hvd.Average: "Average", _hvd.Sum: "Sum", _hvd.Adasum: "Adasum"}
 
 
-def check_topk_arguments(op, gradient_predivide_factor) -> None:
+def check_topk_arguments(op, gradient_predivide_factor, compression=None) -> None:
     """The arguments TopK cannot honour raise ``ValueError`` naming them (as in torch)."""
+    if compression is not None and compression.momentum_correction:
+        raise ValueError("momentum_correction=True is implemented for PyTorch's SGD only; "
+                         "use momentum_correction=False with TensorFlow")
     if op not in (_hvd.Average, _hvd.Sum):
         raise ValueError(f"op={_OP_NAMES.get(op, op)} is not supported with TopK "
                          "compression; use op=hvd.Average or op=hvd.Sum")
@@ -293,7 +296,7 @@ def _step(sync: TopKSynchronizer, tensors, force_dense, op, prescale, postscale,
 @tf.autograph.experimental.do_not_convert  # plain Python, often called in a tf.function
 def install_on_tape(tape, compression, op, gradient_predivide_factor, process_set):
     """Make Horovod's tape ``tape`` synchronize with TopK (steps 1 to 5)."""
-    check_topk_arguments(op, gradient_predivide_factor)
+    check_topk_arguments(op, gradient_predivide_factor, compression)
     object.__setattr__(tape, "_allreduce_grads", make_allreduce_grads(
         compression, op, gradient_predivide_factor, process_set, topk_state))
     return tape
@@ -306,7 +309,7 @@ def install_on_keras_optimizer(opt, compression, op, gradient_predivide_factor,
     The state is ``opt.hvdx_topk`` (tracked, so checkpoints of the optimizer hold the
     residuals); ``opt.hvdx_stats`` counts the bytes.
     """
-    check_topk_arguments(op, gradient_predivide_factor)
+    check_topk_arguments(op, gradient_predivide_factor, compression)
     state = TopKState()
     opt.hvdx_topk = state
     if getattr(opt, "_lookup_dependency", None) is not None \

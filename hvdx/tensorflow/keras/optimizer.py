@@ -42,7 +42,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
         return make_dssync_keras_optimizer(optimizer, sync, compression, process_set)
     topk = isinstance(compression, TopKCompression)
     if topk:  # before Horovod's own op check, for TopK's message
-        check_topk_arguments(op, gradient_predivide_factor)
+        check_topk_arguments(op, gradient_predivide_factor, compression)
     opt = _hvd_keras.DistributedOptimizer(
         optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
         compression=compression, sparse_as_dense=sparse_as_dense,

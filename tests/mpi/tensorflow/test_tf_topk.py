@@ -304,6 +304,19 @@ def test_unsupported_ops_are_rejected(op, name):
 
 
 @pytest.mark.mpi(min_size=1)
+def test_momentum_correction_is_refused_with_tensorflow():
+    """DGC's momentum correction takes over PyTorch SGD's momentum; TF says so."""
+    compression = hvd.Compression.topk(0.1, momentum_correction=True)
+    with tf.GradientTape() as tape:
+        pass
+    with pytest.raises(ValueError, match="momentum_correction=True is implemented for "
+                                         "PyTorch"):
+        hvd.DistributedGradientTape(tape, compression=compression)
+    with pytest.raises(ValueError, match="momentum_correction=True"):
+        hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(), compression=compression)
+
+
+@pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("kwargs, message", [
     ({"ratio": 0.0}, "ratio=0.0 must be in"),
     ({"ratio": 0.1, "downlink_ratio": 1.5}, "downlink_ratio=1.5 must be in"),
