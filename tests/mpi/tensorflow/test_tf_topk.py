@@ -3,7 +3,9 @@ reference's update bitwise (the one PyTorch's optimizer is tested against), eage
 inside tf.function, reduce to Horovod's dense average at ratio 1, train under model.fit,
 checkpoint bitwise, and fail on every rank together."""
 
+import pathlib
 import shutil
+import sys
 import tempfile
 
 import horovod.tensorflow
@@ -26,15 +28,14 @@ RATIOS = (0.02, 0.01)
 COMPILED = [False, True]
 COMPILED_IDS = ["eager", "tf.function"]
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import synthetic_gradients  # noqa: E402
+
 
 def grads_of_all_ranks(step, d, seed=0):
-    """Every rank's gradient at ``step``; all ranks can compute all of them."""
-    out = []
-    for r in range(hvd.size()):
-        rng = np.random.default_rng([seed, step, r])
-        scale = np.exp(np.random.default_rng([seed]).uniform(-3, 1, d))
-        out.append((rng.standard_normal(d) * scale).astype(np.float32))
-    return out
+    """Every rank's gradient at ``step`` (:mod:`synthetic_gradients`, shared with the
+    other framework's TopK tests)."""
+    return synthetic_gradients.grads_of_all_ranks(hvd.size(), step, d, seed)
 
 
 def flat_variables(sizes=SIZES):

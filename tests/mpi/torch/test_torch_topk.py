@@ -3,6 +3,8 @@ the numpy reference, keeps every rank's update identical, reduces to Horovod's d
 averaging at ratio 1, checkpoints bitwise, and fails on every rank together."""
 
 import copy
+import pathlib
+import sys
 
 import horovod.torch
 import numpy as np
@@ -20,6 +22,9 @@ D = 3000
 MODES = ("gathered", "sharded")
 RATIOS = {"bidirectional": (0.02, 0.01), "unidirectional": (0.02, None)}
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import synthetic_gradients  # noqa: E402
+
 
 class Flat(nn.Module):
     def __init__(self, d=D, dtype=torch.float32):
@@ -28,13 +33,9 @@ class Flat(nn.Module):
 
 
 def grads_of_all_ranks(step, d=D, seed=0):
-    """Every rank's gradient at ``step``; all ranks can compute all of them."""
-    out = []
-    for r in range(hvd.size()):
-        rng = np.random.default_rng([seed, step, r])
-        scale = np.exp(np.random.default_rng([seed]).uniform(-3, 1, d))
-        out.append((rng.standard_normal(d) * scale).astype(np.float32))
-    return out
+    """Every rank's gradient at ``step`` (:mod:`synthetic_gradients`, shared with the
+    other framework's TopK tests)."""
+    return synthetic_gradients.grads_of_all_ranks(hvd.size(), step, d, seed)
 
 
 def topk_optimizer(model, compression, optimizer=None, **kwargs):
