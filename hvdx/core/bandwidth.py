@@ -19,6 +19,10 @@ measurement (the MPI half is :mod:`hvdx.mpi.probe`):
 4. :func:`adapted_rotation` builds the rotation that measurement calls for and, with
    :func:`rotation_changed`, says whether it differs from the running one; since it
    reads only the shared matrix, every rank takes the same decision at the same step.
+   It switches only when the running rotation hurts (hysteresis): with the racks
+   unchanged, a new rotation is taken only if a rank that crosses now has a slow way
+   out. A link that recovers, or noise that makes another rank look a little faster,
+   changes nothing, so the rotation does not flap between probes.
 
 Every function is deterministic in its inputs and uses no randomness.
 """
@@ -44,6 +48,7 @@ __all__ = [
     "pair_rounds",
     "rotation_changed",
     "rotation_on",
+    "slow_ways_out",
 ]
 
 #: Bytes per probe transfer: a few MB, so that a 1gbit link's 4 ms token bucket (in
@@ -116,11 +121,14 @@ class MeasuredTopology:
         topology: hosts (as given) and racks (given, or the fast groups).
         places: every rank's place in its rack; the first ``cross_ranks`` places cross.
         slow_links: pairs ``(i, j)``, ``i < j``, below ``THRESHOLD_RATIO`` of the fastest.
+        slow_out: per rank, whether its way out of its rack is slow
+            (:func:`slow_ways_out`); all ``False`` when nothing was measured.
     """
 
     topology: Topology
     places: Tuple[int, ...]
     slow_links: Tuple[Tuple[int, int], ...]
+    slow_out: Tuple[bool, ...] = ()
 
     def crossing(self, cross_ranks: int = 1) -> Partition:
         """The ranks of each rack that cross first (places below ``cross_ranks``)."""
@@ -148,36 +156,48 @@ def measured_topology(matrix, hosts: Sequence[Hashable],
         racks = [next(i for i, g in enumerate(groups) if r in g) for r in range(len(hosts))]
     topology = Topology.from_ranks(list(hosts), list(racks))
     return MeasuredTopology(topology, cross_places(topology, filled, threshold_ratio),
-                            slow_links(filled, threshold_ratio))
+                            slow_links(filled, threshold_ratio),
+                            slow_ways_out(topology, filled, threshold_ratio))
+
+
+def slow_ways_out(topology: Topology, matrix,
+                  threshold_ratio: float = THRESHOLD_RATIO) -> Tuple[bool, ...]:
+    """Per rank, whether its way out of its rack is slow (all ``False`` with one rack).
+
+    1. a rank's way out is the median of its links (slower direction) to the ranks of
+       the other racks;
+    2. it is slow if below ``threshold_ratio`` times the best way out in its rack.
+    """
+    m = np.asarray(matrix, dtype=np.float64)
+    if m.shape != (topology.size, topology.size) or not np.all(np.isfinite(m)):
+        raise ValueError(f"matrix has shape {m.shape}; it must be {topology.size} x "
+                         f"{topology.size} and finite (fill same-host pairs first)")
+    if topology.n_racks < 2:
+        return (False,) * topology.size
+    links = np.minimum(m, m.T)
+    racks = np.asarray(topology.racks)
+    way_out = np.array([np.median(links[r, racks != racks[r]]) for r in range(topology.size)])
+    slow = [False] * topology.size
+    for group in topology.rack_groups():
+        best = max(way_out[r] for r in group)
+        for r in group:
+            slow[r] = bool(way_out[r] < threshold_ratio * best)
+    return tuple(slow)
 
 
 def cross_places(topology: Topology, matrix,
                  threshold_ratio: float = THRESHOLD_RATIO) -> Tuple[int, ...]:
     """Every rank's place in its rack, ranks with a slow way out of the rack last.
 
-    1. a rank's way out is the median of its links (slower direction) to the ranks of
-       the other racks;
-    2. it is slow if below ``threshold_ratio`` times the best way out in its rack;
-    3. a rack orders its ranks by (slow, :meth:`Topology.positions_in_rack`), so with
-       nothing slow the places are the topology's own, and noise below the threshold
-       changes nothing.
-
-    With one rack nobody crosses and the topology's places are returned.
+    A rack orders its ranks by (slow, :meth:`Topology.positions_in_rack`), slow as in
+    :func:`slow_ways_out`, so with nothing slow the places are the topology's own, and
+    noise below the threshold changes nothing. With one rack nobody crosses and the
+    topology's places are returned.
     """
-    m = np.asarray(matrix, dtype=np.float64)
-    if m.shape != (topology.size, topology.size) or not np.all(np.isfinite(m)):
-        raise ValueError(f"matrix has shape {m.shape}; it must be {topology.size} x "
-                         f"{topology.size} and finite (fill same-host pairs first)")
+    slow = slow_ways_out(topology, matrix, threshold_ratio)
     default = topology.positions_in_rack()
-    if topology.n_racks < 2:
-        return default
-    links = np.minimum(m, m.T)
-    racks = np.asarray(topology.racks)
-    way_out = np.array([np.median(links[r, racks != racks[r]]) for r in range(topology.size)])
     places = list(default)
     for group in topology.rack_groups():
-        best = max(way_out[r] for r in group)
-        slow = {r: bool(way_out[r] < threshold_ratio * best) for r in group}
         for place, r in enumerate(sorted(group, key=lambda r: (slow[r], default[r]))):
             places[r] = place
     return tuple(places)
@@ -204,8 +224,14 @@ def adapted_rotation(current: RotationSchedule, matrix, keep_racks: bool,
     2. a :class:`RotationSchedule` with the running one's ``intra_phases`` and
        ``split_hosts``, ``cross_ranks`` (``None``: all of the widest rack, as in
        :class:`hvdx.DSSync`) clamped to the widest rack, and the measured places;
-    3. ``None`` unless :func:`rotation_changed`. A pure function of its arguments: ranks
-       that hold the same matrix take the same decision.
+    3. ``None`` unless :func:`rotation_changed`;
+    4. hysteresis: ``None`` as well when the racks are the running ones and no rank
+       that crosses in the running rotation has a slow way out. The running rotation
+       does not hurt then, and switching would cost new process sets for nothing: a
+       recovered link, or noise that reorders ranks that are not slow, keeps it.
+
+    A pure function of its arguments: ranks that hold the same matrix take the same
+    decision.
 
     Returns:
         ``(measured, schedule or None)``.
@@ -216,7 +242,14 @@ def adapted_rotation(current: RotationSchedule, matrix, keep_racks: bool,
     proposed = rotation_on(current, measured.topology, measured.places, cross_ranks)
     cycle = [current.partition(s) for s in range(current.period)]
     new_cycle = [proposed.partition(s) for s in range(proposed.period)]
-    return measured, (proposed if rotation_changed(cycle, new_cycle) else None)
+    if not rotation_changed(cycle, new_cycle):
+        return measured, None
+    same_racks = measured.topology.rack_groups() == t.rack_groups()
+    crossing = [r for r in range(t.size) if current.places[r] < current.cross_ranks]
+    if same_racks and proposed.cross_ranks == current.cross_ranks \
+            and not any(measured.slow_out[r] for r in crossing):
+        return measured, None
+    return measured, proposed
 
 
 def _labels(labels: Sequence[Hashable]) -> List[int]:

@@ -151,9 +151,23 @@ def test_adaptation_is_a_pure_decision_on_the_shared_matrix():
     assert new is not None and again.settings() == new.settings()
     assert new.partition(1) == ((0,), (1, 2), (3,)) and new.partition(0) == ((0, 1), (2, 3))
     assert measured.slow_links[:3] == ((0, 1), (0, 2), (0, 3))
-    # Once the contention is over, the next probe brings the original rotation back.
-    _, back = adapted_rotation(new, calm, keep_racks=True, cross_ranks=1)
-    assert back is not None and back.partition(1) == running.partition(1)
+
+
+def test_the_rotation_switches_only_when_a_crossing_rank_is_slow():
+    # Hysteresis: a probe that no longer sees rank 0 slowed keeps the adapted
+    # rotation (rank 1 crossing does not hurt); switching back would cost process sets
+    # and invite flapping between probes. Only a slow crossing rank moves it again.
+    t = Topology.from_counts(2, 2)
+    running = RotationSchedule(t, cross_ranks=1)
+    contended = slow_nic(cluster_matrix(2, 2, noise=0.3), 0, 20 * MBIT)
+    _, adapted = adapted_rotation(running, contended, keep_racks=True, cross_ranks=1)
+    for seed in range(10):
+        calm = cluster_matrix(2, 2, noise=0.3, seed=seed)
+        assert adapted_rotation(adapted, calm, keep_racks=True, cross_ranks=1)[1] is None
+    now_rank_1 = slow_nic(cluster_matrix(2, 2), 1, 20 * MBIT)
+    measured, again = adapted_rotation(adapted, now_rank_1, keep_racks=True, cross_ranks=1)
+    assert measured.slow_out == (False, True, False, False)
+    assert again is not None and again.partition(1) == running.partition(1)
 
 
 def test_without_labels_the_adaptation_takes_the_probes_racks():
