@@ -51,6 +51,7 @@ from hvdx.core.bidirectional_topk import (aggregate, downlink, select, selection
                                           to_dense, uplink)
 from hvdx.core.error_feedback import ResidualMemory
 from hvdx.core.sharding import shard_bounds, shard_k, split_by_shard
+from hvdx.core.sparsity_warmup import config_at
 from hvdx.mpi.sparse import allgather_int, allgatherv_pairs, alltoallv_pairs
 
 __all__ = ["TopKStats", "TopKSynchronizer", "first_nonfinite"]
@@ -352,6 +353,12 @@ class TopKSynchronizer:
         """The residuals' key of ``position`` (the virtual global tensor included)."""
         return GLOBAL_NAME if position == len(self.names) else self.names[position]
 
+    def _config(self):
+        """The core settings of this step: the ratios of the sparsity warm-up, whose clock
+        starts when compression does (after ``warmup_steps`` dense steps)."""
+        c = self.compression
+        return config_at(c.config, self.step - c.warmup_steps, c.sparsity_warmup_steps)
+
     def _rng(self, role, index, position):
         config = self.compression.config
         if config.selector != "threshold":
@@ -359,7 +366,7 @@ class TopKSynchronizer:
         return selection_rng(config.seed, self.step, role, index, position)
 
     def _exchange_group(self, group, flat) -> Dict[int, np.ndarray]:
-        config = self.compression.config
+        config = self._config()
         feedback = self.compression.error_feedback
         rank = self.rank
         sizes = [d for _, d in group]
@@ -385,7 +392,7 @@ class TopKSynchronizer:
 
     def _gathered(self, group, offsets, ups):
         """One Allgatherv of every tensor's pairs; every rank aggregates and runs the downlink."""
-        config, size = self.compression.config, self.size
+        config, size = self._config(), self.size
         feedback = self.compression.error_feedback
         indices = np.concatenate([i.astype(np.int64) + offsets[t]
                                   for t, (i, _) in enumerate(ups)])
@@ -416,7 +423,7 @@ class TopKSynchronizer:
         Every tensor keeps its own shards (:func:`~hvdx.core.sharding.shard_bounds` of its
         length); what one rank sends an owner is all tensors' pieces for it, in order.
         """
-        config, size, rank = self.compression.config, self.size, self.rank
+        config, size, rank = self._config(), self.size, self.rank
         feedback = self.compression.error_feedback
         all_bounds = [shard_bounds(d, size) for _, d in group]
         outgoing = [[] for _ in range(size)]
