@@ -41,6 +41,10 @@ class TopKCompression:
             shards) or ``"auto"`` (sharded when more than 2 ranks).
         min_size: tensors with fewer entries are averaged densely by Horovod.
         warmup_steps: the first ``warmup_steps`` steps are dense for every tensor.
+        sparsity_warmup_steps: DGC's sparsity warm-up: over the first
+            ``sparsity_warmup_steps`` compressed steps the ratios decay geometrically
+            from 0.25 to ``ratio`` and ``downlink_ratio``
+            (:mod:`hvdx.core.sparsity_warmup`).
         error_feedback: keep the worker and server residuals (the default). ``False`` runs
             plain TopK: what a selection drops is lost, and no residual is stored.
         selection: ``"layerwise"`` (each compressed tensor keeps its ``ratio`` of its own
@@ -64,6 +68,8 @@ class TopKCompression:
     error_feedback: bool = True
     selection: str = "layerwise"
     momentum_correction: bool = False
+    sparsity_warmup_steps: int = 0
+    momentum_masking: bool = True
 
     def __post_init__(self):
         if not isinstance(self.config, TopKConfig):
@@ -72,11 +78,18 @@ class TopKCompression:
             raise ValueError(f"mode={self.mode!r} must be one of {MODES_AUTO}")
         _check_integer("min_size", self.min_size, 0)
         _check_integer("warmup_steps", self.warmup_steps, 0)
+        _check_integer("sparsity_warmup_steps", self.sparsity_warmup_steps, 0)
         if not isinstance(self.error_feedback, bool):
             raise ValueError(f"error_feedback={self.error_feedback!r} must be True or False")
         if not isinstance(self.momentum_correction, bool):
             raise ValueError(f"momentum_correction={self.momentum_correction!r} must be "
                              "True or False")
+        if not isinstance(self.momentum_masking, bool):
+            raise ValueError(f"momentum_masking={self.momentum_masking!r} must be True or "
+                             "False")
+        if not self.momentum_masking and not self.momentum_correction:
+            raise ValueError("momentum_masking=False applies to momentum_correction=True "
+                             "only; set momentum_correction=True or drop momentum_masking")
         if self.selection not in SELECTIONS:
             raise ValueError(f"selection={self.selection!r} must be one of {SELECTIONS}")
 
@@ -102,7 +115,10 @@ class TopKCompression:
                 f"min_size={self.min_size} warmup_steps={self.warmup_steps} "
                 f"selector={c.selector} sample_size={c.sample_size} seed={c.seed} "
                 f"error_feedback={self.error_feedback} selection={self.selection}"
-                + (" momentum_correction=True" if self.momentum_correction else ""))
+                + (" momentum_correction=True" if self.momentum_correction else "")
+                + ("" if self.momentum_masking else " momentum_masking=False")
+                + (f" sparsity_warmup_steps={self.sparsity_warmup_steps}"
+                   if self.sparsity_warmup_steps else ""))
 
     def __str__(self) -> str:
         return self.describe()
@@ -113,7 +129,9 @@ def topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,
          selector: str = "exact", sample_size: int = DEFAULT_SAMPLE_SIZE,
          seed: int = 0, error_feedback: bool = True,
          selection: str = "layerwise",
-         momentum_correction: bool = False) -> TopKCompression:
+         momentum_correction: bool = False,
+         sparsity_warmup_steps: int = 0,
+         momentum_masking: bool = True) -> TopKCompression:
     """Build a :class:`TopKCompression`, validating every argument here.
 
     Args:
@@ -129,6 +147,9 @@ def topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,
         selection: ``"layerwise"`` (per tensor) or ``"global"`` (one ``k`` over all
             compressed tensors).
         momentum_correction: DGC's local momentum with factor masking (PyTorch SGD).
+        sparsity_warmup_steps: compressed steps over which the ratios decay from 0.25
+            to ``ratio`` / ``downlink_ratio`` (DGC's warm-up; 0: none).
+        momentum_masking: DGC's momentum factor masking (with ``momentum_correction``).
 
     Raises:
         ValueError: an argument is out of range, named with its value (``ratio=2.0``).
@@ -137,7 +158,9 @@ def topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,
                         sample_size=sample_size, seed=seed)
     return TopKCompression(config, mode=mode, min_size=min_size, warmup_steps=warmup_steps,
                            error_feedback=error_feedback, selection=selection,
-                           momentum_correction=momentum_correction)
+                           momentum_correction=momentum_correction,
+                           sparsity_warmup_steps=sparsity_warmup_steps,
+                           momentum_masking=momentum_masking)
 
 
 def _check_integer(name: str, value: object, low: int) -> None:

@@ -48,12 +48,13 @@ Notes:
       dampening): hvdx takes the momentum ``m`` and weight decay ``wd`` of each
       parameter group over. Before step 2, ``g <- g + wd p``; a compressed tensor's
       gradient becomes its local velocity ``v <- m v + g``, which steps 2 to 5 compress;
-      after the exchange, ``v`` is zeroed where this rank sent it (factor masking). A
+      after the exchange, ``v`` is zeroed where this rank sent it (factor masking;
+      ``momentum_masking=False`` keeps it). A
       dense tensor is averaged first and then gets ``v <- m v + avg`` (SGD's own
       momentum). The wrapped step then runs with momentum and weight decay 0. So tensors
       left dense train exactly as SGD with momentum under Horovod; at ``ratio=1`` a
       compressed tensor sends its whole velocity, which masking then clears: plain SGD on
-      the average.
+      the average (without masking: SGD with momentum on the average).
 """
 
 from __future__ import annotations
@@ -263,7 +264,8 @@ class _TopKOptimizer:
         """Momentum correction, after the exchange: factor masking for the compressed
         tensors, SGD's momentum on the average for the dense ones."""
         entries, groups = self._hvdx_entries, self._hvdx_group_of()
-        sent = self._hvdx_sync.last_sent
+        sent = self._hvdx_sync.last_sent if self._hvdx_sync.compression.momentum_masking \
+            else {}
         done = set(compressed)
         with torch.no_grad():
             for position in compressed:

@@ -19,6 +19,9 @@ def test_defaults_and_description():
     assert " error_feedback=False " in topk(0.01, error_feedback=False).describe()
     assert topk(0.01, selection="global").describe().endswith(" selection=global")
     assert topk(0.01, error_feedback=False) != topk(0.01)
+    assert topk(0.01, sparsity_warmup_steps=4).describe().endswith(" sparsity_warmup_steps=4")
+    assert topk(0.01, momentum_correction=True, momentum_masking=False).describe().endswith(
+        " momentum_correction=True momentum_masking=False")
     with pytest.raises(ValueError, match="error_feedback=1 must be True or False"):
         topk(0.01, error_feedback=1)
 
@@ -32,6 +35,9 @@ def test_defaults_and_description():
     ({"mode": "ring"}, "mode='ring'"),
     ({"min_size": -1}, "min_size=-1"),
     ({"warmup_steps": 1.5}, "warmup_steps=1.5"),
+    ({"sparsity_warmup_steps": -1}, "sparsity_warmup_steps=-1"),
+    ({"momentum_correction": True, "momentum_masking": 0}, "momentum_masking=0"),
+    ({"momentum_masking": False}, "momentum_masking=False applies to momentum_correction"),
     ({"selector": "random"}, "selector='random'"),
     ({"seed": -3}, "seed=-3"),
     ({"selection": "per-layer"}, "selection='per-layer'"),

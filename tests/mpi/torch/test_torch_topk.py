@@ -3,6 +3,7 @@ the numpy reference, keeps every rank's update identical, reduces to Horovod's d
 averaging at ratio 1, checkpoints bitwise, and fails on every rank together."""
 
 import copy
+import math
 import pathlib
 import sys
 
@@ -312,6 +313,22 @@ def test_warmup_steps_are_dense_and_leave_no_residual():
 
 
 @pytest.mark.mpi(min_size=1)
+def test_sparsity_warm_up_sends_dgcs_falling_ratios_after_the_dense_steps():
+    model = Flat()
+    opt = topk_optimizer(model, hvd.Compression.topk(0.01, 0.01, min_size=0, warmup_steps=1,
+                                                     sparsity_warmup_steps=2))
+    sent = []
+    for step in range(4):
+        model.w.grad = torch.from_numpy(grads_of_all_ranks(step)[hvd.rank()].copy())
+        opt.step()
+        sent.append(None if opt.hvdx_stats.last_dense_tensors else
+                    len(opt._hvdx_sync.last_sent[0]))
+    assert sent == [None, math.ceil(0.25 * D), math.ceil(math.sqrt(0.25 * 0.01) * D),
+                    math.ceil(0.01 * D)]
+    assert same_everywhere(model.w)
+
+
+@pytest.mark.mpi(min_size=1)
 def test_synchronize_then_skip_synchronize_for_gradient_clipping():
     model = Flat()
     opt = topk_optimizer(model, hvd.Compression.topk(0.1, 0.1, min_size=0),
@@ -579,6 +596,16 @@ def test_momentum_correction_at_ratio_one_masks_the_whole_velocity_plain_sgd():
     opt = corrected(model, ratio=1.0, downlink_ratio=1.0, min_size=0)
     assert_same_training(model, opt, reference, horovod_sgd(reference, 0.0, 1e-3))
     assert all(not v.any() for v in opt._hvdx_velocity.values())
+
+
+@pytest.mark.mpi(min_size=1)
+def test_momentum_correction_without_masking_at_ratio_one_is_sgd_with_momentum():
+    """momentum_masking=False keeps the velocity where it was sent: at ratio 1 every
+    rank sends its whole velocity, whose average is the velocity of the average."""
+    model, reference = initial_model(), initial_model()
+    opt = corrected(model, ratio=1.0, downlink_ratio=1.0, min_size=0, momentum_masking=False)
+    assert_same_training(model, opt, reference, horovod_sgd(reference, 0.9, 1e-3))
+    assert all(v.any() for v in opt._hvdx_velocity.values())
 
 
 @pytest.mark.mpi(min_size=1)
