@@ -41,6 +41,13 @@ class TopKCompression:
             shards) or ``"auto"`` (sharded when more than 2 ranks).
         min_size: tensors with fewer entries are averaged densely by Horovod.
         warmup_steps: the first ``warmup_steps`` steps are dense for every tensor.
+        autotune_steps: measure before compressing: for this many steps after
+            ``warmup_steps``, training stays dense (Horovod's allreduce) and each step
+            also runs the TopK exchange on the same gradients as a dry run (results and
+            residuals thrown away); both are timed, and if TopK was not faster on the
+            slowest rank the run stays dense for good. Where the network does not hurt
+            (shared memory, a fast fabric) TopK's selection costs more than it saves;
+            this keeps such a run at Horovod's speed. 0 (the default): always compress.
         sparsity_warmup_steps: DGC's sparsity warm-up: over the first
             ``sparsity_warmup_steps`` compressed steps the ratios decay geometrically
             from 0.25 to ``ratio`` and ``downlink_ratio``
@@ -70,6 +77,7 @@ class TopKCompression:
     momentum_correction: bool = False
     sparsity_warmup_steps: int = 0
     momentum_masking: bool = True
+    autotune_steps: int = 0
 
     def __post_init__(self):
         if not isinstance(self.config, TopKConfig):
@@ -79,6 +87,7 @@ class TopKCompression:
         _check_integer("min_size", self.min_size, 0)
         _check_integer("warmup_steps", self.warmup_steps, 0)
         _check_integer("sparsity_warmup_steps", self.sparsity_warmup_steps, 0)
+        _check_integer("autotune_steps", self.autotune_steps, 0)
         if not isinstance(self.error_feedback, bool):
             raise ValueError(f"error_feedback={self.error_feedback!r} must be True or False")
         if not isinstance(self.momentum_correction, bool):
@@ -118,7 +127,8 @@ class TopKCompression:
                 + (" momentum_correction=True" if self.momentum_correction else "")
                 + ("" if self.momentum_masking else " momentum_masking=False")
                 + (f" sparsity_warmup_steps={self.sparsity_warmup_steps}"
-                   if self.sparsity_warmup_steps else ""))
+                   if self.sparsity_warmup_steps else "")
+                + (f" autotune_steps={self.autotune_steps}" if self.autotune_steps else ""))
 
     def __str__(self) -> str:
         return self.describe()
@@ -131,7 +141,8 @@ def topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,
          selection: str = "layerwise",
          momentum_correction: bool = False,
          sparsity_warmup_steps: int = 0,
-         momentum_masking: bool = True) -> TopKCompression:
+         momentum_masking: bool = True,
+         autotune_steps: int = 0) -> TopKCompression:
     """Build a :class:`TopKCompression`, validating every argument here.
 
     Args:
@@ -150,6 +161,8 @@ def topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,
         sparsity_warmup_steps: compressed steps over which the ratios decay from 0.25
             to ``ratio`` / ``downlink_ratio`` (DGC's warm-up; 0: none).
         momentum_masking: DGC's momentum factor masking (with ``momentum_correction``).
+        autotune_steps: dense steps that also time a dry TopK exchange; TopK runs after
+            them only if it was faster (0: always compress).
 
     Raises:
         ValueError: an argument is out of range, named with its value (``ratio=2.0``).
@@ -160,7 +173,8 @@ def topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,
                            error_feedback=error_feedback, selection=selection,
                            momentum_correction=momentum_correction,
                            sparsity_warmup_steps=sparsity_warmup_steps,
-                           momentum_masking=momentum_masking)
+                           momentum_masking=momentum_masking,
+                           autotune_steps=autotune_steps)
 
 
 def _check_integer(name: str, value: object, low: int) -> None:

@@ -31,15 +31,16 @@ DGC_START_RATIO = 0.25
 
 def warmup_ratio(ratio: float, step: int, warmup_steps: int,
                  start: float = DGC_START_RATIO) -> float:
-    """The ratio in force at ``step`` (steps 1 and 2 of the module docstring)."""
+    """The ratio in force at ``step`` (steps 1 and 2 of the module docstring); a step
+    before compression starts (negative) gets the first compressed step's."""
     if step >= warmup_steps or ratio >= start:
         return ratio
-    return start * (ratio / start) ** (step / warmup_steps)
+    return start * (ratio / start) ** (max(step, 0) / warmup_steps)
 
 
 def config_at(config: TopKConfig, step: int, warmup_steps: int) -> TopKConfig:
     """``config`` with the uplink and downlink ratios of ``step`` (step 3)."""
-    if step >= warmup_steps:
+    if step >= warmup_steps or warmup_steps <= 0:
         return config
     down = config.downlink_ratio
     return dataclasses.replace(

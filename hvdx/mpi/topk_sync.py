@@ -36,12 +36,21 @@ same on every rank):
    size). With ``error_feedback=False`` no residual is kept (plain TopK);
 5. wait for the dense allreduces, count the step.
 
+With ``autotune_steps=N`` the N steps after ``warmup_steps`` are dense (step 2 keeps
+every tensor dense) and each also runs steps 3 and 4 as a timed dry run on the same
+gradients, with empty residuals that are thrown away; after the N-th, one allgather of
+every rank's timings gives every rank the same decision: TopK from then on if its
+exchange was faster than the dense allreduce on the slowest rank (medians), else
+dense for good (:meth:`TopKSynchronizer.decide`).
+
 The updates come back as flat float32 arrays; the adapter writes them (and the dense
 results) where its optimizer reads gradients.
 """
 
 from __future__ import annotations
 
+import sys
+import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -77,11 +86,16 @@ class TopKStats:
     pairs: the allgather of gathered mode, the alltoall of sharded mode), ``"down"``
     (sharded mode's allgather of the selected shards; gathered mode computes the
     downlink on every rank and sends nothing) and ``"dense"`` (Horovod's allreduce of
-    the small tensors), each ``[sent, received]``.
+    the small tensors), each ``[sent, received]``; the dry runs of ``autotune_steps``
+    travel too and are counted.
+
+    ``autotune``: with ``autotune_steps``, after the decision, the medians on the
+    slowest rank (``"dense_s"``, ``"topk_s"``, seconds per step) and ``"choice"``
+    (``"topk"`` or ``"dense"``); ``None`` before.
     """
 
     __slots__ = ("last_sent", "last_received", "total_sent", "total_received",
-                 "last_sparse_tensors", "last_dense_tensors", "steps", "phases")
+                 "last_sparse_tensors", "last_dense_tensors", "steps", "phases", "autotune")
 
     def __init__(self):
         self.last_sent = self.last_received = 0.0
@@ -89,6 +103,7 @@ class TopKStats:
         self.last_sparse_tensors = self.last_dense_tensors = 0
         self.steps = 0
         self.phases = {"up": [0.0, 0.0], "down": [0.0, 0.0], "dense": [0.0, 0.0]}
+        self.autotune: Optional[Dict] = None
 
     def _begin(self):
         self.last_sent = self.last_received = 0.0
@@ -165,6 +180,10 @@ class TopKSynchronizer:
         self.layout: Optional[Tuple[Tuple[str, int], ...]] = None
         self.step = 0
         self.stats = TopKStats()
+        #: ``autotune_steps``: this rank's ``(dense, topk)`` seconds per tuning step, and
+        #: the decision (``None`` before it, ``"topk"`` or ``"dense"`` after).
+        self.timings: List[Tuple[float, float]] = []
+        self.choice: Optional[str] = None
         #: ``{position: indices}``: the entries of each compressed tensor this rank sent
         #: in the last step (DGC's momentum factor masking zeroes them).
         self.last_sent: Dict[int, np.ndarray] = {}
@@ -204,7 +223,19 @@ class TopKSynchronizer:
         stats._begin()
         dense, sparse = self.split(sizes, force_dense)
         self.last_sent = {}
+        tuning = self.tuning()
+        if tuning:
+            # The dry run first: the dense allreduce may work in place on the gradients.
+            would_be = [p for p in range(len(sizes)) if p not in set(force_dense)
+                        and sizes[p] >= self.compression.min_size]
+            topk_s = self._dry_run([(p, sizes[p]) for p in would_be], flat)
+        started = time.perf_counter()
         wait = start_dense(dense)
+        if tuning:
+            if wait is not None:
+                wait()
+                wait = None
+            self.timings.append((time.perf_counter() - started, topk_s))
         itemsizes = [4] * len(sizes) if itemsizes is None else itemsizes
         for position in dense:
             nbytes = 2 * (self.size - 1) / self.size * sizes[position] * itemsizes[position]
@@ -215,7 +246,40 @@ class TopKSynchronizer:
         stats.last_sparse_tensors, stats.last_dense_tensors = len(sparse), len(dense)
         stats.steps += 1
         self.step += 1
+        if tuning and not self.tuning():
+            self.decide()
         return updates
+
+    def tuning(self) -> bool:
+        """Whether this step is one of the ``autotune_steps`` (dense, with a dry run)."""
+        c = self.compression
+        return self.choice is None and \
+            c.warmup_steps <= self.step < c.warmup_steps + c.autotune_steps
+
+    def decide(self) -> str:
+        """The autotune decision, the same on every rank. Collective.
+
+        1. one allgather of every rank's ``(dense, topk)`` timings;
+        2. per rank the median of each; per method the slowest rank's median (a step
+           waits for the slowest rank);
+        3. ``"topk"`` if TopK's is below the dense allreduce's, else ``"dense"``; rank 0
+           logs the figures and the choice.
+        """
+        everyone = self.comm.allgather([tuple(t) for t in self.timings])
+        medians = [np.median(np.asarray(t, dtype=np.float64), axis=0) for t in everyone if t]
+        if not medians:  # resumed past the tuning steps without their timings
+            self.choice = "topk"
+            return self.choice
+        dense_s, topk_s = (float(x) for x in np.max(np.stack(medians), axis=0))
+        self.choice = "topk" if topk_s < dense_s else "dense"
+        self.stats.autotune = {"dense_s": dense_s, "topk_s": topk_s, "choice": self.choice}
+        if self.rank == 0:
+            then = "compressing from now on" if self.choice == "topk" else \
+                "staying dense (Horovod's allreduce) for the rest of the run"
+            print(f"[hvdx] TopK autotune over {len(self.timings)} steps: dense allreduce "
+                  f"{1e3 * dense_s:.1f} ms, TopK exchange {1e3 * topk_s:.1f} ms per step "
+                  f"on the slowest rank; {then}", file=sys.stderr, flush=True)
+        return self.choice
 
     def check_finite(self, first_bad: int) -> None:
         """Step 1: one allgather of every rank's first bad position; raise on every rank.
@@ -236,7 +300,7 @@ class TopKSynchronizer:
               ) -> Tuple[List[int], List[int]]:
         """Step 2: ``(dense positions, compressed positions)``, each in the fixed order."""
         compression = self.compression
-        warm = self.step < compression.warmup_steps
+        warm = self.step < compression.warmup_steps or self.tuning() or self.choice == "dense"
         forced = set(force_dense)
         dense, sparse = [], []
         for position, d in enumerate(sizes):
@@ -251,7 +315,8 @@ class TopKSynchronizer:
     def state_dict(self) -> dict:
         """The step, the layout the server residuals belong to, and copies of the residuals."""
         return {"step": self.step, "mode": self.mode, "size": self.size, "rank": self.rank,
-                "selection": self.selection,
+                "selection": self.selection, "choice": self.choice,
+                "timings": [list(t) for t in self.timings],
                 "layout": None if self.layout is None else [list(e) for e in self.layout],
                 "worker": self.worker.state_dict(), "server": self.server.state_dict()}
 
@@ -290,6 +355,8 @@ class TopKSynchronizer:
         self.server.load_state_dict(state["server"])
         self.layout = layout
         self.step = int(state["step"])
+        self.choice = state.get("choice")
+        self.timings = [(float(a), float(b)) for a, b in state.get("timings", [])]
 
     # --- internals -----------------------------------------------------------------------
 
@@ -355,9 +422,24 @@ class TopKSynchronizer:
 
     def _config(self):
         """The core settings of this step: the ratios of the sparsity warm-up, whose clock
-        starts when compression does (after ``warmup_steps`` dense steps)."""
+        starts when compression does (after ``warmup_steps`` and ``autotune_steps``)."""
         c = self.compression
-        return config_at(c.config, self.step - c.warmup_steps, c.sparsity_warmup_steps)
+        return config_at(c.config, self.step - c.warmup_steps - c.autotune_steps,
+                         c.sparsity_warmup_steps)
+
+    def _dry_run(self, tensors, flat) -> float:
+        """Seconds of steps 3 and 4 on ``tensors`` with fresh residuals, which are then
+        dropped: the running residuals, layout and ``last_sent`` stay as they were."""
+        saved = self.worker, self.server, self.layout
+        keys = self.worker.names
+        self.worker, self.server = ResidualMemory(keys), ResidualMemory(keys)
+        started = time.perf_counter()
+        try:
+            self._exchange_all(tensors, flat)
+        finally:
+            self.worker, self.server, self.layout = saved
+            self.last_sent = {}
+        return time.perf_counter() - started
 
     def _rng(self, role, index, position):
         config = self.compression.config

@@ -20,6 +20,7 @@ def test_defaults_and_description():
     assert topk(0.01, selection="global").describe().endswith(" selection=global")
     assert topk(0.01, error_feedback=False) != topk(0.01)
     assert topk(0.01, sparsity_warmup_steps=4).describe().endswith(" sparsity_warmup_steps=4")
+    assert topk(0.01, autotune_steps=3).describe().endswith(" autotune_steps=3")
     assert topk(0.01, momentum_correction=True, momentum_masking=False).describe().endswith(
         " momentum_correction=True momentum_masking=False")
     with pytest.raises(ValueError, match="error_feedback=1 must be True or False"):
@@ -36,6 +37,7 @@ def test_defaults_and_description():
     ({"min_size": -1}, "min_size=-1"),
     ({"warmup_steps": 1.5}, "warmup_steps=1.5"),
     ({"sparsity_warmup_steps": -1}, "sparsity_warmup_steps=-1"),
+    ({"autotune_steps": 2.0}, "autotune_steps=2.0"),
     ({"momentum_correction": True, "momentum_masking": 0}, "momentum_masking=0"),
     ({"momentum_masking": False}, "momentum_masking=False applies to momentum_correction"),
     ({"selector": "random"}, "selector='random'"),

@@ -29,6 +29,8 @@ def test_no_warm_up_and_ratios_above_the_start_are_left_alone():
     assert [warmup_ratio(0.5, step, 4) for step in range(5)] == [0.5] * 5
     config = TopKConfig(0.01, 0.01)
     assert config_at(config, 7, 4) is config
+    assert config_at(config, -2, 0) is config  # dry runs before compression starts
+    assert warmup_ratio(0.01, -2, 4) == DGC_START_RATIO
 
 
 def test_both_directions_follow_the_path_to_their_own_ratio():

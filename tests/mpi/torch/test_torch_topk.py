@@ -328,6 +328,55 @@ def test_sparsity_warm_up_sends_dgcs_falling_ratios_after_the_dense_steps():
     assert same_everywhere(model.w)
 
 
+def step_with(opt, model, step):
+    """One step on the synthetic gradient; returns Horovod's dense average of it."""
+    g = torch.from_numpy(grads_of_all_ranks(step)[hvd.rank()].copy())
+    dense = horovod.torch.allreduce(g, op=hvd.Average, name=f"check.autotune.{step}")
+    model.w.grad = g.clone()
+    opt.step()
+    return dense
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("mode", MODES)
+def test_autotune_steps_train_dense_and_their_dry_runs_leave_no_residual(mode):
+    model = Flat()
+    opt = topk_optimizer(model, hvd.Compression.topk(0.01, 0.01, mode=mode, min_size=0,
+                                                     autotune_steps=2))
+    for step in range(2):
+        dense = step_with(opt, model, step)
+        assert torch.equal(model.w.grad, dense)  # Horovod's own allreduce
+        assert residual(opt, "worker") is None and residual(opt, "server") is None
+        assert opt._hvdx_sync.last_sent == {}
+    tuned = opt.hvdx_stats.autotune
+    assert tuned["choice"] in ("topk", "dense") and tuned["dense_s"] > 0 < tuned["topk_s"]
+    assert gather_all(torch.tensor([int(tuned["choice"] == "topk")])).unique().numel() == 1
+    assert (opt.hvdx_stats.phases["up"][0] > 0) == (hvd.size() > 1)  # dry runs' pairs travel
+    step_with(opt, model, 2)
+    assert opt.hvdx_stats.last_sparse_tensors == (1 if tuned["choice"] == "topk" else 0)
+    assert same_everywhere(model.w)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_autotune_decides_on_the_slowest_rank_and_stays_dense_when_topk_lost():
+    model = Flat()
+    opt = topk_optimizer(model, hvd.Compression.topk(0.01, 0.01, min_size=0,
+                                                     autotune_steps=3))
+    sync = opt._hvdx_sync
+    # TopK is faster on rank 0 only: the slowest rank's 2 s decides, on every rank.
+    sync.timings = [(1.0, 0.5)] * 3 if hvd.rank() == 0 else [(1.0, 2.0)] * 3
+    sync.step = 3
+    assert sync.decide() == "dense"
+    assert opt.hvdx_stats.autotune == {"dense_s": 1.0, "topk_s": 2.0, "choice": "dense"}
+    for step in range(3, 5):
+        assert torch.equal(step_with(opt, model, step), model.w.grad)
+    state = copy.deepcopy(opt.state_dict())
+    again = topk_optimizer(Flat(), hvd.Compression.topk(0.01, 0.01, min_size=0,
+                                                        autotune_steps=3))
+    again.load_state_dict(state)
+    assert again._hvdx_sync.choice == "dense"  # a resumed run keeps the decision
+
+
 @pytest.mark.mpi(min_size=1)
 def test_synchronize_then_skip_synchronize_for_gradient_clipping():
     model = Flat()
