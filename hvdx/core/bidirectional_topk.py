@@ -156,9 +156,9 @@ def uplink(memory: ResidualMemory, name: str, g: np.ndarray, k_up: int,
 
     Raises ``ValueError`` naming ``name``, memory untouched, if ``g`` has NaN or Inf.
     """
-    a = memory.compensate(name, g)
+    a = memory.compensate(name, g)  # a new array: the memory may keep it
     indices, values = select(a, k_up, config, rng)
-    memory.update(name, a, indices, values)
+    memory.update(name, a, indices, values, copy=False)
     return indices, values
 
 

@@ -70,9 +70,10 @@ class ResidualMemory:
         """The residual of ``name`` (not a copy; do not modify), ``None`` before first use."""
         return self._residuals.get(name)
 
-    def set(self, name: str, residual: np.ndarray) -> None:
-        """Store ``residual`` (a copy) as the residual of ``name``."""
-        self._residuals[name] = _checked(name, residual, "residual").copy()
+    def set(self, name: str, residual: np.ndarray, copy: bool = True) -> None:
+        """Store ``residual`` (a copy; ``copy=False``: itself, handed over) for ``name``."""
+        residual = _checked(name, residual, "residual")
+        self._residuals[name] = residual.copy() if copy else residual
 
     def check_finite(self, name: str, g: np.ndarray) -> None:
         """Raise ``ValueError`` naming ``name`` if ``g`` holds NaN or Inf.
@@ -80,6 +81,11 @@ class ResidualMemory:
         Called by :meth:`compensate` before the residual is read or written, so a bad
         step leaves the memory as it was (a NaN added to a residual would never leave it).
         """
+        # A finite sum proves every entry finite (NaN and Inf propagate); only a sum
+        # that is not finite, which an overflow can also give, needs the full check.
+        with np.errstate(over="ignore", invalid="ignore"):
+            if np.isfinite(np.add.reduce(g, axis=None)):
+                return
         finite = np.isfinite(g)
         if not finite.all():
             bad = int(finite.size - np.count_nonzero(finite))
@@ -106,13 +112,16 @@ class ResidualMemory:
         return e + g
 
     def update(self, name: str, a: np.ndarray, sent_indices: np.ndarray,
-               sent_values: np.ndarray) -> None:
+               sent_values: np.ndarray, copy: bool = True) -> None:
         """Set ``e = a - s``: ``a`` with ``sent_values`` subtracted at ``sent_indices``.
 
         ``sent_indices`` must be distinct (the selectors return them so). When the values
         sent are ``a[sent_indices]``, as TopK sends them, those entries become exactly 0.
+        ``copy=False`` hands ``a`` over instead of copying it (the caller owns it, as
+        :meth:`compensate`'s result, and does not use it again).
         """
-        e = _checked(name, a, "compensated gradient").copy()
+        e = _checked(name, a, "compensated gradient")
+        e = e.copy() if copy else e
         e[sent_indices] -= sent_values
         self._residuals[name] = e
 

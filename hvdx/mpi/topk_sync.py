@@ -495,7 +495,7 @@ class TopKSynchronizer:
             u_indices, u_values, residual = downlink(m, server, k_down, config,
                                                      self._rng("down", 0, position))
             if feedback:
-                self.server.set(name, residual)
+                self.server.set(name, residual, copy=False)  # downlink's own array
             updates.append(to_dense(u_indices, u_values, d))
         return updates
 
@@ -533,7 +533,7 @@ class TopKSynchronizer:
             local, values, residual = downlink(m_s, server, share, config,
                                                self._rng("down", rank, position))
             if feedback:
-                self.server.set(name, residual)
+                self.server.set(name, residual, copy=False)  # downlink's own array
             chosen.append((local + (offsets[t] + lo), values))
         selected, sent, received = allgatherv_pairs(
             self.comm, np.concatenate([i for i, _ in chosen]),

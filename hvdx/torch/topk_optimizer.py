@@ -323,14 +323,16 @@ def _check_momentum_correction(optimizer) -> None:
 def _first_nonfinite(grads) -> int:
     """The first gradient with NaN or Inf (``len(grads)`` if none), checked in torch.
 
-    One float64 sum per tensor, on its device, instead of an elementwise ``isfinite``
-    (a boolean tensor the size of the gradient): a NaN or an infinity anywhere makes the
-    sum non-finite, and finite float32/float16/bfloat16 entries cannot overflow a float64
-    sum (at most 3.4e38 each, far below 1.8e308 for any tensor that fits in memory).
+    One sum per tensor in its own dtype, on its device, instead of an elementwise
+    ``isfinite`` (a boolean tensor the size of the gradient): a NaN or an infinity
+    anywhere makes the sum non-finite, so a finite sum proves the tensor finite. A sum
+    that is not finite may also be an overflow of finite entries: only then is the
+    tensor checked entry by entry. (A float64 sum, which cannot overflow, costs a
+    conversion of every entry: most of this check's time on a large gradient.)
     """
     for i, g in enumerate(grads):
         values = g.coalesce().values() if g.is_sparse else g
-        if not bool(torch.isfinite(values.sum(dtype=torch.float64))):
+        if not bool(torch.isfinite(values.sum())) and not bool(torch.isfinite(values).all()):
             return i
     return len(grads)
 

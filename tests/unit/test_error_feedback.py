@@ -86,6 +86,17 @@ def test_a_non_finite_gradient_names_the_parameter_and_leaves_the_residual(bad):
     assert memory.get("conv.weight") is None
 
 
+def test_finite_values_whose_sum_overflows_are_accepted():
+    # The check sums first; an overflow of finite entries must not read as Inf.
+    memory = ResidualMemory(["w"])
+    g = np.full(8, 3e38, np.float32)
+    memory.check_finite("w", g)
+    np.testing.assert_array_equal(memory.compensate("w", g), g)
+    g[3] = -np.inf
+    with pytest.raises(ValueError, match="has 1 NaN or Inf"):
+        memory.check_finite("w", g)
+
+
 def test_wrong_dtype_shape_or_length_is_refused():
     memory = ResidualMemory()
     with pytest.raises(TypeError, match="'w' is float16.*float32"):

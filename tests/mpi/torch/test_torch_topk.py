@@ -258,6 +258,16 @@ def test_different_ratios_raise_the_fingerprint_error_on_every_rank():
 
 
 @pytest.mark.mpi(min_size=1)
+def test_finite_gradients_whose_sum_overflows_are_not_taken_for_inf():
+    from hvdx.torch.topk_optimizer import _first_nonfinite
+
+    big = torch.full((8,), 3e38)
+    half = torch.full((8,), 6e4, dtype=torch.float16)
+    assert _first_nonfinite([big, half]) == 2
+    assert _first_nonfinite([big, torch.tensor([1.0, float("nan")])]) == 1
+
+
+@pytest.mark.mpi(min_size=1)
 def test_a_nan_gradient_on_one_rank_raises_everywhere_and_changes_nothing():
     model = initial_model()
     opt = topk_optimizer(model, hvd.Compression.topk(0.05, 0.05, min_size=256),
