@@ -86,7 +86,7 @@ class DSSyncAdaptation:
         started = time.perf_counter()
         matrix = self._matrix(step, schedule.topology)
         measured, new = adapted_rotation(schedule, matrix, self.keep_racks,
-                                         self.sync.cross_ranks)
+                                         self._cross_ranks(schedule))
         self.probes += 1
         self.probe_seconds += time.perf_counter() - started
         if new is None:
@@ -117,7 +117,14 @@ class DSSyncAdaptation:
         self._adapted = dict(state)
         self.adaptations = int(state.get("adaptations", self.adaptations))
         topology = Topology(tuple(state["hosts"]), tuple(state["racks"]))
-        return rotation_on(schedule, topology, state["places"], self.sync.cross_ranks)
+        return rotation_on(schedule, topology, state["places"], self._cross_ranks(schedule))
+
+    def _cross_ranks(self, schedule: RotationSchedule) -> int:
+        """Ranks per rack that cross: the user's, else the running rotation's (which
+        the cost of crossing may have set from the link rates; a probe moves who
+        crosses, not how many)."""
+        return self.sync.cross_ranks if self.sync.cross_ranks is not None \
+            else schedule.cross_ranks
 
     def _matrix(self, step: int, topology: Topology) -> np.ndarray:
         """Step 1: the same matrix on every rank."""

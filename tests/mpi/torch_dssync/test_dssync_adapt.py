@@ -80,6 +80,20 @@ def test_a_slowed_nic_moves_the_crossing_at_the_same_step_on_every_rank():
     assert opt.hvdx_stats.last_group_size == (2 if hvd.rank() in crossing else 1)
 
 
+@pytest.mark.mpi(min_size=4)
+def test_adaptation_keeps_the_number_of_crossing_ranks_the_link_rates_chose():
+    # 1 Gbit NICs and a 100 Mbit uplink: the cost of crossing picks one rank per rack
+    # (cross_ranks left to it). A probe moves *who* crosses, never how many.
+    sync = hvdx.DSSync(topology=two_racks(), link_rates=("1gbit", "100mbit"), probe_every=2,
+                       probe=contended_from(0))
+    model, opt = make(hvd.rank(), sync)
+    assert opt._hvdx_groups.schedule.cross_ranks == 1
+    train(model, opt, 3)
+    assert opt.hvdx_stats.adaptations == 1
+    assert opt._hvdx_groups.schedule.cross_ranks == 1
+    assert opt._hvdx_groups.schedule.places[:2] == (1, 0)
+
+
 @pytest.mark.mpi(min_size=2)
 def test_a_calm_network_never_rebuilds_and_steps_stay_identical():
     sync = hvdx.DSSync(topology=two_racks() if hvd.size() >= 4 else None, cross_ranks=1,
