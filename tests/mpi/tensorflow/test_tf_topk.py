@@ -128,6 +128,23 @@ def test_ratio_one_is_horovods_dense_average_and_residuals_stay_zero(mode):
 
 
 @pytest.mark.mpi(min_size=1)
+def test_autotune_steps_are_dense_and_then_one_choice_holds_on_every_rank():
+    variables = flat_variables(SIZES[:1])
+    step = tape_step(variables, True, compression=hvd.Compression.topk(
+        0.01, 0.01, min_size=0, autotune_steps=2))
+    for t in range(3):
+        g = tf.constant(grads_of_all_ranks(t, SIZES[0])[hvd.rank()])
+        dense = horovod.tensorflow.allreduce(g, op=hvd.Average)
+        (u,) = step(g)
+        sync = hvd.topk_state(variables).synchronizer
+        if t < 2:  # Horovod's allreduce; the dry run left no residual behind
+            np.testing.assert_array_equal(u.numpy(), dense.numpy())
+            assert sync.worker.get("variable[0]") is None
+    assert sync.choice in ("topk", "dense") and same_everywhere([sync.choice == "topk"])
+    assert sync.stats.autotune["dense_s"] > 0 and same_everywhere(u.numpy())
+
+
+@pytest.mark.mpi(min_size=1)
 def test_op_sum_is_size_times_the_average():
     g = tf.constant(grads_of_all_ranks(0, SIZES[0])[hvd.rank()])
     spec = hvd.Compression.topk(0.1, 0.1, min_size=0)
