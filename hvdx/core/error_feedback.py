@@ -47,13 +47,17 @@ class ResidualMemory:
         memory.update("fc.weight", a, indices, values)  # e <- a - s
     """
 
-    __slots__ = ("_residuals",)
+    __slots__ = ("_residuals", "_spare")
 
     def __init__(self, names: Iterable[str] = ()):
         if isinstance(names, (set, frozenset)):
             raise TypeError("names must be an ordered sequence, not a set: its order "
                             "may differ between ranks")
         self._residuals: Dict[str, Optional[np.ndarray]] = dict.fromkeys(map(str, names))
+        #: A residual replaced by ``update(copy=False)``, kept as the buffer of the next
+        #: ``compensate``: a large array allocated anew every step costs its page faults
+        #: every step (most of ``e + g``'s time on a virtual machine).
+        self._spare: Dict[str, np.ndarray] = {}
 
     @property
     def names(self) -> Tuple[str, ...]:
@@ -67,7 +71,9 @@ class ResidualMemory:
         return len(self._residuals)
 
     def get(self, name: str) -> Optional[np.ndarray]:
-        """The residual of ``name`` (not a copy; do not modify), ``None`` before first use."""
+        """The residual of ``name``, ``None`` before first use. Not a copy: do not modify
+        it, and copy it to keep it, since ``update(copy=False)`` reuses its buffer two
+        steps later."""
         return self._residuals.get(name)
 
     def set(self, name: str, residual: np.ndarray, copy: bool = True) -> None:
@@ -93,7 +99,8 @@ class ResidualMemory:
                              f"value(s) of {finite.size}; its residual was left unchanged")
 
     def compensate(self, name: str, g: np.ndarray) -> np.ndarray:
-        """Return ``a = e + g`` (a new array; neither ``g`` nor ``e`` is modified).
+        """Return ``a = e + g`` (a new array or the spare buffer; neither ``g`` nor ``e``
+        is modified, so an error before :meth:`update` leaves the memory as it was).
 
         Raises:
             ValueError: ``g`` has NaN or Inf (see :meth:`check_finite`), is not flat, or
@@ -109,7 +116,10 @@ class ResidualMemory:
         if e.shape != g.shape or e.dtype != g.dtype:
             raise ValueError(f"gradient of parameter '{name}' is {g.dtype}[{g.size}] but "
                              f"its residual is {e.dtype}[{e.size}]")
-        return e + g
+        spare = self._spare.pop(name, None)
+        if spare is None or spare.shape != e.shape or spare.dtype != e.dtype:
+            return e + g
+        return np.add(e, g, out=spare)
 
     def update(self, name: str, a: np.ndarray, sent_indices: np.ndarray,
                sent_values: np.ndarray, copy: bool = True) -> None:
@@ -123,7 +133,10 @@ class ResidualMemory:
         e = _checked(name, a, "compensated gradient")
         e = e.copy() if copy else e
         e[sent_indices] -= sent_values
+        old = self._residuals.get(name)
         self._residuals[name] = e
+        if not copy and old is not None and old is not e:
+            self._spare[name] = old  # nobody else holds it: the memory gave out copies
 
     def state_dict(self) -> Dict[str, np.ndarray]:
         """Copies of the residuals in the fixed order (a plain, checkpointable dict).
@@ -141,6 +154,7 @@ class ResidualMemory:
         loaded = {str(name): _checked(name, e, "residual").copy() for name, e in state.items()}
         order = dict.fromkeys(list(self._residuals) + list(loaded))
         self._residuals = {name: loaded.get(name) for name in order}
+        self._spare = {}
 
 
 def _checked(name: str, x: np.ndarray, what: str) -> np.ndarray:

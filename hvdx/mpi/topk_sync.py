@@ -187,6 +187,7 @@ class TopKSynchronizer:
         #: ``{position: indices}``: the entries of each compressed tensor this rank sent
         #: in the last step (DGC's momentum factor masking zeroes them).
         self.last_sent: Dict[int, np.ndarray] = {}
+        self._global_buffer: Optional[np.ndarray] = None
 
     # --- one step ------------------------------------------------------------------------
 
@@ -405,8 +406,14 @@ class TopKSynchronizer:
             raise ValueError(f"TopK selection='global' over {total} entries: indices must fit "
                              "in int32; use selection='layerwise'")
         self.layout = layout
-        whole = np.concatenate([flat(p) for p, _ in tensors]) if len(tensors) > 1 \
-            else flat(tensors[0][0])
+        if len(tensors) > 1:
+            # One buffer for every step's concatenation: a fresh one would pay its page
+            # faults each step (selection only reads it; the residual is its own array).
+            if self._global_buffer is None or self._global_buffer.size != total:
+                self._global_buffer = np.empty(total, np.float32)
+            whole = np.concatenate([flat(p) for p, _ in tensors], out=self._global_buffer)
+        else:
+            whole = flat(tensors[0][0])
         virtual = len(self.names)
         update = self._exchange_group([(virtual, total)], lambda _: whole)[virtual]
         offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])

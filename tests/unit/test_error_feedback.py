@@ -8,13 +8,13 @@ from hvdx.core.error_feedback import ResidualMemory
 from hvdx.core.topk_selection import select_exact
 
 
-def steps(memory, name, grads, k):
+def steps(memory, name, grads, k, copy=True):
     """Run compensate -> TopK -> update; return the sparse updates sent, densified."""
     sent = []
     for g in grads:
         a = memory.compensate(name, g)
         indices, values = select_exact(a, k)
-        memory.update(name, a, indices, values)
+        memory.update(name, a, indices, values, copy=copy)
         s = np.zeros_like(a)
         s[indices] = values
         sent.append(s)
@@ -95,6 +95,28 @@ def test_finite_values_whose_sum_overflows_are_accepted():
     g[3] = -np.inf
     with pytest.raises(ValueError, match="has 1 NaN or Inf"):
         memory.check_finite("w", g)
+
+
+def test_handing_arrays_over_reuses_two_buffers_and_changes_no_result():
+    grads = random_grads(6, 300, dtype=np.float32)
+    copying, handing = ResidualMemory(["w"]), ResidualMemory(["w"])
+    sent_c = steps(copying, "w", grads, k=7)
+    buffers = set()
+    for g in grads:
+        sent_h = steps(handing, "w", [g], k=7, copy=False)
+        buffers.add(id(handing.get("w")))
+    np.testing.assert_array_equal(copying.get("w"), handing.get("w"))
+    np.testing.assert_array_equal(sent_c[-1], sent_h[-1])
+    assert len(buffers) <= 3  # the first step's copy, then two buffers in turn
+
+
+def test_a_failed_step_after_compensate_leaves_the_residual_as_it_was():
+    memory = ResidualMemory(["w"])
+    grads = random_grads(3, 50, dtype=np.float32)
+    steps(memory, "w", grads[:2], k=5, copy=False)
+    before = memory.get("w").copy()
+    memory.compensate("w", grads[2])  # ... and the step fails before update
+    np.testing.assert_array_equal(memory.get("w"), before)
 
 
 def test_wrong_dtype_shape_or_length_is_refused():
