@@ -136,7 +136,7 @@ class ResidualMemory:
         old = self._residuals.get(name)
         self._residuals[name] = e
         if not copy and old is not None and old is not e:
-            self._spare[name] = old  # nobody else holds it: the memory gave out copies
+            self._spare[name] = old  # get()'s callers copy what they keep (its docstring)
 
     def state_dict(self) -> Dict[str, np.ndarray]:
         """Copies of the residuals in the fixed order (a plain, checkpointable dict).

@@ -227,8 +227,7 @@ class TopKSynchronizer:
         tuning = self.tuning()
         if tuning:
             # The dry run first: the dense allreduce may work in place on the gradients.
-            would_be = [p for p in range(len(sizes)) if p not in set(force_dense)
-                        and sizes[p] >= self.compression.min_size]
+            would_be = self.compressible(sizes, force_dense)
             topk_s = self._dry_run([(p, sizes[p]) for p in would_be], flat)
         started = time.perf_counter()
         wait = start_dense(dense)
@@ -302,14 +301,17 @@ class TopKSynchronizer:
         """Step 2: ``(dense positions, compressed positions)``, each in the fixed order."""
         compression = self.compression
         warm = self.step < compression.warmup_steps or self.tuning() or self.choice == "dense"
+        sparse = [] if warm else self.compressible(sizes, force_dense)
+        chosen = set(sparse)
+        return [p for p in range(len(sizes)) if p not in chosen], sparse
+
+    def compressible(self, sizes: Sequence[int], force_dense: Sequence[int] = ()
+                     ) -> List[int]:
+        """The positions TopK takes outside any warm-up: not forced dense, not below
+        ``min_size``."""
         forced = set(force_dense)
-        dense, sparse = [], []
-        for position, d in enumerate(sizes):
-            if warm or position in forced or d < compression.min_size:
-                dense.append(position)
-            else:
-                sparse.append(position)
-        return dense, sparse
+        return [p for p, d in enumerate(sizes)
+                if p not in forced and d >= self.compression.min_size]
 
     # --- state ---------------------------------------------------------------------------
 
