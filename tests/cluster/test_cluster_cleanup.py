@@ -23,6 +23,7 @@ cluster = EmulatedCluster(ClusterSpec(racks=2, hosts_per_rack=1, nic="100mbit",
 with cluster:
     sleeper = subprocess.Popen(cluster.exec_prefix("h0") + ["sleep", "300"])
     print(cluster.run_id, sleeper.pid, cluster.workdir, flush=True)
+    sys.stdin.readline()  # the parent has counted the namespaces
     if sys.argv[1] == "raise":
         raise RuntimeError("boom")
     time.sleep(60)
@@ -42,12 +43,17 @@ def _alive(pid):
 
 
 def _start_child(mode):
-    child = subprocess.Popen([sys.executable, "-c", CHILD, mode], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=child_env())
+    child = subprocess.Popen([sys.executable, "-c", CHILD, mode], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=child_env())
     line = child.stdout.readline().split()
     assert len(line) == 3, child.stderr.read()
     run_id, sleeper, workdir = line[0], int(line[1]), line[2]
+    # Counted before the child goes on: in "raise" mode its teardown would otherwise
+    # race this count (seen once: 5 of 6 namespaces left).
     assert len(_ours(run_id)) == 6  # 2 hosts, 2 racks, core, control
+    child.stdin.write("go\n")
+    child.stdin.flush()
     return child, run_id, sleeper, workdir
 
 
