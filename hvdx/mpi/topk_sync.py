@@ -192,7 +192,7 @@ class TopKSynchronizer:
     # --- one step ------------------------------------------------------------------------
 
     def synchronize(self, sizes: Sequence[int], flat: Callable[[int], np.ndarray],
-                    start_dense: StartDense, first_bad: int,
+                    start_dense: StartDense, first_bad: Optional[int],
                     force_dense: Sequence[int] = (),
                     itemsizes: Optional[Sequence[int]] = None) -> Dict[int, np.ndarray]:
         """Run steps 1 to 5 for every tensor.
@@ -205,7 +205,9 @@ class TopKSynchronizer:
                 (Horovod's) of those tensors and returns a callable that waits for it,
                 or ``None`` when it already finished. Called on every rank, also with an
                 empty list, so that it may run collectives of its own.
-            first_bad: this rank's first tensor with NaN or Inf (``len(sizes)`` if none).
+            first_bad: this rank's first tensor with NaN or Inf (``len(sizes)`` if none);
+                ``None`` when the adapter ran :meth:`check_finite` itself this step (it
+                keeps state of its own that a bad gradient must not reach first).
             force_dense: positions that must stay dense (sparse gradients).
             itemsizes: bytes per entry of each tensor, for the dense byte count
                 (default 4).
@@ -219,7 +221,8 @@ class TopKSynchronizer:
         """
         if len(sizes) != len(self.names):
             raise ValueError(f"got {len(sizes)} tensors for {len(self.names)} names")
-        self.check_finite(first_bad)
+        if first_bad is not None:
+            self.check_finite(first_bad)
         stats = self.stats
         stats._begin()
         dense, sparse = self.split(sizes, force_dense)

@@ -15,7 +15,7 @@ One :meth:`step` (``synchronize`` then the wrapped optimizer's ``step``):
    Horovod, because another rank may have one;
 2. check all gradients for NaN/Inf and combine the result across ranks with one tiny
    allgather, so every rank raises the same ``ValueError`` naming the first bad
-   parameter, before any residual changes;
+   parameter, before any residual (or, with ``momentum_correction``, velocity) changes;
 3. tensors with fewer than ``min_size`` entries, sparse gradients, and every tensor
    during ``warmup_steps``: Horovod's allreduce (op, ``gradient_predivide_factor``);
 4. the others, all together: flatten each to float32 numpy on CPU and run
@@ -179,7 +179,12 @@ class _TopKOptimizer:
         entries = self._hvdx_entries
         pending = []
         correction = self._hvdx_sync.compression.momentum_correction
+        first_bad = _first_nonfinite(grads)
         if correction:
+            # The velocity is state like the residuals: agree on NaN/Inf before a bad
+            # gradient enters it (a NaN in the velocity would never leave it).
+            self._hvdx_sync.check_finite(first_bad)
+            first_bad = None
             compressed = self._hvdx_local_momentum(grads)
 
         def start_dense(positions):
@@ -200,7 +205,7 @@ class _TopKOptimizer:
             return entries[position][1].grad.detach().reshape(-1).to("cpu", torch.float32).numpy()
 
         updates = self._hvdx_sync.synchronize(
-            [g.numel() for g in grads], flat, start_dense, _first_nonfinite(grads),
+            [g.numel() for g in grads], flat, start_dense, first_bad,
             force_dense=[i for i, g in enumerate(grads) if g.is_sparse],
             itemsizes=[g.element_size() for g in grads])
         for position, u in updates.items():

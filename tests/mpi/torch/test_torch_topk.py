@@ -268,15 +268,19 @@ def test_finite_gradients_whose_sum_overflows_are_not_taken_for_inf():
 
 
 @pytest.mark.mpi(min_size=1)
-def test_a_nan_gradient_on_one_rank_raises_everywhere_and_changes_nothing():
+@pytest.mark.parametrize("correction", [False, True])
+def test_a_nan_gradient_on_one_rank_raises_everywhere_and_changes_nothing(correction):
     model = initial_model()
-    opt = topk_optimizer(model, hvd.Compression.topk(0.05, 0.05, min_size=256),
-                         torch.optim.SGD(model.parameters(), lr=0.05))
+    opt = topk_optimizer(
+        model, hvd.Compression.topk(0.05, 0.05, min_size=256, momentum_correction=correction),
+        torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9 if correction else 0))
     data = batches(hvd.rank(), 2)
     train(model, opt, data[:1])
     workers = {n: e.copy() for n, e in opt._hvdx_worker.state_dict().items()}
     servers = {n: e.copy() for n, e in opt._hvdx_server.state_dict().items()}
     params = copy.deepcopy(model.state_dict())
+    velocity = {n: v.clone() for n, v in opt._hvdx_velocity.items()}
+    assert bool(velocity) == correction
     opt.zero_grad()
     F.cross_entropy(model(data[1][0]), data[1][1]).backward()
     bad_rank = hvd.size() - 1
@@ -292,6 +296,7 @@ def test_a_nan_gradient_on_one_rank_raises_everywhere_and_changes_nothing():
         assert list(after) == list(before)
         assert all(np.array_equal(after[n], before[n]) for n in before)
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in params.items())
+    assert all(torch.equal(v, opt._hvdx_velocity[n]) for n, v in velocity.items())
     assert opt.state_dict()["hvdx_topk"]["step"] == 1
 
 
