@@ -41,7 +41,10 @@ every tensor dense) and each also runs steps 3 and 4 as a timed dry run on the s
 gradients, with empty residuals that are thrown away; after the N-th, one allgather of
 every rank's timings gives every rank the same decision: TopK from then on if its
 exchange was faster than the dense allreduce on the slowest rank (medians), else
-dense for good (:meth:`TopKSynchronizer.decide`).
+dense for good (:meth:`TopKSynchronizer.decide`). Once dense for good, a step is
+Horovod's: no NaN/Inf agreement (no residual is at stake), and an adapter that can
+start the allreduces during the backward pass does so and only counts the step
+(:meth:`TopKSynchronizer.dense_step`).
 
 The updates come back as flat float32 arrays; the adapter writes them (and the dense
 results) where its optimizer reads gradients.
@@ -221,7 +224,7 @@ class TopKSynchronizer:
         """
         if len(sizes) != len(self.names):
             raise ValueError(f"got {len(sizes)} tensors for {len(self.names)} names")
-        if first_bad is not None:
+        if first_bad is not None and self.choice != "dense":
             self.check_finite(first_bad)
         stats = self.stats
         stats._begin()
@@ -239,10 +242,7 @@ class TopKSynchronizer:
                 wait()
                 wait = None
             self.timings.append((time.perf_counter() - started, topk_s))
-        itemsizes = [4] * len(sizes) if itemsizes is None else itemsizes
-        for position in dense:
-            nbytes = 2 * (self.size - 1) / self.size * sizes[position] * itemsizes[position]
-            stats._add(nbytes, nbytes, "dense")
+        self._count_dense(dense, sizes, itemsizes)
         updates = self._exchange_all([(p, sizes[p]) for p in sparse], flat)
         if wait is not None:
             wait()
@@ -252,6 +252,28 @@ class TopKSynchronizer:
         if tuning and not self.tuning():
             self.decide()
         return updates
+
+    def dense_step(self, sizes: Sequence[int],
+                   itemsizes: Optional[Sequence[int]] = None) -> None:
+        """Count a step that the adapter ran wholly on Horovod's allreduce, started while
+        the gradients were being computed, as Horovod's own optimizer does.
+
+        Only after autotune chose ``"dense"`` (:meth:`overlaps_dense`): no tensor is
+        compressed any more, so no residual is at stake and hvdx adds nothing of its own
+        to Horovod's step, not even the NaN/Inf agreement (Horovod has none either).
+        """
+        if not self.overlaps_dense():
+            raise RuntimeError("dense_step is for runs whose autotune chose dense")
+        self.stats._begin()
+        self._count_dense(range(len(sizes)), sizes, itemsizes)
+        self.stats.last_sparse_tensors, self.stats.last_dense_tensors = 0, len(sizes)
+        self.stats.steps += 1
+        self.step += 1
+
+    def overlaps_dense(self) -> bool:
+        """Whether every step from now on is Horovod's allreduce of every tensor (autotune
+        chose dense), which adapters may then start during the backward pass."""
+        return self.choice == "dense"
 
     def tuning(self) -> bool:
         """Whether this step is one of the ``autotune_steps`` (dense, with a dry run)."""
@@ -427,6 +449,14 @@ class TopKSynchronizer:
         for t, (p, _) in enumerate(tensors):
             self.last_sent[p] = sent[cuts[t]:cuts[t + 1]] - offsets[t]
         return {p: update[offsets[t]:offsets[t + 1]] for t, (p, _) in enumerate(tensors)}
+
+    def _count_dense(self, positions, sizes, itemsizes) -> None:
+        """Horovod's ring allreduce of ``positions``: ``2 (P - 1) / P`` of each tensor's
+        bytes sent and received."""
+        for position in positions:
+            itemsize = 4 if itemsizes is None else itemsizes[position]
+            nbytes = 2 * (self.size - 1) / self.size * sizes[position] * itemsize
+            self.stats._add(nbytes, nbytes, "dense")
 
     def _name(self, position: int) -> str:
         """The residuals' key of ``position`` (the virtual global tensor included)."""

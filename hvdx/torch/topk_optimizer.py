@@ -43,6 +43,10 @@ Notes:
       sparse again.
     - ``selection="global"``: one ``k`` over all compressed tensors (see
       :mod:`hvdx.mpi.topk_sync`).
+    - ``autotune_steps``: once the run chose dense, every allreduce starts from a hook
+      while the backward pass runs, as in Horovod's own optimizer (same counting of
+      ``backward_passes_per_step``), and those steps skip the NaN/Inf agreement (no
+      residual is at stake; Horovod has none).
     - ``momentum_correction=True`` (Deep Gradient Compression, Lin et al., arXiv
       1712.01887; the wrapped optimizer must be ``torch.optim.SGD`` without Nesterov or
       dampening): hvdx takes the momentum ``m`` and weight decay ``wd`` of each
@@ -60,6 +64,7 @@ Notes:
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Dict, List, Tuple
 
 import numpy as np
@@ -128,6 +133,12 @@ class _TopKOptimizer:
         self._hvdx_velocity: Dict[str, torch.Tensor] = {}
         if compression.momentum_correction:
             _check_momentum_correction(self)
+        #: Once autotune chose dense: the allreduces the backward pass started
+        #: (``{position: (handle, was_sparse)}``), the passes each gradient still awaits,
+        #: and the hooks that start them.
+        self._hvdx_handles: Dict[int, Tuple] = {}
+        self._hvdx_delay: Dict[int, int] = {}
+        self._hvdx_hooks = None
 
     # The synchronizer's objects under the names this optimizer always had.
     hvdx_stats = property(lambda self: self._hvdx_sync.stats,
@@ -143,6 +154,7 @@ class _TopKOptimizer:
         if passes <= 0:
             raise ValueError("backward_passes_per_step must be > 0")
         self.backward_passes_per_step = passes
+        self._hvdx_delay = dict.fromkeys(self._hvdx_delay, passes)
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -170,7 +182,15 @@ class _TopKOptimizer:
                 group["momentum"], group["weight_decay"] = momentum, decay
 
     def synchronize(self):
-        """Replace every ``p.grad`` by the TopK-compressed average (steps 1 to 5)."""
+        """Replace every ``p.grad`` by the TopK-compressed average (steps 1 to 5).
+
+        Once autotune chose dense, by Horovod's average, whose allreduces the backward
+        pass has started (:meth:`_hvdx_synchronize_dense`).
+        """
+        if self._hvdx_sync.overlaps_dense():
+            self._hvdx_synchronize_dense()
+            self._hvdx_synchronized = True
+            return
         grads = []
         for name, p in self._hvdx_entries:
             if p.grad is None:
@@ -215,6 +235,8 @@ class _TopKOptimizer:
         if correction:
             self._hvdx_after_exchange(compressed)
         self._hvdx_synchronized = True
+        if self._hvdx_sync.overlaps_dense():  # decided in this step: overlap from the next
+            self._hvdx_register_hooks()
 
     # --- state ----------------------------------------------------------------------
 
@@ -238,14 +260,93 @@ class _TopKOptimizer:
             # A refused checkpoint changes nothing, the wrapped optimizer's state included.
             self._hvdx_sync.check_state_dict(topk)
         self._hvdx_base.load_state_dict(self, state_dict)
+        self._hvdx_handles.clear()
+        self._hvdx_delay = dict.fromkeys(self._hvdx_delay, self.backward_passes_per_step)
         if topk is not None:
             self._hvdx_sync.load_state_dict(topk)
+            if self._hvdx_sync.overlaps_dense():
+                self._hvdx_register_hooks()
             params = dict(self._hvdx_entries)
             self._hvdx_velocity = {
                 n: v.detach().to(params[n].device, params[n].dtype).clone()
                 for n, v in topk.get("velocity", {}).items() if n in params}
 
     # --- internals ------------------------------------------------------------------
+
+    def _hvdx_register_hooks(self):
+        """Once autotune chose dense: start each gradient's allreduce as soon as the
+        backward pass has accumulated it, as Horovod's own optimizer does, so that
+        communication overlaps the rest of the backward pass.
+
+        The hooks hold the optimizer weakly: an optimizer dropped by the user stops
+        reacting to the parameters' gradients.
+        """
+        if self._hvdx_hooks is not None:
+            return
+        this = weakref.ref(self)
+
+        def make_hook(position):
+            def hook(_):
+                optimizer = this()
+                if optimizer is not None:
+                    optimizer._hvdx_gradient_ready(position)
+            return hook
+
+        self._hvdx_delay = {position: self.backward_passes_per_step
+                            for position in range(len(self._hvdx_entries))}
+        self._hvdx_hooks = [p.register_post_accumulate_grad_hook(make_hook(position))
+                            for position, (_, p) in enumerate(self._hvdx_entries)]
+
+    def _hvdx_gradient_ready(self, position):
+        """A backward pass accumulated ``position``'s gradient: after the
+        ``backward_passes_per_step``-th, start its allreduce (Horovod's hook)."""
+        if not self._hvdx_sync.overlaps_dense():
+            return
+        if position in self._hvdx_handles or self._hvdx_delay[position] <= 0:
+            raise AssertionError(
+                "Gradients were computed more than backward_passes_per_step times before "
+                "call to step(). Increase backward_passes_per_step to accumulate gradients "
+                "locally.")
+        self._hvdx_delay[position] -= 1
+        name, p = self._hvdx_entries[position]
+        if self._hvdx_delay[position] == 0 and not p.grad.is_sparse:
+            self._hvdx_handles[position] = self._hvdx_dense_async(name, p)
+
+    def _hvdx_synchronize_dense(self):
+        """A step after autotune chose dense: Horovod's average of every gradient.
+
+        1. start the allreduces the backward pass did not (a gradient set by hand, a
+           sparse one, a parameter without gradient: zeros, as Horovod sends);
+        2. wait for all of them, in the fixed order;
+        3. with ``momentum_correction``: weight decay on the average (the parameters are
+           the same on every rank, so this is the average of the decayed gradients), then
+           SGD's momentum, as for any tensor left dense.
+        No NaN/Inf agreement: no residual is at stake, and Horovod has none.
+        """
+        entries = self._hvdx_entries
+        for position, (name, p) in enumerate(entries):
+            if position not in self._hvdx_handles:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                self._hvdx_handles[position] = self._hvdx_dense_async(name, p)
+        for position in sorted(self._hvdx_handles):
+            handle, was_sparse = self._hvdx_handles[position]
+            out = _hvd.synchronize(handle)
+            if was_sparse:
+                entries[position][1].grad = out.to_sparse()
+        self._hvdx_handles.clear()
+        self._hvdx_delay = dict.fromkeys(self._hvdx_delay, self.backward_passes_per_step)
+        grads = [p.grad for _, p in entries]
+        self._hvdx_sync.dense_step([g.numel() for g in grads],
+                                   [g.element_size() for g in grads])
+        if self._hvdx_sync.compression.momentum_correction:
+            groups = self._hvdx_group_of()
+            with torch.no_grad():
+                for _, p in entries:
+                    decay = groups[id(p)]["weight_decay"]
+                    if decay and not p.grad.is_sparse:
+                        p.grad.add_(p.detach(), alpha=decay)
+            self._hvdx_after_exchange([])
 
     def _hvdx_group_of(self):
         """``{id(parameter): its param_group}``."""

@@ -3,6 +3,7 @@ the numpy reference, keeps every rank's update identical, reduces to Horovod's d
 averaging at ratio 1, checkpoints bitwise, and fails on every rank together."""
 
 import copy
+import gc
 import math
 import pathlib
 import sys
@@ -390,6 +391,77 @@ def test_autotune_decides_on_the_slowest_rank_and_stays_dense_when_topk_lost():
                                                         autotune_steps=3))
     again.load_state_dict(state)
     assert again._hvdx_sync.choice == "dense"  # a resumed run keeps the decision
+
+
+def chose_dense(opt):
+    """Give ``opt`` the decision autotune takes when the dense allreduce was faster."""
+    sync = opt._hvdx_sync
+    sync.timings, sync.step = [(1.0, 2.0)] * sync.compression.autotune_steps, \
+        sync.compression.autotune_steps
+    assert sync.decide() == "dense"
+    opt._hvdx_register_hooks()  # what the deciding step does at its end
+
+
+def train_watching_backward(model, opt, data, passes=1):
+    """Train; return, per step, how many allreduces had started when backward ended."""
+    started = []
+    for x, y in data:
+        opt.zero_grad()
+        for _ in range(passes):
+            F.cross_entropy(model(x), y).backward()
+        started.append(len(getattr(opt, "_hvdx_handles", ())))
+        opt.step()
+    return started
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("passes", [1, 2])
+def test_once_autotune_chose_dense_allreduces_start_during_backward_as_horovods(passes):
+    """After a dense decision the step is Horovod's: every gradient's allreduce starts
+    from a hook while backward runs (after the last of ``backward_passes_per_step``
+    passes), and training follows Horovod's own DistributedOptimizer."""
+    model, reference = initial_model(), initial_model()
+    opt = topk_optimizer(model, hvd.Compression.topk(0.05, 0.05, min_size=0, autotune_steps=2),
+                         torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                         backward_passes_per_step=passes)
+    chose_dense(opt)
+    horovod_opt = horovod.torch.DistributedOptimizer(
+        torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9),
+        named_parameters=reference.named_parameters(), backward_passes_per_step=passes)
+    data = batches(hvd.rank(), 4, seed=8)
+    started = train_watching_backward(model, opt, data, passes)
+    train_watching_backward(reference, horovod_opt, data, passes)
+    entries = len(list(model.parameters()))
+    assert started == [entries] * len(data)
+    for (name, a), b in zip(model.named_parameters(), reference.parameters()):
+        assert torch.allclose(a, b, atol=1e-6), name
+        assert same_everywhere(a), name
+    assert opt.hvdx_stats.steps == len(data) and opt.hvdx_stats.last_sparse_tensors == 0
+    assert opt._hvdx_handles == {}
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_dense_choice_with_momentum_correction_trains_as_sgd_with_momentum():
+    model, reference = initial_model(), initial_model()
+    spec = hvd.Compression.topk(0.05, min_size=0, autotune_steps=1, momentum_correction=True)
+    opt = topk_optimizer(model, spec, torch.optim.SGD(model.parameters(), lr=0.05,
+                                                      momentum=0.9, weight_decay=1e-3))
+    chose_dense(opt)
+    assert_same_training(model, opt, reference, horovod_sgd(reference, 0.9, 1e-3))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_resumed_dense_choice_overlaps_from_its_first_step():
+    model = initial_model()
+    spec = hvd.Compression.topk(0.05, min_size=0, autotune_steps=1)
+    opt = topk_optimizer(model, spec)
+    chose_dense(opt)
+    again = topk_optimizer(model, spec)
+    again.load_state_dict(copy.deepcopy(opt.state_dict()))
+    del opt  # its hooks hold it weakly: they go quiet with it
+    gc.collect()
+    entries = len(list(model.parameters()))
+    assert train_watching_backward(model, again, batches(hvd.rank(), 2)) == [entries] * 2
 
 
 @pytest.mark.mpi(min_size=1)
