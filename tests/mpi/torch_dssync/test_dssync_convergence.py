@@ -7,6 +7,10 @@ The digits CNN trained on 4 ranks, alike but for the synchronization
 (10 intra-rack phases per cross phase, one rank per rack crossing: the racks mix once
 every 11 steps), and the paper's random shuffle into groups of 2. A final global average
 (``synchronize_parameters``) precedes the evaluation, as before any evaluation.
+
+Ten epochs, half of the TopK test's twenty: dense Horovod is past 0.9 by then (measured
+on 4 ranks: dense 0.9465, rotation 0.9488, shuffle 0.9555; at twenty epochs all three
+are higher still), and the three trainings were the slowest part of the test suite.
 """
 
 import pathlib
@@ -19,7 +23,9 @@ import hvdx.torch as hvd
 from hvdx.core.topology import Topology
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from digits_training import EPOCHS, train  # noqa: E402
+from digits_training import train  # noqa: E402
+
+EPOCHS = 10
 
 
 def horovod(local, model):
@@ -43,9 +49,11 @@ def accuracies():
     topology = Topology.from_counts(racks=2, hosts_per_rack=2)
     rotation = hvdx.DSSync(topology=topology, link_rates=("1gbit", "100mbit"))
     shuffle = hvdx.DSSync("shuffle", group_size=2, seed=3)
-    return {"dense": train(hvd, horovod),
-            "rotation": train(hvd, with_sync(rotation), before_evaluation=average_everywhere),
-            "shuffle": train(hvd, with_sync(shuffle), before_evaluation=average_everywhere)}
+    return {"dense": train(hvd, horovod, epochs=EPOCHS),
+            "rotation": train(hvd, with_sync(rotation), epochs=EPOCHS,
+                              before_evaluation=average_everywhere),
+            "shuffle": train(hvd, with_sync(shuffle), epochs=EPOCHS,
+                             before_evaluation=average_everywhere)}
 
 
 @pytest.mark.mpi(min_size=4)
