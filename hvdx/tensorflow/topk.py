@@ -283,8 +283,10 @@ def _step(sync: TopKSynchronizer, tensors, force_dense, op, prescale, postscale,
     def flat(position):
         return arrays[position].reshape(-1).astype(np.float32, copy=False)
 
+    # Once autotune chose dense, Horovod's allreduce alone: no NaN/Inf agreement.
+    first_bad = None if sync.overlaps_dense() else first_nonfinite(arrays)
     updates = sync.synchronize(
-        [a.size for a in arrays], flat, start_dense, first_nonfinite(arrays),
+        [a.size for a in arrays], flat, start_dense, first_bad,
         force_dense=force_dense, itemsizes=[a.dtype.itemsize for a in arrays])
     for p, u in updates.items():
         update = tf.constant(u.reshape(arrays[p].shape))

@@ -144,6 +144,30 @@ def test_autotune_steps_are_dense_and_then_one_choice_holds_on_every_rank():
     assert sync.stats.autotune["dense_s"] > 0 and same_everywhere(u.numpy())
 
 
+class NoCollectives:
+    """A communicator that fails any use: hvdx must run no collective of its own."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"hvdx called {name} on its communicator")
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("compiled", [False, True])
+def test_after_a_dense_choice_a_step_is_horovods_allreduce_alone(compiled):
+    variables = flat_variables(SIZES[:1])
+    step = tape_step(variables, compiled, compression=hvd.Compression.topk(
+        0.01, 0.01, min_size=0, autotune_steps=1))
+    step(tf.constant(grads_of_all_ranks(0, SIZES[0])[hvd.rank()]))  # the tuning step
+    sync = hvd.topk_state(variables).synchronizer
+    sync.choice, sync.comm = "dense", NoCollectives()  # as if the dense allreduce won
+    for t in range(1, 3):
+        g = tf.constant(grads_of_all_ranks(t, SIZES[0])[hvd.rank()])
+        dense = horovod.tensorflow.allreduce(g, op=hvd.Average)
+        (u,) = step(g)
+        np.testing.assert_array_equal(u.numpy(), dense.numpy())
+    assert sync.stats.steps == 3 and sync.stats.last_sparse_tensors == 0
+
+
 @pytest.mark.mpi(min_size=1)
 def test_op_sum_is_size_times_the_average():
     g = tf.constant(grads_of_all_ranks(0, SIZES[0])[hvd.rank()])

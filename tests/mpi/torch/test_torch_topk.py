@@ -393,6 +393,13 @@ def test_autotune_decides_on_the_slowest_rank_and_stays_dense_when_topk_lost():
     assert again._hvdx_sync.choice == "dense"  # a resumed run keeps the decision
 
 
+class NoCollectives:
+    """A communicator that fails any use."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"hvdx called {name} on its communicator")
+
+
 def chose_dense(opt):
     """Give ``opt`` the decision autotune takes when the dense allreduce was faster."""
     sync = opt._hvdx_sync
@@ -425,6 +432,7 @@ def test_once_autotune_chose_dense_allreduces_start_during_backward_as_horovods(
                          torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                          backward_passes_per_step=passes)
     chose_dense(opt)
+    opt._hvdx_comm = NoCollectives()  # no collective of hvdx's own, not even NaN's
     horovod_opt = horovod.torch.DistributedOptimizer(
         torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9),
         named_parameters=reference.named_parameters(), backward_passes_per_step=passes)
