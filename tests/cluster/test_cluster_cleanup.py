@@ -26,8 +26,13 @@ with cluster:
     sys.stdin.readline()  # the parent has counted the namespaces
     if sys.argv[1] == "raise":
         raise RuntimeError("boom")
-    time.sleep(60)
+    for _ in range(600):
+        time.sleep(0.1)
 """
+# Short sleeps in a loop, not one long one: a signal that lands after readline returns
+# but before a single time.sleep(60) has begun would wait for the whole sleep, since
+# CPython runs Python signal handlers only between bytecodes or when a blocking call is
+# interrupted (seen once in 10 runs: the parent signals right after its "go").
 
 
 def _ours(run_id):
