@@ -30,6 +30,7 @@ COMPILED_IDS = ["eager", "tf.function"]
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import synthetic_gradients  # noqa: E402
+from fake_comms import NoCollectives  # noqa: E402
 
 
 def grads_of_all_ranks(step, d, seed=0):
@@ -142,13 +143,6 @@ def test_autotune_steps_are_dense_and_then_one_choice_holds_on_every_rank():
             assert sync.worker.get("variable[0]") is None
     assert sync.choice in ("topk", "dense") and same_everywhere([sync.choice == "topk"])
     assert sync.stats.autotune["dense_s"] > 0 and same_everywhere(u.numpy())
-
-
-class NoCollectives:
-    """A communicator that fails any use: hvdx must run no collective of its own."""
-
-    def __getattr__(self, name):
-        raise AssertionError(f"hvdx called {name} on its communicator")
 
 
 @pytest.mark.mpi(min_size=1)

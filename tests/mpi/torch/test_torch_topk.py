@@ -26,6 +26,7 @@ RATIOS = {"bidirectional": (0.02, 0.01), "unidirectional": (0.02, None)}
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import synthetic_gradients  # noqa: E402
+from fake_comms import NoCollectives  # noqa: E402
 
 
 class Flat(nn.Module):
@@ -391,13 +392,6 @@ def test_autotune_decides_on_the_slowest_rank_and_stays_dense_when_topk_lost():
                                                         autotune_steps=3))
     again.load_state_dict(state)
     assert again._hvdx_sync.choice == "dense"  # a resumed run keeps the decision
-
-
-class NoCollectives:
-    """A communicator that fails any use."""
-
-    def __getattr__(self, name):
-        raise AssertionError(f"hvdx called {name} on its communicator")
 
 
 def chose_dense(opt):
