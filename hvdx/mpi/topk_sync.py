@@ -224,7 +224,7 @@ class TopKSynchronizer:
         """
         if len(sizes) != len(self.names):
             raise ValueError(f"got {len(sizes)} tensors for {len(self.names)} names")
-        if first_bad is not None and self.choice != "dense":
+        if first_bad is not None and not self.overlaps_dense():
             self.check_finite(first_bad)
         stats = self.stats
         stats._begin()
@@ -246,9 +246,7 @@ class TopKSynchronizer:
         updates = self._exchange_all([(p, sizes[p]) for p in sparse], flat)
         if wait is not None:
             wait()
-        stats.last_sparse_tensors, stats.last_dense_tensors = len(sparse), len(dense)
-        stats.steps += 1
-        self.step += 1
+        self._count_step(len(sparse), len(dense))
         if tuning and not self.tuning():
             self.decide()
         return updates
@@ -266,9 +264,7 @@ class TopKSynchronizer:
             raise RuntimeError("dense_step is for runs whose autotune chose dense")
         self.stats._begin()
         self._count_dense(range(len(sizes)), sizes, itemsizes)
-        self.stats.last_sparse_tensors, self.stats.last_dense_tensors = 0, len(sizes)
-        self.stats.steps += 1
-        self.step += 1
+        self._count_step(0, len(sizes))
 
     def overlaps_dense(self) -> bool:
         """Whether every step from now on is Horovod's allreduce of every tensor (autotune
@@ -325,7 +321,7 @@ class TopKSynchronizer:
               ) -> Tuple[List[int], List[int]]:
         """Step 2: ``(dense positions, compressed positions)``, each in the fixed order."""
         compression = self.compression
-        warm = self.step < compression.warmup_steps or self.tuning() or self.choice == "dense"
+        warm = self.step < compression.warmup_steps or self.tuning() or self.overlaps_dense()
         sparse = [] if warm else self.compressible(sizes, force_dense)
         chosen = set(sparse)
         return [p for p in range(len(sizes)) if p not in chosen], sparse
@@ -457,6 +453,12 @@ class TopKSynchronizer:
             itemsize = 4 if itemsizes is None else itemsizes[position]
             nbytes = 2 * (self.size - 1) / self.size * sizes[position] * itemsize
             self.stats._add(nbytes, nbytes, "dense")
+
+    def _count_step(self, sparse: int, dense: int) -> None:
+        """The end of every step, compressed or not: tensor counts, then the clocks."""
+        self.stats.last_sparse_tensors, self.stats.last_dense_tensors = sparse, dense
+        self.stats.steps += 1
+        self.step += 1
 
     def _name(self, position: int) -> str:
         """The residuals' key of ``position`` (the virtual global tensor included)."""

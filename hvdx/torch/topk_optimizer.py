@@ -215,10 +215,8 @@ class _TopKOptimizer:
         def wait_dense():
             # Called by the synchronizer once the sparse exchange is done, so that the
             # two overlap, and timed by it during autotune steps.
-            for position, (handle, was_sparse) in pending:
-                out = _hvd.synchronize(handle)
-                if was_sparse:
-                    entries[position][1].grad = out.to_sparse()
+            for position, started in pending:
+                self._hvdx_dense_wait(position, started)
             pending.clear()
 
         def flat(position):
@@ -330,22 +328,14 @@ class _TopKOptimizer:
                     p.grad = torch.zeros_like(p)
                 self._hvdx_handles[position] = self._hvdx_dense_async(name, p)
         for position in sorted(self._hvdx_handles):
-            handle, was_sparse = self._hvdx_handles[position]
-            out = _hvd.synchronize(handle)
-            if was_sparse:
-                entries[position][1].grad = out.to_sparse()
+            self._hvdx_dense_wait(position, self._hvdx_handles[position])
         self._hvdx_handles.clear()
         self._hvdx_delay = dict.fromkeys(self._hvdx_delay, self.backward_passes_per_step)
         grads = [p.grad for _, p in entries]
         self._hvdx_sync.dense_step([g.numel() for g in grads],
                                    [g.element_size() for g in grads])
         if self._hvdx_sync.compression.momentum_correction:
-            groups = self._hvdx_group_of()
-            with torch.no_grad():
-                for _, p in entries:
-                    decay = groups[id(p)]["weight_decay"]
-                    if decay and not p.grad.is_sparse:
-                        p.grad.add_(p.detach(), alpha=decay)
+            self._hvdx_weight_decay()
             self._hvdx_after_exchange([])
 
     def _hvdx_group_of(self):
@@ -358,11 +348,8 @@ class _TopKOptimizer:
         entries, groups = self._hvdx_entries, self._hvdx_group_of()
         _, compressed = self._hvdx_sync.split(
             [g.numel() for g in grads], [i for i, g in enumerate(grads) if g.is_sparse])
+        self._hvdx_weight_decay()
         with torch.no_grad():
-            for (name, p), g in zip(entries, grads):
-                decay = groups[id(p)]["weight_decay"]
-                if decay and not g.is_sparse:
-                    g.add_(p.detach(), alpha=decay)
             for position in compressed:
                 name, p = entries[position]
                 momentum = groups[id(p)]["momentum"]
@@ -394,6 +381,24 @@ class _TopKOptimizer:
                 v = p.grad.detach().clone() if v is None else v.mul_(momentum).add_(p.grad)
                 self._hvdx_velocity[name] = v
                 p.grad.copy_(v)
+
+    def _hvdx_weight_decay(self):
+        """Momentum correction: ``g <- g + wd p`` for every dense ``p.grad``, with its
+        group's ``wd`` (the wrapped SGD then steps without weight decay)."""
+        groups = self._hvdx_group_of()
+        with torch.no_grad():
+            for _, p in self._hvdx_entries:
+                decay = groups[id(p)]["weight_decay"]
+                if decay and not p.grad.is_sparse:
+                    p.grad.add_(p.detach(), alpha=decay)
+
+    def _hvdx_dense_wait(self, position, started):
+        """Wait for ``started = (handle, was_sparse)`` of :meth:`_hvdx_dense_async`;
+        a gradient that was sparse becomes sparse again."""
+        handle, was_sparse = started
+        out = _hvd.synchronize(handle)
+        if was_sparse:
+            self._hvdx_entries[position][1].grad = out.to_sparse()
 
     def _hvdx_dense_async(self, name, p):
         """Horovod's allreduce of ``p.grad`` (in place when dense)."""
