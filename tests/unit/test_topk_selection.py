@@ -180,6 +180,36 @@ def test_threshold_draws_depend_only_on_the_size_so_seeded_ranks_stay_in_step():
     assert rng_a.integers(1 << 30) == rng_b.integers(1 << 30)
 
 
+class CountingRng:
+    """A generator that records how many positions each draw asked for."""
+
+    def __init__(self, seed=0):
+        self.rng, self.sizes = np.random.default_rng(seed), []
+
+    def integers(self, low, high, size):
+        self.sizes.append(size)
+        return self.rng.integers(low, high, size=size)
+
+
+@pytest.mark.parametrize("n,k,drawn", [
+    (1_000_000, 10_000, 20_480),     # 1%: 256 sampled entries above the threshold
+    (1_000_000, 1_000, 65_536),      # 0.1% would need 204800: sample_size caps it
+    (1_000_000, 400_000, 1_024),     # the smallest sample drawn
+    (500, 5, 500 + 1),               # the whole vector, no draw (see below)
+])
+def test_threshold_samples_what_puts_256_entries_above_the_threshold(n, k, drawn):
+    rng = CountingRng()
+    select_threshold(gaussian(n, seed=3), k, rng)
+    assert rng.sizes == ([] if drawn > n else [drawn])
+
+
+def test_a_larger_sample_size_than_needed_changes_nothing():
+    x = gaussian(1_000_000, seed=4)
+    a = select_threshold(x, 10_000, np.random.default_rng(1), sample_size=20_480)
+    b = select_threshold(x, 10_000, np.random.default_rng(1), sample_size=10 ** 7)
+    np.testing.assert_array_equal(a[0], b[0])
+
+
 def test_threshold_edge_cases_of_k_and_sample_size():
     x = gaussian(1000)
     rng = np.random.default_rng(0)
