@@ -151,12 +151,13 @@ def select(x: np.ndarray, k: int, config: Optional[TopKConfig] = None,
 
 def uplink(memory: ResidualMemory, name: str, g: np.ndarray, k_up: int,
            config: Optional[TopKConfig] = None,
-           rng: Optional[np.random.Generator] = None) -> Sparse:
+           rng: Optional[np.random.Generator] = None, checked: bool = False) -> Sparse:
     """Step 1 on one rank: compensate, select, update the residual; return the pairs.
 
-    Raises ``ValueError`` naming ``name``, memory untouched, if ``g`` has NaN or Inf.
+    Raises ``ValueError`` naming ``name``, memory untouched, if ``g`` has NaN or Inf
+    (``checked=True``: the caller has already proven ``g`` finite; no second scan).
     """
-    a = memory.compensate(name, g)  # a new array: the memory may keep it
+    a = memory.compensate(name, g, checked=checked)  # a new array: the memory may keep it
     indices, values = select(a, k_up, config, rng)
     memory.update(name, a, indices, values, copy=False)
     return indices, values

@@ -98,9 +98,13 @@ class ResidualMemory:
             raise ValueError(f"gradient of parameter '{name}' has {bad} NaN or Inf "
                              f"value(s) of {finite.size}; its residual was left unchanged")
 
-    def compensate(self, name: str, g: np.ndarray) -> np.ndarray:
+    def compensate(self, name: str, g: np.ndarray, checked: bool = False) -> np.ndarray:
         """Return ``a = e + g`` (a new array or the spare buffer; neither ``g`` nor ``e``
         is modified, so an error before :meth:`update` leaves the memory as it was).
+
+        ``checked=True`` skips the NaN/Inf scan: for callers that have already proven
+        ``g`` finite (the MPI synchronizer agrees on it across ranks first), where a
+        second pass over a large gradient would only repeat it.
 
         Raises:
             ValueError: ``g`` has NaN or Inf (see :meth:`check_finite`), is not flat, or
@@ -108,7 +112,8 @@ class ResidualMemory:
             TypeError: ``g`` is not float32 or float64.
         """
         g = _checked(name, g, "gradient")
-        self.check_finite(name, g)
+        if not checked:
+            self.check_finite(name, g)
         e = self._residuals.get(name)
         if e is None:
             self._residuals.setdefault(name, None)

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -76,6 +76,32 @@ GLOBAL_NAME = "hvdx.global"
 
 #: ``start_dense(positions)`` returns a callable that waits for those allreduces (or None).
 StartDense = Callable[[List[int]], Optional[Callable[[], None]]]
+Joined = Callable[[List[int]], Optional[np.ndarray]]
+#: ``out(position)``: where to write that tensor's update (a flat float32 array), or None.
+Out = Callable[[int], Optional[np.ndarray]]
+
+
+class _Sparse(NamedTuple):
+    """An update that is zero outside ``indices`` (ascending), before it is written."""
+
+    indices: np.ndarray
+    values: np.ndarray
+    size: int
+
+
+def _write(update, out: Optional[np.ndarray]) -> np.ndarray:
+    """The dense update: in ``out`` when given (zeroed, then the entries set; no dense
+    temporary to allocate and copy), else a new array."""
+    if isinstance(update, _Sparse):
+        if out is None:
+            return to_dense(update.indices, update.values, update.size)
+        out.fill(0)
+        out[update.indices] = update.values
+        return out
+    if out is None:
+        return update
+    np.copyto(out, update)
+    return out
 
 
 class TopKStats:
@@ -197,7 +223,9 @@ class TopKSynchronizer:
     def synchronize(self, sizes: Sequence[int], flat: Callable[[int], np.ndarray],
                     start_dense: StartDense, first_bad: Optional[int],
                     force_dense: Sequence[int] = (),
-                    itemsizes: Optional[Sequence[int]] = None) -> Dict[int, np.ndarray]:
+                    itemsizes: Optional[Sequence[int]] = None,
+                    joined: Optional[Joined] = None,
+                    out: Optional[Out] = None) -> Dict[int, np.ndarray]:
         """Run steps 1 to 5 for every tensor.
 
         Args:
@@ -214,9 +242,17 @@ class TopKSynchronizer:
             force_dense: positions that must stay dense (sparse gradients).
             itemsizes: bytes per entry of each tensor, for the dense byte count
                 (default 4).
+            joined: ``positions -> array``: the flat float32 arrays of those positions
+                one after another as one array (a view, when the adapter keeps them in
+                one buffer), or ``None``; ``selection="global"`` then reads it instead
+                of concatenating ``flat`` of each.
+            out: ``position -> array``: a flat float32 array to write that tensor's
+                update into (the gradient's own memory, when the adapter can offer it),
+                or ``None``. Written only once every exchange of the step has finished.
 
         Returns:
-            ``{position: update}`` for the compressed tensors: flat float32 arrays.
+            ``{position: update}`` for the compressed tensors: flat float32 arrays, the
+            arrays ``out`` gave where it gave one.
 
         Raises:
             ValueError: a gradient has NaN or Inf on some rank; raised on every rank,
@@ -234,7 +270,7 @@ class TopKSynchronizer:
         if tuning:
             # The dry run first: the dense allreduce may work in place on the gradients.
             would_be = self.compressible(sizes, force_dense)
-            topk_s = self._dry_run([(p, sizes[p]) for p in would_be], flat)
+            topk_s = self._dry_run([(p, sizes[p]) for p in would_be], flat, joined)
         started = time.perf_counter()
         wait = start_dense(dense)
         if tuning:
@@ -243,13 +279,13 @@ class TopKSynchronizer:
                 wait = None
             self.timings.append((time.perf_counter() - started, topk_s))
         self._count_dense(dense, sizes, itemsizes)
-        updates = self._exchange_all([(p, sizes[p]) for p in sparse], flat)
+        updates = self._exchange_all([(p, sizes[p]) for p in sparse], flat, joined)
         if wait is not None:
             wait()
         self._count_step(len(sparse), len(dense))
         if tuning and not self.tuning():
             self.decide()
-        return updates
+        return {p: _write(u, None if out is None else out(p)) for p, u in updates.items()}
 
     def dense_step(self, sizes: Sequence[int],
                    itemsizes: Optional[Sequence[int]] = None) -> None:
@@ -384,7 +420,7 @@ class TopKSynchronizer:
 
     # --- internals -----------------------------------------------------------------------
 
-    def _exchange_all(self, tensors, flat) -> Dict[int, np.ndarray]:
+    def _exchange_all(self, tensors, flat, joined=None) -> Dict[int, object]:
         """Steps 3 and 4 for every compressed tensor, fused into a fixed number of collectives.
 
         The tensors share one flat index space: tensor ``t`` occupies
@@ -393,10 +429,13 @@ class TopKSynchronizer:
         ``searchsorted`` on the offsets. Selection, aggregation (rank order) and the
         downlink stay per tensor, so the result is bitwise the per-tensor one. Tensors are
         grouped so that every group's index space fits in int32 (one group in practice).
+
+        Returns ``{position: update}``, each a dense array or a :class:`_Sparse` (written
+        by :func:`_write` at the end of the step).
         """
         if self.selection == "global":
-            return self._exchange_global(tensors, flat)
-        updates: Dict[int, np.ndarray] = {}
+            return self._exchange_global(tensors, flat, joined)
+        updates: Dict[int, object] = {}
         start, total = 0, 0
         for i, (_, d) in enumerate(tensors):
             if i > start and total + d > _GROUP_LIMIT:
@@ -407,7 +446,7 @@ class TopKSynchronizer:
             updates.update(self._exchange_group(tensors[start:], flat))
         return updates
 
-    def _exchange_global(self, tensors, flat) -> Dict[int, np.ndarray]:
+    def _exchange_global(self, tensors, flat, joined=None) -> Dict[int, object]:
         """``selection="global"``: steps 3 and 4 on the concatenation of all ``tensors``.
 
         The concatenation is one virtual tensor at position ``len(names)`` (its selection
@@ -429,7 +468,12 @@ class TopKSynchronizer:
             raise ValueError(f"TopK selection='global' over {total} entries: indices must fit "
                              "in int32; use selection='layerwise'")
         self.layout = layout
-        if len(tensors) > 1:
+        whole = None if joined is None else joined([p for p, _ in tensors])
+        if whole is not None:
+            if whole.shape != (total,) or whole.dtype != np.float32:
+                raise RuntimeError(f"joined gave {whole.dtype}{list(whole.shape)} for "
+                                 f"{total} float32 entries")
+        elif len(tensors) > 1:
             # One buffer for every step's concatenation: a fresh one would pay its page
             # faults each step (selection only reads it; the residual is its own array).
             if self._global_buffer is None or self._global_buffer.size != total:
@@ -444,7 +488,12 @@ class TopKSynchronizer:
         cuts = np.searchsorted(sent, offsets)
         for t, (p, _) in enumerate(tensors):
             self.last_sent[p] = sent[cuts[t]:cuts[t + 1]] - offsets[t]
-        return {p: update[offsets[t]:offsets[t + 1]] for t, (p, _) in enumerate(tensors)}
+        if not isinstance(update, _Sparse):
+            return {p: update[offsets[t]:offsets[t + 1]] for t, (p, _) in enumerate(tensors)}
+        cuts = np.searchsorted(update.indices, offsets)
+        return {p: _Sparse(update.indices[cuts[t]:cuts[t + 1]] - offsets[t],
+                           update.values[cuts[t]:cuts[t + 1]], d)
+                for t, (p, d) in enumerate(tensors)}
 
     def _count_dense(self, positions, sizes, itemsizes) -> None:
         """Horovod's ring allreduce of ``positions``: ``2 (P - 1) / P`` of each tensor's
@@ -471,7 +520,7 @@ class TopKSynchronizer:
         return config_at(c.config, self.step - c.warmup_steps - c.autotune_steps,
                          c.sparsity_warmup_steps)
 
-    def _dry_run(self, tensors, flat) -> float:
+    def _dry_run(self, tensors, flat, joined=None) -> float:
         """Seconds of steps 3 and 4 on ``tensors`` with fresh residuals, which are then
         dropped: the running residuals, layout and ``last_sent`` stay as they were."""
         saved = self.worker, self.server, self.layout
@@ -479,7 +528,7 @@ class TopKSynchronizer:
         self.worker, self.server = ResidualMemory(keys), ResidualMemory(keys)
         started = time.perf_counter()
         try:
-            self._exchange_all(tensors, flat)
+            self._exchange_all(tensors, flat, joined)
         finally:
             self.worker, self.server, self.layout = saved
             self.last_sent = {}
@@ -491,7 +540,7 @@ class TopKSynchronizer:
             return None
         return selection_rng(config.seed, self.step, role, index, position)
 
-    def _exchange_group(self, group, flat) -> Dict[int, np.ndarray]:
+    def _exchange_group(self, group, flat) -> Dict[int, object]:
         config = self._config()
         feedback = self.compression.error_feedback
         rank = self.rank
@@ -502,8 +551,10 @@ class TopKSynchronizer:
             g = flat(position)
             name = self._name(position)
             if feedback:
+                # checked: every rank agreed that the gradients are finite (check_finite)
+                # before the exchange, so the residual's own scan would only repeat it.
                 ups.append(uplink(self.worker, name, g, config.k_up(d), config,
-                                  self._rng("up", rank, position)))
+                                  self._rng("up", rank, position), checked=True))
             else:
                 ups.append(select(g, config.k_up(d), config, self._rng("up", rank, position)))
         for (position, _), (indices, _) in zip(group, ups):
@@ -513,7 +564,9 @@ class TopKSynchronizer:
         else:
             updates = self._sharded(group, offsets, ups)
         if self.sum_op:
-            updates = [u * np.float32(self.size) for u in updates]
+            updates = [u._replace(values=u.values * np.float32(self.size))
+                       if isinstance(u, _Sparse) else u * np.float32(self.size)
+                       for u in updates]
         return {position: u for (position, _), u in zip(group, updates)}
 
     def _gathered(self, group, offsets, ups):
@@ -540,7 +593,7 @@ class TopKSynchronizer:
                                                      self._rng("down", 0, position))
             if feedback:
                 self.server.set(name, residual, copy=False)  # downlink's own array
-            updates.append(to_dense(u_indices, u_values, d))
+            updates.append(_Sparse(u_indices, u_values, d))
         return updates
 
     def _sharded(self, group, offsets, ups):
@@ -586,7 +639,8 @@ class TopKSynchronizer:
         cuts = [np.searchsorted(i, offsets) for i, _ in selected]
         updates = []
         for t, (_, d) in enumerate(group):
+            # Shards in rank order, each owner's picks ascending: the indices ascend.
             indices = np.concatenate([i[c[t]:c[t + 1]] for (i, _), c in zip(selected, cuts)])
             values = np.concatenate([v[c[t]:c[t + 1]] for (_, v), c in zip(selected, cuts)])
-            updates.append(to_dense(indices.astype(np.int64) - offsets[t], values, d))
+            updates.append(_Sparse(indices.astype(np.int64) - offsets[t], values, d))
         return updates

@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import horovod.torch as _hvd
@@ -131,6 +131,11 @@ class _TopKOptimizer:
         self._hvdx_synchronized = False
         self._hvdx_should_synchronize = True
         self._hvdx_velocity: Dict[str, torch.Tensor] = {}
+        #: Momentum correction: ``(names, buffer)``, the velocities of the compressed
+        #: tensors as views of one flat buffer in their fixed order, which the exchange
+        #: then reads as one array (no copy into ``p.grad``, no concatenation).
+        self._hvdx_flat_velocity: Optional[Tuple[Tuple[str, ...], torch.Tensor]] = None
+        self._hvdx_flat_views: List[torch.Tensor] = []
         if compression.momentum_correction:
             _check_momentum_correction(self)
         #: Once autotune chose dense: the allreduces the backward pass started
@@ -220,13 +225,36 @@ class _TopKOptimizer:
             pending.clear()
 
         def flat(position):
-            return entries[position][1].grad.detach().reshape(-1).to("cpu", torch.float32).numpy()
+            name, p = entries[position]
+            # With momentum correction the velocity is what is compressed.
+            t = self._hvdx_velocity[name] if correction else p.grad
+            return _numpy(t)
+
+        def joined(positions):
+            layout = self._hvdx_flat_velocity
+            if not correction or layout is None or \
+                    layout[0] != tuple(entries[p][0] for p in positions):
+                return None
+            return _numpy(layout[1])
+
+        given = {}
+
+        def out(position):
+            # The update straight into p.grad's memory where it is CPU float32 (zeroed,
+            # then the selected entries set), instead of a dense temporary copied in.
+            g = entries[position][1].grad
+            if g.device.type == "cpu" and g.dtype == torch.float32 and g.is_contiguous():
+                given[position] = g.detach().view(-1).numpy()
+                return given[position]
+            return None
 
         updates = self._hvdx_sync.synchronize(
             [g.numel() for g in grads], flat, start_dense, first_bad,
             force_dense=[i for i, g in enumerate(grads) if g.is_sparse],
-            itemsizes=[g.element_size() for g in grads])
+            itemsizes=[g.element_size() for g in grads], joined=joined, out=out)
         for position, u in updates.items():
+            if u is given.get(position):
+                continue
             p = entries[position][1]
             with torch.no_grad():
                 p.grad.copy_(torch.from_numpy(u).view(p.grad.shape))
@@ -344,20 +372,59 @@ class _TopKOptimizer:
 
     def _hvdx_local_momentum(self, grads):
         """Momentum correction, before the exchange: weight decay into every gradient,
-        then each compressed tensor's gradient replaced by its local velocity."""
+        then each compressed tensor's local velocity ``v <- m v + g``, which the exchange
+        compresses instead of the gradient (``p.grad`` receives the update after it)."""
         entries, groups = self._hvdx_entries, self._hvdx_group_of()
         _, compressed = self._hvdx_sync.split(
             [g.numel() for g in grads], [i for i, g in enumerate(grads) if g.is_sparse])
         self._hvdx_weight_decay()
+        fresh = self._hvdx_flatten_velocity(compressed)
         with torch.no_grad():
             for position in compressed:
                 name, p = entries[position]
-                momentum = groups[id(p)]["momentum"]
                 v = self._hvdx_velocity.get(name)
-                v = p.grad.detach().clone() if v is None else v.mul_(momentum).add_(p.grad)
-                self._hvdx_velocity[name] = v
-                p.grad.copy_(v)
+                if v is None:
+                    self._hvdx_velocity[name] = p.grad.detach().clone()
+                elif name in fresh:
+                    v.copy_(p.grad)
+                else:  # v <- m v + g in one pass over v
+                    torch.add(p.grad, v, alpha=groups[id(p)]["momentum"], out=v)
         return compressed
+
+    def _hvdx_flatten_velocity(self, compressed):
+        """Keep the velocities of the ``compressed`` positions as consecutive views of one
+        flat buffer (when they share a dtype and a device); return the names whose
+        velocity starts this step (zero in the buffer, not yet set).
+
+        The buffer is rebuilt, keeping every velocity's values, when the compressed set
+        changed or a velocity was replaced (a loaded checkpoint)."""
+        entries, velocity = self._hvdx_entries, self._hvdx_velocity
+        names = tuple(entries[p][0] for p in compressed)
+        layout = self._hvdx_flat_velocity
+        if layout is not None and layout[0] == names and all(
+                velocity.get(n) is v for n, v in zip(names, self._hvdx_flat_views)):
+            return ()
+        self._hvdx_flat_velocity = None
+        params = [entries[p][1] for p in compressed]
+        if not params or len({(p.dtype, p.grad.device) for p in params}) != 1:
+            return ()
+        buffer = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype,
+                             device=params[0].grad.device)
+        views, fresh, start = [], set(), 0
+        with torch.no_grad():
+            for name, p in zip(names, params):
+                view = buffer[start:start + p.numel()].view(p.shape)
+                start += p.numel()
+                old = velocity.get(name)
+                if old is None:
+                    fresh.add(name)
+                else:
+                    view.copy_(old)
+                velocity[name] = view
+                views.append(view)
+        self._hvdx_flat_velocity = (names, buffer)
+        self._hvdx_flat_views = views
+        return fresh
 
     def _hvdx_after_exchange(self, compressed):
         """Momentum correction, after the exchange: factor masking for the compressed
@@ -446,6 +513,11 @@ def _first_nonfinite(grads) -> int:
         if not bool(torch.isfinite(values.sum())) and not bool(torch.isfinite(values).all()):
             return i
     return len(grads)
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    """``t`` flat as float32 numpy on the CPU: a view when it already is CPU float32."""
+    return t.detach().reshape(-1).to("cpu", torch.float32).numpy()
 
 
 def _to_numpy(t) -> np.ndarray:

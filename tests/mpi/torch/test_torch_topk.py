@@ -780,3 +780,32 @@ def test_momentum_correction_refuses_optimizers_it_cannot_take_over(make, messag
     with pytest.raises(ValueError, match=message):
         topk_optimizer(model, hvd.Compression.topk(0.01, momentum_correction=True),
                        make(model.parameters()))
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("selection", ["layerwise", "global"])
+def test_momentum_correction_keeps_the_velocities_in_one_buffer_that_the_exchange_reads(
+        selection):
+    """The compressed tensors' velocities are views of one flat buffer, which global
+    selection reads as its concatenation (no copy); training equals, bitwise, the same
+    run with one velocity tensor per parameter."""
+    data = batches(hvd.rank(), 4, seed=7)
+    runs = []
+    for one_buffer in (True, False):
+        model = initial_model()
+        opt = corrected(model, ratio=0.05, downlink_ratio=0.02, min_size=256,
+                        selection=selection)
+        if not one_buffer:
+            opt._hvdx_flatten_velocity = lambda compressed: ()
+        train(model, opt, data)
+        runs.append((model, opt))
+    (model, opt), (reference, separate) = runs
+    names, buffer = opt._hvdx_flat_velocity
+    assert len(names) >= 2 and separate._hvdx_flat_velocity is None
+    storage = buffer.untyped_storage().data_ptr()
+    assert all(opt._hvdx_velocity[n].untyped_storage().data_ptr() == storage for n in names)
+    if selection == "global":
+        assert opt._hvdx_sync._global_buffer is None
+        assert separate._hvdx_sync._global_buffer is not None
+    for (name, a), b in zip(model.named_parameters(), reference.parameters()):
+        assert torch.equal(a, b), name
