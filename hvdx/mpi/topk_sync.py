@@ -76,6 +76,7 @@ GLOBAL_NAME = "hvdx.global"
 
 #: ``start_dense(positions)`` returns a callable that waits for those allreduces (or None).
 StartDense = Callable[[List[int]], Optional[Callable[[], None]]]
+#: ``joined(positions)``: those tensors' flat arrays one after another as one array, or None.
 Joined = Callable[[List[int]], Optional[np.ndarray]]
 #: ``out(position)``: where to write that tensor's update (a flat float32 array), or None.
 Out = Callable[[int], Optional[np.ndarray]]
@@ -472,7 +473,7 @@ class TopKSynchronizer:
         if whole is not None:
             if whole.shape != (total,) or whole.dtype != np.float32:
                 raise RuntimeError(f"joined gave {whole.dtype}{list(whole.shape)} for "
-                                 f"{total} float32 entries")
+                                   f"{total} float32 entries")
         elif len(tensors) > 1:
             # One buffer for every step's concatenation: a fresh one would pay its page
             # faults each step (selection only reads it; the residual is its own array).
@@ -528,7 +529,8 @@ class TopKSynchronizer:
         self.worker, self.server = ResidualMemory(keys), ResidualMemory(keys)
         started = time.perf_counter()
         try:
-            self._exchange_all(tensors, flat, joined)
+            for update in self._exchange_all(tensors, flat, joined).values():
+                _write(update, None)  # a real step writes its updates too
         finally:
             self.worker, self.server, self.layout = saved
             self.last_sent = {}
