@@ -205,12 +205,14 @@ class _TopKOptimizer:
         pending = []
         correction = self._hvdx_sync.compression.momentum_correction
         first_bad = _first_nonfinite(grads)
+        compressed = ()
         if correction:
             # The velocity is state like the residuals: agree on NaN/Inf before a bad
             # gradient enters it (a NaN in the velocity would never leave it).
             self._hvdx_sync.check_finite(first_bad)
             first_bad = None
             compressed = self._hvdx_local_momentum(grads)
+        velocities = set(compressed)
 
         def start_dense(positions):
             pending.extend((position, self._hvdx_dense_async(*entries[position]))
@@ -226,13 +228,13 @@ class _TopKOptimizer:
 
         def flat(position):
             name, p = entries[position]
-            # With momentum correction the velocity is what is compressed.
-            t = self._hvdx_velocity[name] if correction else p.grad
-            return _numpy(t)
+            # With momentum correction the velocity is what this step compresses (an
+            # autotune step's dry run, whose tensors stay dense, reads the gradient).
+            return _numpy(self._hvdx_velocity[name] if position in velocities else p.grad)
 
         def joined(positions):
             layout = self._hvdx_flat_velocity
-            if not correction or layout is None or \
+            if layout is None or list(positions) != list(compressed) or \
                     layout[0] != tuple(entries[p][0] for p in positions):
                 return None
             return _numpy(layout[1])

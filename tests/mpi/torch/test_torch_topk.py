@@ -453,6 +453,20 @@ def test_a_dense_choice_with_momentum_correction_trains_as_sgd_with_momentum():
 
 
 @pytest.mark.mpi(min_size=1)
+def test_autotune_steps_with_momentum_correction_are_sgd_with_momentum_then_decide():
+    """The tuning steps are dense (SGD's momentum on Horovod's average) while their dry
+    runs time the exchange of the gradients, which have no velocity of their own yet."""
+    model, reference = initial_model(), initial_model()
+    spec = hvd.Compression.topk(0.05, min_size=256, autotune_steps=2,
+                                momentum_correction=True)
+    opt = corrected_with(model, spec)
+    assert_same_training(model, opt, reference, horovod_sgd(reference, 0.9, 1e-3), steps=2)
+    assert opt._hvdx_sync.choice in ("topk", "dense")
+    assert same_everywhere(torch.tensor([opt._hvdx_sync.choice == "topk"]))
+    train(model, opt, batches(hvd.rank(), 1, seed=9))  # the first step after the decision
+
+
+@pytest.mark.mpi(min_size=1)
 def test_a_resumed_dense_choice_overlaps_from_its_first_step():
     model = initial_model()
     spec = hvd.Compression.topk(0.05, min_size=0, autotune_steps=1)
@@ -705,7 +719,10 @@ def horovod_sgd(model, momentum, weight_decay):
 
 
 def corrected(model, **topk):
-    spec = hvd.Compression.topk(momentum_correction=True, **topk)
+    return corrected_with(model, hvd.Compression.topk(momentum_correction=True, **topk))
+
+
+def corrected_with(model, spec):
     return topk_optimizer(model, spec, torch.optim.SGD(model.parameters(), lr=0.05,
                                                        momentum=0.9, weight_decay=1e-3))
 
