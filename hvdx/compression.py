@@ -152,7 +152,7 @@ def topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,
         min_size: tensors with fewer entries go dense through Horovod's allreduce.
         warmup_steps: dense steps before TopK starts.
         selector: ``"exact"`` or ``"threshold"`` (sampled threshold, DGC).
-        sample_size: entries sampled by the threshold selector.
+        sample_size: the most entries the threshold selector samples.
         seed: seeds the threshold selector, identically on every rank.
         error_feedback: ``False`` for plain TopK without worker or server residuals.
         selection: ``"layerwise"`` (per tensor) or ``"global"`` (one ``k`` over all

@@ -90,7 +90,7 @@ class TopKConfig:
         downlink_ratio: downlink fraction in (0, 1], or ``None`` for unidirectional TopK.
         selector: ``"exact"`` (:func:`~hvdx.core.topk_selection.select_exact`) or
             ``"threshold"`` (:func:`~hvdx.core.topk_selection.select_threshold`).
-        sample_size: entries sampled by the threshold selector.
+        sample_size: the most entries the threshold selector samples.
         seed: seeds the threshold selector's generators (:func:`selection_rng`).
     """
 

@@ -43,7 +43,7 @@ _OVERSAMPLE = 1.25
 #: Sampled entries expected above the threshold. The relative error of the number of
 #: survivors is about ``1 / sqrt(_SAMPLE_ABOVE)`` (6%), so fewer than k survive (20%
 #: short of the 1.25 k aimed at) about once in 1500 selections. A sample larger than
-#: ``_SAMPLE_ABOVE n / (1.25 k)`` buys nothing: at a 1% ratio that is 20480 entries.
+#: ``_SAMPLE_ABOVE n / (1.25 k)`` (20480 entries at a 1% ratio) costs time and buys little.
 _SAMPLE_ABOVE = 256
 #: The smallest sample drawn (unless ``sample_size`` is smaller).
 _MIN_SAMPLE = 1024
