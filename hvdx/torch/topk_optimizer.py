@@ -135,7 +135,6 @@ class _TopKOptimizer:
         #: tensors as views of one flat buffer in their fixed order, which the exchange
         #: then reads as one array (no copy into ``p.grad``, no concatenation).
         self._hvdx_flat_velocity: Optional[Tuple[Tuple[str, ...], torch.Tensor]] = None
-        self._hvdx_flat_views: List[torch.Tensor] = []
         if compression.momentum_correction:
             _check_momentum_correction(self)
         #: Once autotune chose dense: the allreduces the backward pass started
@@ -233,9 +232,9 @@ class _TopKOptimizer:
             return _numpy(self._hvdx_velocity[name] if position in velocities else p.grad)
 
         def joined(positions):
+            # The buffer holds this step's compressed velocities, in their order.
             layout = self._hvdx_flat_velocity
-            if layout is None or list(positions) != list(compressed) or \
-                    layout[0] != tuple(entries[p][0] for p in positions):
+            if layout is None or list(positions) != list(compressed):
                 return None
             return _numpy(layout[1])
 
@@ -404,7 +403,7 @@ class _TopKOptimizer:
         names = tuple(entries[p][0] for p in compressed)
         layout = self._hvdx_flat_velocity
         if layout is not None and layout[0] == names and all(
-                velocity.get(n) is v for n, v in zip(names, self._hvdx_flat_views)):
+                n in velocity and velocity[n]._base is layout[1] for n in names):
             return ()
         self._hvdx_flat_velocity = None
         params = [entries[p][1] for p in compressed]
@@ -412,7 +411,7 @@ class _TopKOptimizer:
             return ()
         buffer = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype,
                              device=params[0].grad.device)
-        views, fresh, start = [], set(), 0
+        fresh, start = set(), 0
         with torch.no_grad():
             for name, p in zip(names, params):
                 view = buffer[start:start + p.numel()].view(p.shape)
@@ -423,9 +422,7 @@ class _TopKOptimizer:
                 else:
                     view.copy_(old)
                 velocity[name] = view
-                views.append(view)
         self._hvdx_flat_velocity = (names, buffer)
-        self._hvdx_flat_views = views
         return fresh
 
     def _hvdx_after_exchange(self, compressed):
