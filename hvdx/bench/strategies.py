@@ -53,31 +53,17 @@ def _gradient_bytes(optimizer, model, size, steps):
     return each_way, each_way
 
 
-def _topk(optimizer, model):
-    import hvdx.torch as hvd
+def _topk_with(**options):
+    """The builder of a TopK strategy: ``Compression.topk(ratio=TOPK_RATIO,
+    selector=TOPK_SELECTOR, **options)``."""
+    def build(optimizer, model):
+        import hvdx.torch as hvd
 
-    return hvd.DistributedOptimizer(
-        optimizer, named_parameters=model.named_parameters(),
-        compression=hvd.Compression.topk(ratio=TOPK_RATIO, downlink_ratio=TOPK_RATIO,
-                                         selector=TOPK_SELECTOR))
-
-
-def _topk_dgc(optimizer, model):
-    import hvdx.torch as hvd
-
-    return hvd.DistributedOptimizer(
-        optimizer, named_parameters=model.named_parameters(),
-        compression=hvd.Compression.topk(ratio=TOPK_RATIO, downlink_ratio=TOPK_RATIO,
-                                         selector=TOPK_SELECTOR, **TOPK_DGC_OPTIONS))
-
-
-def _topk_masked(optimizer, model):
-    import hvdx.torch as hvd
-
-    return hvd.DistributedOptimizer(
-        optimizer, named_parameters=model.named_parameters(),
-        compression=hvd.Compression.topk(ratio=TOPK_RATIO, selector=TOPK_SELECTOR,
-                                         **TOPK_MASKED_OPTIONS))
+        return hvd.DistributedOptimizer(
+            optimizer, named_parameters=model.named_parameters(),
+            compression=hvd.Compression.topk(ratio=TOPK_RATIO, selector=TOPK_SELECTOR,
+                                             **options))
+    return build
 
 
 def _counted_bytes(optimizer, model, size, steps):
@@ -152,19 +138,21 @@ STRATEGIES: Dict[str, Strategy] = {
     "horovod": Strategy("horovod", "Horovod ring allreduce (baseline)", _horovod,
                         _gradient_bytes, cost_model="horovod"),
     "topk": Strategy("topk", f"bidirectional TopK {TOPK_RATIO:g}/{TOPK_RATIO:g} with error "
-                     f"feedback, {TOPK_SELECTOR} selector", _topk, _counted_bytes, cost_model="topk",
+                     f"feedback, {TOPK_SELECTOR} selector", _topk_with(downlink_ratio=TOPK_RATIO),
+                     _counted_bytes, cost_model="topk",
                      cost_options={"ratio": TOPK_RATIO, "downlink_ratio": TOPK_RATIO,
                                    "mode": "sharded"}),
     "topk_dgc": Strategy("topk_dgc", f"bidirectional TopK {TOPK_RATIO:g}/{TOPK_RATIO:g}, "
                          "global selection, DGC momentum correction without masking",
-                         _topk_dgc,
+                         _topk_with(downlink_ratio=TOPK_RATIO, **TOPK_DGC_OPTIONS),
                          _counted_bytes, cost_model="topk",
                          cost_options={"ratio": TOPK_RATIO, "downlink_ratio": TOPK_RATIO,
                                        "mode": "sharded"}),
     "topk_masked": Strategy("topk_masked", f"bidirectional TopK {TOPK_RATIO:g} up, "
                             f"{TOPK_MASKED_OPTIONS['downlink_ratio']:g} down, global "
                             "selection, DGC momentum correction with masking",
-                            _topk_masked, _counted_bytes, cost_model="topk",
+                            _topk_with(**TOPK_MASKED_OPTIONS), _counted_bytes,
+                            cost_model="topk",
                             cost_options={"ratio": TOPK_RATIO,
                                           "downlink_ratio": TOPK_MASKED_OPTIONS["downlink_ratio"],
                                           "mode": "sharded"}),
