@@ -112,6 +112,8 @@ def test_global_selection_equals_the_reference_on_the_concatenated_gradient():
         ref = simulate_step(whole, workers, servers, TopKConfig(*RATIOS), "sharded", step=t,
                             name="all")
         assert np.array_equal(np.concatenate([updates[0], updates[1]]), ref.u)
+
+
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("mode", ["gathered", "sharded"])
 def test_ratio_one_is_horovods_dense_average_and_residuals_stay_zero(mode):
@@ -126,6 +128,22 @@ def test_ratio_one_is_horovods_dense_average_and_residuals_stay_zero(mode):
     sync = hvd.topk_state(variables).synchronizer
     assert not np.any(sync.worker.get("variable[0]"))
     assert not np.any(sync.server.get("variable[0]"))
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("compiled", COMPILED, ids=COMPILED_IDS)
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16], ids=["float16", "bfloat16"])
+def test_half_precision_gradients_are_upcast_and_come_back_in_their_dtype(dtype, compiled):
+    w = tf.Variable(tf.zeros(SIZES[0], dtype), name="w0")
+    step = tape_step([w], compiled, compression=hvd.Compression.topk(1.0, 1.0, min_size=0))
+    g = tf.cast(grads_of_all_ranks(0, SIZES[0])[hvd.rank()], dtype)
+    dense = horovod.tensorflow.allreduce(tf.cast(g, tf.float32), op=hvd.Average)
+    (u,) = step(g)
+    assert u.dtype == dtype
+    # The average is taken in float32 (as Horovod's here), then rounded once to dtype.
+    assert np.array_equal(tf.cast(u, tf.float32).numpy(),
+                          tf.cast(tf.cast(dense, dtype), tf.float32).numpy())
+    assert hvd.topk_state([w]).synchronizer.worker.get("variable[0]").dtype == np.float32
 
 
 @pytest.mark.mpi(min_size=1)

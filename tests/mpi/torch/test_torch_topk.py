@@ -207,15 +207,16 @@ def test_training_reduces_the_loss(make_optimizer):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_float16_gradients_are_upcast_and_written_back_in_float16():
-    model = Flat(dtype=torch.float16)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_half_precision_gradients_are_upcast_and_written_back_in_their_dtype(dtype):
+    model = Flat(dtype=dtype)
     opt = topk_optimizer(model, hvd.Compression.topk(1.0, 1.0, min_size=0))
-    g = torch.from_numpy(grads_of_all_ranks(0)[hvd.rank()]).half()
-    dense = horovod.torch.allreduce(g.float(), op=hvd.Average, name="check.fp16")
+    g = torch.from_numpy(grads_of_all_ranks(0)[hvd.rank()]).to(dtype)
+    dense = horovod.torch.allreduce(g.float(), op=hvd.Average, name=f"check.{dtype}")
     model.w.grad = g.clone()
     opt.step()
-    assert model.w.grad.dtype == torch.float16
-    assert torch.equal(model.w.grad, dense.half())
+    assert model.w.grad.dtype == dtype
+    assert torch.equal(model.w.grad, dense.to(dtype))
     assert residual(opt, "worker").dtype == np.float32
 
 
