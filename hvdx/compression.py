@@ -18,7 +18,7 @@ from typing import Optional
 from hvdx.core.bidirectional_topk import MODES, TopKConfig
 from hvdx.core.topk_selection import DEFAULT_SAMPLE_SIZE
 
-__all__ = ["MODES_AUTO", "SELECTIONS", "TopKCompression", "topk"]
+__all__ = ["MODES_AUTO", "SELECTIONS", "SMALL_TENSORS", "TopKCompression", "topk"]
 
 #: Accepted ``mode`` values: ``"auto"`` is sharded above 2 ranks, gathered otherwise.
 MODES_AUTO = ("auto",) + MODES
@@ -28,6 +28,9 @@ DEFAULT_MIN_SIZE = 1024
 
 #: Accepted ``selection`` values: each tensor its own ``k``, or one ``k`` over all.
 SELECTIONS = ("layerwise", "global")
+
+#: Accepted ``small_tensors`` values: who averages the tensors below ``min_size``.
+SMALL_TENSORS = ("horovod", "hvdx")
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,15 @@ class TopKCompression:
         mode: ``"gathered"`` (one allgather of every rank's pairs; every rank computes the
             downlink), ``"sharded"`` (alltoall to shard owners, allgather of the selected
             shards) or ``"auto"`` (sharded when more than 2 ranks).
-        min_size: tensors with fewer entries are averaged densely by Horovod.
+        min_size: tensors with fewer entries are averaged densely (see ``small_tensors``).
+        small_tensors: who averages the tensors below ``min_size`` in a compressed step:
+            ``"horovod"`` (Horovod's allreduce, the default) or ``"hvdx"`` (one MPI
+            allreduce of their float32 concatenation, on hvdx's communicator, overlapped
+            with the sparse exchange). With ``"hvdx"`` Horovod carries nothing during a
+            compressed step, so its background loop, which still meets the other ranks
+            every ``HOROVOD_CYCLE_TIME``, can run on a long cycle (e.g. 50 ms) and give
+            its CPU to training. Warm-up, autotune and dense-for-good steps, and sparse
+            gradients, stay with Horovod.
         warmup_steps: the first ``warmup_steps`` steps are dense for every tensor.
         autotune_steps: measure before compressing: for this many steps after
             ``warmup_steps``, training stays dense (Horovod's allreduce) and each step
@@ -71,6 +82,7 @@ class TopKCompression:
     config: TopKConfig
     mode: str = "auto"
     min_size: int = DEFAULT_MIN_SIZE
+    small_tensors: str = "horovod"
     warmup_steps: int = 0
     error_feedback: bool = True
     selection: str = "layerwise"
@@ -101,6 +113,9 @@ class TopKCompression:
                              "only; set momentum_correction=True or drop momentum_masking")
         if self.selection not in SELECTIONS:
             raise ValueError(f"selection={self.selection!r} must be one of {SELECTIONS}")
+        if self.small_tensors not in SMALL_TENSORS:
+            raise ValueError(f"small_tensors={self.small_tensors!r} must be one of "
+                             f"{SMALL_TENSORS}")
 
     @property
     def ratio(self) -> float:
@@ -128,14 +143,17 @@ class TopKCompression:
                 + ("" if self.momentum_masking else " momentum_masking=False")
                 + (f" sparsity_warmup_steps={self.sparsity_warmup_steps}"
                    if self.sparsity_warmup_steps else "")
-                + (f" autotune_steps={self.autotune_steps}" if self.autotune_steps else ""))
+                + (f" autotune_steps={self.autotune_steps}" if self.autotune_steps else "")
+                + ("" if self.small_tensors == "horovod"
+                   else f" small_tensors={self.small_tensors}"))
 
     def __str__(self) -> str:
         return self.describe()
 
 
 def topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,
-         mode: str = "auto", min_size: int = DEFAULT_MIN_SIZE, warmup_steps: int = 0,
+         mode: str = "auto", min_size: int = DEFAULT_MIN_SIZE,
+         small_tensors: str = "horovod", warmup_steps: int = 0,
          selector: str = "exact", sample_size: int = DEFAULT_SAMPLE_SIZE,
          seed: int = 0, error_feedback: bool = True,
          selection: str = "layerwise",
@@ -149,7 +167,9 @@ def topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,
         ratio: uplink fraction kept per tensor, in (0, 1].
         downlink_ratio: downlink fraction in (0, 1]; ``None`` for unidirectional TopK.
         mode: ``"auto"``, ``"gathered"`` or ``"sharded"``.
-        min_size: tensors with fewer entries go dense through Horovod's allreduce.
+        min_size: tensors with fewer entries go dense.
+        small_tensors: ``"horovod"`` (Horovod's allreduce averages the tensors below
+            ``min_size``) or ``"hvdx"`` (hvdx does, in the step's own exchange).
         warmup_steps: dense steps before TopK starts.
         selector: ``"exact"`` or ``"threshold"`` (sampled threshold, DGC).
         sample_size: the most entries the threshold selector samples.
@@ -169,7 +189,8 @@ def topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,
     """
     config = TopKConfig(ratio=ratio, downlink_ratio=downlink_ratio, selector=selector,
                         sample_size=sample_size, seed=seed)
-    return TopKCompression(config, mode=mode, min_size=min_size, warmup_steps=warmup_steps,
+    return TopKCompression(config, mode=mode, min_size=min_size,
+                           small_tensors=small_tensors, warmup_steps=warmup_steps,
                            error_feedback=error_feedback, selection=selection,
                            momentum_correction=momentum_correction,
                            sparsity_warmup_steps=sparsity_warmup_steps,

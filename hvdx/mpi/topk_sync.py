@@ -19,7 +19,10 @@ same on every rank):
 2. split: tensors with fewer than ``min_size`` entries, tensors the adapter marks
    (sparse gradients), and every tensor during ``warmup_steps`` stay dense; the adapter's
    ``start_dense`` callback starts Horovod's allreduce of those before the sparse
-   exchange, so that the two overlap;
+   exchange, so that the two overlap. With ``small_tensors="hvdx"`` the tensors below
+   ``min_size`` of a compressed step are averaged here instead, by one non-blocking MPI
+   allreduce of their float32 concatenation that also overlaps the exchange, and
+   Horovod carries nothing during the step;
 3. uplink, per tensor: :func:`~hvdx.core.bidirectional_topk.uplink` with the worker
    residual (each tensor keeps its own ``k``). With ``selection="global"`` the compressed
    tensors are first concatenated, in the fixed order, into one vector that steps 3 and 4
@@ -64,7 +67,7 @@ from hvdx.core.bidirectional_topk import (aggregate, downlink, select, selection
 from hvdx.core.error_feedback import ResidualMemory
 from hvdx.core.sharding import shard_bounds, shard_k, split_by_shard
 from hvdx.core.sparsity_warmup import config_at
-from hvdx.mpi.sparse import allgather_int, allgatherv_pairs, alltoallv_pairs
+from hvdx.mpi.sparse import allgather_int, allgatherv_pairs, alltoallv_pairs, wait
 
 __all__ = ["TopKStats", "TopKSynchronizer", "first_nonfinite"]
 
@@ -252,8 +255,9 @@ class TopKSynchronizer:
                 or ``None``. Written only once every exchange of the step has finished.
 
         Returns:
-            ``{position: update}`` for the compressed tensors: flat float32 arrays, the
-            arrays ``out`` gave where it gave one.
+            ``{position: update}`` for the compressed tensors (and, with
+            ``small_tensors="hvdx"``, the small ones hvdx averaged): flat float32 arrays,
+            the arrays ``out`` gave where it gave one.
 
         Raises:
             ValueError: a gradient has NaN or Inf on some rank; raised on every rank,
@@ -266,6 +270,9 @@ class TopKSynchronizer:
         stats = self.stats
         stats._begin()
         dense, sparse = self.split(sizes, force_dense)
+        small = self.own_dense(dense, sparse, force_dense)
+        if small:
+            dense = [p for p in dense if p not in set(small)]
         self.last_sent = {}
         tuning = self.tuning()
         if tuning:
@@ -280,10 +287,13 @@ class TopKSynchronizer:
                 wait = None
             self.timings.append((time.perf_counter() - started, topk_s))
         self._count_dense(dense, sizes, itemsizes)
+        finish_small = self._start_small([(p, sizes[p]) for p in small], flat)
         updates = self._exchange_all([(p, sizes[p]) for p in sparse], flat, joined)
+        if finish_small is not None:
+            updates.update(finish_small())
         if wait is not None:
             wait()
-        self._count_step(len(sparse), len(dense))
+        self._count_step(len(sparse), len(dense) + len(small))
         if tuning and not self.tuning():
             self.decide()
         return {p: _write(u, None if out is None else out(p)) for p, u in updates.items()}
@@ -362,6 +372,15 @@ class TopKSynchronizer:
         sparse = [] if warm else self.compressible(sizes, force_dense)
         chosen = set(sparse)
         return [p for p in range(len(sizes)) if p not in chosen], sparse
+
+    def own_dense(self, dense: Sequence[int], sparse: Sequence[int],
+                  force_dense: Sequence[int] = ()) -> List[int]:
+        """The dense positions hvdx averages itself: with ``small_tensors="hvdx"``, in a
+        compressed step, those below ``min_size`` (sparse gradients stay with Horovod)."""
+        if self.compression.small_tensors != "hvdx" or not sparse:
+            return []
+        forced = set(force_dense)
+        return [p for p in dense if p not in forced]
 
     def compressible(self, sizes: Sequence[int], force_dense: Sequence[int] = ()
                      ) -> List[int]:
@@ -503,6 +522,26 @@ class TopKSynchronizer:
             itemsize = 4 if itemsizes is None else itemsizes[position]
             nbytes = 2 * (self.size - 1) / self.size * sizes[position] * itemsize
             self.stats._add(nbytes, nbytes, "dense")
+
+    def _start_small(self, tensors, flat):
+        """``small_tensors="hvdx"``: start one MPI allreduce (sum) of the ``(position,
+        size)`` tensors' float32 concatenation; return a callable that waits for it and
+        returns ``{position: average}`` (the sum with ``op=Sum``), or ``None`` if there is
+        nothing to average. Counted as Horovod's ring allreduce would be."""
+        if not tensors:
+            return None
+        send = np.concatenate([flat(p) for p, _ in tensors]).astype(np.float32, copy=False)
+        total = np.empty_like(send)
+        request = self.comm.Iallreduce(send, total)
+        self._count_dense([p for p, _ in tensors], dict(tensors), None)
+
+        def finish():
+            wait(request)
+            if not self.sum_op:
+                np.divide(total, np.float32(self.size), out=total)
+            cuts = np.cumsum([0] + [d for _, d in tensors])
+            return {p: total[cuts[t]:cuts[t + 1]] for t, (p, _) in enumerate(tensors)}
+        return finish
 
     def _count_step(self, sparse: int, dense: int) -> None:
         """The end of every step, compressed or not: tensor counts, then the clocks."""

@@ -28,7 +28,9 @@ optimizer too, so TopK compresses the sum. One call:
    warm-up steps) go through ONE ``horovod.tensorflow.grouped_allreduce``, run eagerly
    inside the py_function: it is Horovod's own reduction (same op, prescale/postscale,
    process set, tensor fusion), so small tensors get exactly what Horovod would give
-   them, and it needs no extra graph branch for the warm-up;
+   them, and it needs no extra graph branch for the warm-up. With
+   ``small_tensors="hvdx"`` the small tensors of a compressed step are averaged by the
+   synchronizer instead (one MPI allreduce), and Horovod carries nothing then;
 5. the others are flattened to float32 numpy and synchronized by TopK (mpi4py
    collectives on hvdx's communicator, which matches Horovod's process set); the
    updates come back in each gradient's shape and dtype.

@@ -43,6 +43,7 @@ def test_defaults_and_description():
     ({"selector": "random"}, "selector='random'"),
     ({"seed": -3}, "seed=-3"),
     ({"selection": "per-layer"}, "selection='per-layer'"),
+    ({"small_tensors": "nccl"}, "small_tensors='nccl'"),
 ])
 def test_bad_arguments_raise_naming_the_argument_and_value(kwargs, message):
     with pytest.raises(ValueError) as info:
@@ -70,3 +71,8 @@ def test_spec_needs_a_core_config():
 
 def test_different_ratios_give_different_fingerprint_text():
     assert topk(0.01).describe() != topk(0.010000001).describe()
+
+
+def test_who_averages_the_small_tensors_is_part_of_the_fingerprint_text():
+    assert "small_tensors" not in topk(0.01).describe()
+    assert topk(0.01, small_tensors="hvdx").describe().endswith(" small_tensors=hvdx")

@@ -115,6 +115,40 @@ def test_global_selection_equals_the_reference_on_the_concatenated_gradient():
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("compiled", COMPILED, ids=COMPILED_IDS)
+def test_small_tensors_averaged_by_hvdx_are_horovods_average_and_horovod_idles(
+        compiled, monkeypatch):
+    grads = [grads_of_all_ranks(0, d, seed=i) for i, d in enumerate(SIZES)]
+    tensors = [tf.constant(g[hvd.rank()]) for g in grads]
+    by_horovod = tape_step(flat_variables(), compiled, compression=hvd.Compression.topk(
+        *RATIOS, min_size=MIN_SIZE))(*tensors)
+    import hvdx.tensorflow.topk as adapter
+    monkeypatch.setattr(adapter, "_hvd", _NoAllreduce(adapter._hvd))
+    variables = flat_variables()
+    by_hvdx = tape_step(variables, compiled, compression=hvd.Compression.topk(
+        *RATIOS, min_size=MIN_SIZE, small_tensors="hvdx"))(*tensors)
+    for a, b in zip(by_horovod[:2], by_hvdx[:2]):
+        assert np.array_equal(a.numpy(), b.numpy())
+    # One MPI allreduce instead of Horovod's: float32 rounding apart, the same average.
+    np.testing.assert_allclose(by_hvdx[2].numpy(), by_horovod[2].numpy(), rtol=0, atol=1e-6)
+    assert same_everywhere(by_hvdx[2])
+    stats = hvd.topk_state(variables).stats
+    assert (stats.last_sparse_tensors, stats.last_dense_tensors) == (2, 1)
+
+
+class _NoAllreduce:
+    """Horovod's module, except that an allreduce fails the test."""
+
+    def __init__(self, module):
+        self._module = module
+
+    def __getattr__(self, name):
+        if "allreduce" in name:
+            raise AssertionError(f"Horovod's {name} was called")
+        return getattr(self._module, name)
+
+
+@pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("mode", ["gathered", "sharded"])
 def test_ratio_one_is_horovods_dense_average_and_residuals_stay_zero(mode):
     variables = flat_variables(SIZES[:1])

@@ -185,6 +185,36 @@ def test_state_dict_round_trip_continues_bitwise():
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("correction", [False, True])
+def test_small_tensors_averaged_by_hvdx_are_horovods_average_and_horovod_idles(correction):
+    def one_step(small_tensors):
+        model = initial_model()
+        spec = hvd.Compression.topk(0.05, 0.05, min_size=256, small_tensors=small_tensors,
+                                    momentum_correction=correction)
+        opt = topk_optimizer(model, spec, torch.optim.SGD(
+            model.parameters(), lr=0.05, momentum=0.9 if correction else 0))
+        asked, horovods = [], opt._hvdx_dense_async
+        opt._hvdx_dense_async = lambda name, p: asked.append(name) or horovods(name, p)
+        (x, y), = batches(hvd.rank(), 1)
+        F.cross_entropy(model(x), y).backward()
+        opt.synchronize()
+        return model, opt, asked
+
+    by_horovod, opt_horovod, asked_horovod = one_step("horovod")
+    by_hvdx, opt_hvdx, asked_hvdx = one_step("hvdx")
+    small = [n for n, p in by_hvdx.named_parameters() if p.numel() < 256]
+    assert small and sorted(asked_horovod) == sorted(small) and asked_hvdx == []
+    for (name, a), b in zip(by_horovod.named_parameters(), by_hvdx.parameters()):
+        if name in small:  # one MPI allreduce instead of Horovod's: float32 rounding
+            torch.testing.assert_close(b.grad, a.grad, rtol=0, atol=1e-6)
+            assert same_everywhere(b.grad), name
+        else:
+            assert torch.equal(b.grad, a.grad), name
+    for stats in ("last_sent", "last_received", "last_sparse_tensors", "last_dense_tensors"):
+        assert getattr(opt_hvdx.hvdx_stats, stats) == getattr(opt_horovod.hvdx_stats, stats)
+
+
+@pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("make_optimizer", [
     lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
     lambda p: torch.optim.Adam(p, lr=0.02),
