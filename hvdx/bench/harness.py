@@ -132,8 +132,9 @@ def _add_speedups(rows: List[Summary]) -> None:
             row.target_speedup = base.time_to_target_s / row.time_to_target_s
 
 
-def _launch_command(cluster, ranks_per_host: int, argv: List[str], ranks: int):
-    env = {"OMP_NUM_THREADS": "1"}
+def _launch_command(cluster, ranks_per_host: int, argv: List[str], ranks: int,
+                    strategy_env: Dict[str, str]):
+    env = {"OMP_NUM_THREADS": "1", **strategy_env}
     if cluster is None:
         return ["mpirun", "-n", str(ranks)] + argv, env
     from hvdx.cluster import DATA_IFACE, mpiexec_command
@@ -151,7 +152,8 @@ def run_one(cluster, workload: str, strategy: str, steps: int, eval_every: int,
     argv = [sys.executable, "-m", "hvdx.bench.runner", "--workload", workload,
             "--strategy", strategy, "--steps", str(steps), "--eval-every", str(eval_every),
             "--out", os.path.abspath(out)]
-    command, extra_env = _launch_command(cluster, ranks_per_host, argv, ranks)
+    command, extra_env = _launch_command(cluster, ranks_per_host, argv, ranks,
+                                         STRATEGIES[strategy].env)
     env = dict(os.environ, **extra_env)
     started = time.monotonic()
     contention = _Contention(cluster)

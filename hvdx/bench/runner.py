@@ -157,6 +157,9 @@ def main(argv=None):
             "compute_s": float(np.median([r["compute_s"] for r in everyone])),
             "cost_options": strategy.cost_options_of(optimizer)
             if strategy.cost_options_of else strategy.cost_options,
+            # Horovod's settings the job ran with (a strategy may set its own cycle).
+            "horovod_env": {k: v for k, v in sorted(os.environ.items())
+                            if k.startswith("HOROVOD_")},
         }
         with open(args.out + ".tmp", "w") as f:
             json.dump(result, f)

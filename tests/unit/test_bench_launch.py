@@ -1,0 +1,18 @@
+"""How the benchmark launches a strategy: its environment is its job's."""
+
+from hvdx.bench.harness import _launch_command
+from hvdx.bench.strategies import STRATEGIES, TOPK_DGC_OPTIONS, TOPK_MASKED_OPTIONS
+
+
+def test_on_localhost_a_strategys_environment_is_given_to_mpirun():
+    command, env = _launch_command(None, 1, ["prog"], 2, {"HOROVOD_CYCLE_TIME": "50"})
+    assert command == ["mpirun", "-n", "2", "prog"]
+    assert env == {"OMP_NUM_THREADS": "1", "HOROVOD_CYCLE_TIME": "50"}
+
+
+def test_only_strategies_that_leave_horovod_idle_during_a_step_lengthen_its_cycle():
+    # A longer cycle delays every collective Horovod runs: it costs nothing only where
+    # Horovod carries nothing during a step (TopK with small_tensors="hvdx").
+    slow = {name for name, s in STRATEGIES.items() if "HOROVOD_CYCLE_TIME" in s.env}
+    assert slow == {"topk_dgc", "topk_masked"}
+    assert TOPK_DGC_OPTIONS["small_tensors"] == TOPK_MASKED_OPTIONS["small_tensors"] == "hvdx"
