@@ -270,9 +270,9 @@ class TopKSynchronizer:
         stats = self.stats
         stats._begin()
         dense, sparse = self.split(sizes, force_dense)
-        small = self.own_dense(dense, sparse, force_dense)
+        small = self._averaged_here(dense, sparse, force_dense)
         if small:
-            dense = [p for p in dense if p not in set(small)]
+            dense = sorted(set(dense) - set(small))  # what stays with Horovod
         self.last_sent = {}
         tuning = self.tuning()
         if tuning:
@@ -372,15 +372,6 @@ class TopKSynchronizer:
         sparse = [] if warm else self.compressible(sizes, force_dense)
         chosen = set(sparse)
         return [p for p in range(len(sizes)) if p not in chosen], sparse
-
-    def own_dense(self, dense: Sequence[int], sparse: Sequence[int],
-                  force_dense: Sequence[int] = ()) -> List[int]:
-        """The dense positions hvdx averages itself: with ``small_tensors="hvdx"``, in a
-        compressed step, those below ``min_size`` (sparse gradients stay with Horovod)."""
-        if self.compression.small_tensors != "hvdx" or not sparse:
-            return []
-        forced = set(force_dense)
-        return [p for p in dense if p not in forced]
 
     def compressible(self, sizes: Sequence[int], force_dense: Sequence[int] = ()
                      ) -> List[int]:
@@ -522,6 +513,15 @@ class TopKSynchronizer:
             itemsize = 4 if itemsizes is None else itemsizes[position]
             nbytes = 2 * (self.size - 1) / self.size * sizes[position] * itemsize
             self.stats._add(nbytes, nbytes, "dense")
+
+    def _averaged_here(self, dense: Sequence[int], sparse: Sequence[int],
+                       force_dense: Sequence[int] = ()) -> List[int]:
+        """The dense positions hvdx averages itself: with ``small_tensors="hvdx"``, in a
+        compressed step, those below ``min_size`` (sparse gradients stay with Horovod)."""
+        if self.compression.small_tensors != "hvdx" or not sparse:
+            return []
+        forced = set(force_dense)
+        return [p for p in dense if p not in forced]
 
     def _start_small(self, tensors, flat):
         """``small_tensors="hvdx"``: start one MPI allreduce (sum) of the ``(position,
