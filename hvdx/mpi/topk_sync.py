@@ -288,9 +288,13 @@ class TopKSynchronizer:
             self.timings.append((time.perf_counter() - started, topk_s))
         self._count_dense(dense, sizes, itemsizes)
         finish_small = self._start_small([(p, sizes[p]) for p in small], flat)
-        updates = self._exchange_all([(p, sizes[p]) for p in sparse], flat, joined)
-        if finish_small is not None:
-            updates.update(finish_small())
+        try:
+            updates = self._exchange_all([(p, sizes[p]) for p in sparse], flat, joined)
+        finally:
+            # Every rank started the allreduce: complete it even if the exchange raised,
+            # so that no request is left pending on the communicator.
+            averaged = finish_small() if finish_small is not None else {}
+        updates.update(averaged)
         if wait is not None:
             wait()
         self._count_step(len(sparse), len(dense) + len(small))
