@@ -5,13 +5,15 @@ Change one line of a Horovod script::
     import hvdx.torch as hvd          # was: import horovod.torch as hvd
 
 and everything works as before, bit for bit. hvdx's strategies are then switched on
-through the optimizer's ``compression=`` and ``sync=`` arguments.
+through the optimizer's ``compression=`` and ``sync=`` arguments (the strategy
+contract: :mod:`hvdx.strategy`).
 
 Framework adapters: :mod:`hvdx.torch`, :mod:`hvdx.tensorflow`,
 :mod:`hvdx.tensorflow.keras`. Framework-neutral algorithms: :mod:`hvdx.core`.
 """
 
 from hvdx._version import __version__
+from hvdx.decentralized import Decentralized
 from hvdx.dssync import DSSync
 
-__all__ = ["DSSync", "__version__"]
+__all__ = ["DSSync", "Decentralized", "__version__"]

@@ -13,10 +13,11 @@ Zou, De Sterck & Liu, "Downlink Compression Improves TopK Sparsification", arXiv
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import ClassVar, List, Optional
 
 from hvdx.core.bidirectional_topk import MODES, TopKConfig
 from hvdx.core.topk_selection import DEFAULT_SAMPLE_SIZE
+from hvdx.strategy import Strategy
 
 __all__ = ["MODES_AUTO", "SELECTIONS", "SMALL_TENSORS", "TopKCompression", "topk"]
 
@@ -34,7 +35,7 @@ SMALL_TENSORS = ("horovod", "hvdx")
 
 
 @dataclass(frozen=True)
-class TopKCompression:
+class TopKCompression(Strategy):
     """Bidirectional (or unidirectional) TopK with error feedback, and how to run it.
 
     Args:
@@ -78,6 +79,9 @@ class TopKCompression:
             after a sparse aggregate keeps pushing stale, delayed directions; this keeps
             momentum local. PyTorch, SGD without Nesterov or dampening only.
     """
+
+    name: ClassVar[str] = "topk"
+    argument: ClassVar[str] = "compression"
 
     config: TopKConfig
     mode: str = "auto"
@@ -149,6 +153,10 @@ class TopKCompression:
 
     def __str__(self) -> str:
         return self.describe()
+
+    def fingerprint_settings(self, job, plan) -> List:
+        """Nothing beyond :meth:`describe`, which is the ``compression`` entry itself."""
+        return []
 
 
 def topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,

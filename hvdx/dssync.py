@@ -23,25 +23,32 @@ Example::
 
 from __future__ import annotations
 
-import math
 import os
-from typing import Callable, List, Optional, Tuple
-
-import numpy as np
+from typing import Callable, List, NamedTuple, Optional, Tuple
 
 from hvdx.core.bandwidth import DEFAULT_PROBE_BYTES
 from hvdx.core.dssync_schedule import (ListSchedule, RotationSchedule, ShuffleSchedule,
                                        default_rotation_parameters)
 from hvdx.core.topology import Topology
 from hvdx.core.units import parse_rate
+from hvdx.strategy import Job, MixingStrategy
+from hvdx.strategy import check_integer as _integer
 
-__all__ = ["DSSync", "LINK_RATES_VARIABLES", "link_rates_from_environment",
+__all__ = ["DSSync", "DSSyncPlan", "LINK_RATES_VARIABLES", "link_rates_from_environment",
            "parse_link_rates"]
 
 SCHEDULES = ("rotation", "shuffle")
 
 
-class DSSync:
+class DSSyncPlan(NamedTuple):
+    """What :meth:`DSSync.prepare` found for the job: the schedule and its inputs."""
+
+    schedule: object
+    topology: Optional[Topology]
+    link_rates: Optional[Tuple[int, int]]
+
+
+class DSSync(MixingStrategy):
     """Divide-and-shuffle synchronization: local steps, then averaging inside groups.
 
     Args:
@@ -136,16 +143,9 @@ class DSSync:
                             ("topology", topology), ("link_rates", link_rates)):
             if value is not None and self.kind != "rotation":
                 raise ValueError(f"{name}={value!r} applies to schedule='rotation' only")
-        if not isinstance(average_optimizer_state, (bool, np.bool_)):
-            raise ValueError(f"average_optimizer_state={average_optimizer_state!r} must be "
-                             "True or False")
-        self.average_optimizer_state = bool(average_optimizer_state)
-        self.global_every = _integer("global_every", global_every, 0)
-        self.swa_start = _optional_integer("swa_start", swa_start, 0)
-        self.swa_every = _integer("swa_every", swa_every, 1)
-        if self.swa_start is None and swa_every != 1:
-            raise ValueError(f"swa_every={swa_every!r} needs swa_start, the step from "
-                             "which the running average is kept")
+        self._init_mixing(global_every=global_every, swa_start=swa_start,
+                          swa_every=swa_every,
+                          average_optimizer_state=average_optimizer_state)
         self.probe_every = _integer("probe_every", probe_every, 0)
         if self.probe_every and self.kind != "rotation":
             raise ValueError(f"probe_every={probe_every!r} applies to schedule='rotation' "
@@ -155,6 +155,25 @@ class DSSync:
             raise ValueError(f"probe={probe!r} must be None (measure) or a callable "
                              "step -> bandwidth matrix")
         self.probe = probe
+
+    name = "dssync"
+
+    # --- the strategy contract (hvdx.strategy) ---------------------------------------
+
+    def prepare(self, job: Job) -> DSSyncPlan:
+        """Detect the topology if the rotation needs it (collective over all ranks),
+        check the other arguments, and build the schedule for the job."""
+        topology = None
+        if self.needs_topology and self.topology is None:
+            from hvdx.mpi.comm import world
+            from hvdx.mpi.topology import detect_topology
+            topology = detect_topology(world(job.global_process_set))
+        self.check_gradient_arguments(job, "DS-Sync")
+        rates = link_rates_from_environment() if self.needs_topology else None
+        return DSSyncPlan(self.build(job.size, topology, rates), topology, rates)
+
+    def fingerprint_settings(self, job: Job, plan: DSSyncPlan) -> List[Tuple[str, object]]:
+        return self.settings(job.size, plan.topology, plan.link_rates)
 
     @property
     def needs_topology(self) -> bool:
@@ -281,13 +300,6 @@ def link_rates_from_environment() -> Optional[Tuple[int, int]]:
         if raw:
             return parse_link_rates(raw, variable)
     return None
-
-
-def _integer(name: str, value: object, low: int, high: float = math.inf) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or \
-            not low <= value <= high:
-        raise ValueError(f"{name}={value!r} must be an integer of at least {low}")
-    return int(value)
 
 
 def _optional_integer(name: str, value: object, low: int) -> Optional[int]:

@@ -5,30 +5,29 @@ from __future__ import annotations
 from typing import List, Tuple
 
 from hvdx._version import __version__
+from hvdx.strategy import Strategy, strategy_of
 
 __all__ = ["group_sizes", "horovod_settings", "validate_sync"]
 
 
 def validate_sync(sync) -> None:
-    """``sync=`` takes an hvdx strategy (:class:`hvdx.DSSync`); ``None`` keeps Horovod's
-    gradient allreduce."""
-    from hvdx.dssync import DSSync
-
-    if sync is not None and not isinstance(sync, DSSync):
-        raise TypeError(
-            f"sync={sync!r} is not a synchronization strategy this hvdx release provides; "
-            "pass sync=hvdx.DSSync(...), or sync=None for Horovod's gradient allreduce.")
+    """``sync=`` takes an hvdx synchronization strategy (:class:`hvdx.DSSync`,
+    :class:`hvdx.Decentralized`); ``None`` keeps Horovod's gradient allreduce."""
+    strategy_of(None, sync)
 
 
 def horovod_settings(**settings) -> List[Tuple[str, object]]:
     """Fingerprint entries for the optimizer's settings, rendered rank-independently.
 
     Classes (Horovod compressors) are rendered by qualified name, process sets by their
-    ranks, so that the same settings give the same text on every rank.
+    ranks, hvdx strategies by :meth:`~hvdx.strategy.Strategy.describe`, so that the
+    same settings give the same text on every rank.
     """
     entries: List[Tuple[str, object]] = [("hvdx.version", __version__)]
     for name, value in settings.items():
-        if isinstance(value, type):
+        if isinstance(value, Strategy):
+            value = value.describe()
+        elif isinstance(value, type):
             value = f"{value.__module__}.{value.__qualname__}"
         elif hasattr(value, "process_set_id") and hasattr(value, "ranks"):
             value = ("process_set", value.ranks)

@@ -29,16 +29,17 @@ from __future__ import annotations
 
 import atexit
 import os
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 from hvdx.core.dssync_schedule import ShuffleSchedule
 from hvdx.core.group_averaging import swa_due
 from hvdx.dssync import DSSync, link_rates_from_environment
 from hvdx.mpi.comm import world
 from hvdx.mpi.dssync_adapt import DSSyncAdaptation
+from hvdx.strategy import global_due
 
 __all__ = ["DSSyncGroups", "DSSyncStats", "LOOKAHEAD", "dynamic_process_sets",
-           "registered_sets", "resolve_dssync", "static_groups"]
+           "registered_sets", "static_groups"]
 
 #: Steps of a shuffle schedule whose groups are registered together.
 LOOKAHEAD = 16
@@ -123,8 +124,7 @@ class DSSyncGroups:
         rebuilt rotation (:meth:`_adapt`), on every rank alike.
         """
         self._adapt(step)
-        every = self.sync.global_every
-        if every and (step + 1) % every == 0:
+        if global_due(step, self.sync.global_every):
             return self.all_ranks
         self._ensure_sets(step)
         return self.schedule.group(step, self.rank)
@@ -292,36 +292,3 @@ def static_groups(sync: DSSync, size: int) -> List[Tuple[int, ...]]:
     rates = link_rates_from_environment() if sync.needs_topology else None
     schedule = sync.build(size, topology, rates)
     return [tuple(g) for g in schedule.groups() if len(g) < size]
-
-
-def resolve_dssync(sync: DSSync, horovod, compression, no_compression, process_set
-                   ) -> Tuple[list, Optional[ValueError], object]:
-    """``(fingerprint settings, error or None, schedule)`` of a DS-Sync run.
-
-    Collective over all ranks when the topology is detected. A bad argument does not
-    raise here: it becomes a fingerprint entry, so that a rank that fails while the
-    others succeed makes every rank raise the fingerprint error instead of hanging.
-
-    Args:
-        sync: the user's :class:`hvdx.DSSync`.
-        horovod: Horovod's framework module (``size``, ``global_process_set``).
-        compression: the user's ``compression=``; must be ``no_compression``.
-        no_compression: the framework's ``Compression.none``.
-        process_set: the user's ``process_set=``; must be the global set.
-    """
-    topology = None
-    try:
-        if sync.needs_topology and sync.topology is None:
-            from hvdx.mpi.topology import detect_topology
-            topology = detect_topology(world(horovod.global_process_set))
-        if compression is not no_compression:
-            raise ValueError(f"compression={compression!r}: DS-Sync sends no gradients; "
-                             "leave compression=Compression.none")
-        if process_set is not horovod.global_process_set:
-            raise ValueError("process_set: DS-Sync chooses its own groups; leave "
-                             "process_set=hvd.global_process_set")
-        rates = link_rates_from_environment() if sync.needs_topology else None
-        schedule = sync.build(horovod.size(), topology, rates)
-        return sync.settings(horovod.size(), topology, rates), None, schedule
-    except ValueError as error:
-        return [("dssync.error", str(error))], error, None

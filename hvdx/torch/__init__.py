@@ -27,3 +27,5 @@ from hvdx.torch.compression import Compression  # noqa: E402,F401
 from hvdx.torch.runtime import init  # noqa: E402,F401
 from hvdx.torch.optimizer import DistributedOptimizer  # noqa: E402,F401
 from hvdx.torch.dssync_optimizer import dssync_process_sets  # noqa: E402,F401
+from hvdx.decentralized import Decentralized  # noqa: E402,F401
+from hvdx.dssync import DSSync  # noqa: E402,F401

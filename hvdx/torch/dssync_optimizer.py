@@ -2,12 +2,14 @@
 
 DS-Sync (Wang et al., "Divide-and-Shuffle Synchronization for Distributed Machine
 Learning", arXiv 2007.03298); the numpy reference is
-:func:`hvdx.core.group_averaging.simulate_dssync`. ``step()`` of the optimizer made
-here does, at step ``t`` on every rank:
+:func:`hvdx.core.group_averaging.simulate_dssync`. The optimizer is the shared
+parameter-mixing wrapper (:mod:`hvdx.torch.mixing_optimizer`) with the
+:class:`GroupMixer` below. ``step()`` does, at step ``t`` on every rank:
 
 1. the wrapped optimizer's own step on the local gradients (no gradient communication);
 2. an average of the parameters (with ``average_optimizer_state``, also of the
-   optimizer's per-parameter tensors) over this rank's group of ``partition(t)``,
+   optimizer's per-parameter tensors; with ``named_buffers``, also of the model's
+   floating-point buffers) over this rank's group of ``partition(t)``,
    by ``hvd.grouped_allreduce_(op=Average)`` on the group's process set, one call per
    dtype, tensors in the optimizer's parameter order. A rank alone in its group sends
    nothing. Every ``global_every``-th step averages over all ranks instead;
@@ -27,17 +29,16 @@ or a static registration of :func:`dssync_process_sets` at ``hvd.init``.
 
 from __future__ import annotations
 
-import contextlib
-from typing import Dict, List, Optional, Sequence
+from typing import List, Sequence
 
 import horovod.torch as _hvd
 import torch
 
 from hvdx.dssync import DSSync
 from hvdx.mpi.dssync_groups import LOOKAHEAD, DSSyncGroups, DSSyncStats, static_groups
-from hvdx.torch.wrapping import subclass_of
+from hvdx.torch.mixing_optimizer import average_over_all_ranks, make_mixing_optimizer
 
-__all__ = ["DSSyncStats", "LOOKAHEAD", "STATE_KEY", "dssync_process_sets",
+__all__ = ["DSSyncStats", "GroupMixer", "LOOKAHEAD", "STATE_KEY", "dssync_process_sets",
            "make_dssync_optimizer"]
 
 #: Key of the DS-Sync entry in ``state_dict()``.
@@ -58,144 +59,71 @@ def dssync_process_sets(sync: DSSync, size: int) -> List[_hvd.ProcessSet]:
     return [_hvd.ProcessSet(list(g)) for g in static_groups(sync, size)]
 
 
-def make_dssync_optimizer(optimizer, named_parameters, sync: DSSync, schedule):
+def make_dssync_optimizer(optimizer, named_parameters, sync: DSSync, schedule,
+                          named_buffers=None):
     """An instance of a class made at run time from ``optimizer``'s class.
 
-    ``isinstance(result, type(optimizer))`` holds. The base class is captured in the new
-    class (``_hvdx_base``), never found through ``super(self.__class__, self)``, so
-    subclassing the result does not recurse. Collective: registers process sets.
+    ``isinstance(result, type(optimizer))`` holds. Collective: registers process sets.
     """
-    cls = subclass_of(optimizer, _DSSyncOptimizer)
-    return cls(optimizer.param_groups, named_parameters, sync, schedule)
+    return make_mixing_optimizer(optimizer, named_parameters, sync,
+                                 GroupMixer(sync, schedule), named_buffers, STATE_KEY,
+                                 _DSSyncMethods)
 
 
-class _DSSyncOptimizer:
-    """Methods copied into the run-time class; ``self._hvdx_base`` is the user's class."""
+class _DSSyncMethods:
+    """DS-Sync's own members of the optimizer (the groups and their schedule)."""
 
-    def __init__(self, params, named_parameters, sync, schedule):
-        self._hvdx_base.__init__(self, params)
-        self._hvdx_sync = sync
-        self._hvdx_schedule = schedule
-        # Groups, process sets, step and byte counters: shared with TensorFlow.
-        self._hvdx_groups = DSSyncGroups(sync, schedule, _hvd)
-        self.hvdx_stats = self._hvdx_groups.stats
-        #: SWA running mean of the parameters (created at the first sample).
-        self._hvdx_swa: Optional[List[torch.Tensor]] = None
+    _hvdx_groups = property(lambda self: self._hvdx_mixer.groups)
+    _hvdx_schedule = property(lambda self: self._hvdx_mixer.groups.schedule)
 
-    # --- the public surface of Horovod's optimizer -----------------------------------
 
-    def set_backward_passes_per_step(self, passes):
-        """Accepted for compatibility: DS-Sync sends no gradients."""
-        if passes <= 0:
-            raise ValueError("backward_passes_per_step must be > 0")
+class GroupMixer:
+    """DS-Sync's mixer: an average inside this rank's group of the step's partition.
 
-    @contextlib.contextmanager
-    def skip_synchronize(self):
-        """Accepted for compatibility: there is no gradient synchronization to skip."""
-        yield
+    Synchronous (Horovod's grouped allreduce on the group's process set): nothing stays
+    in flight. The groups, process sets, step and counters are
+    :class:`~hvdx.mpi.dssync_groups.DSSyncGroups` (shared with TensorFlow).
+    """
 
-    def synchronize(self):
-        """Nothing to do: DS-Sync averages parameters after the local step."""
+    def __init__(self, sync: DSSync, schedule):
+        self.groups = DSSyncGroups(sync, schedule, _hvd)  # collective: registers sets
+        self.stats = self.groups.stats
 
-    def step(self, closure=None):
-        """Local step, then averaging inside this rank's group (module docstring)."""
-        loss = self._hvdx_base.step(self, closure)
-        groups = self._hvdx_groups
-        self._hvdx_average(groups.group_at(groups.step))
-        if groups.swa_due(groups.step):
-            self._hvdx_swa_sample()
-        groups.step += 1
-        return loss
+    step = property(lambda self: self.groups.step,
+                    lambda self, value: setattr(self.groups, "step", value))
+    swa_count = property(lambda self: self.groups.swa_count,
+                         lambda self, value: setattr(self.groups, "swa_count", value))
 
-    def synchronize_parameters(self, swa: bool = False):
-        """Average parameters (and state, if configured) over all ranks now (collective).
+    def before_step(self, tensors, step: int, everyone: bool) -> bool:
+        return False
 
-        Does not advance the schedule.
+    def mix(self, tensors: List[torch.Tensor], step: int, everyone: bool) -> None:
+        # group_at also runs the probe at probing steps and answers all ranks at the
+        # global_every steps (the same hvdx.strategy.global_due as ``everyone``).
+        group = self.groups.group_at(step)
+        self.groups.record(group, _nbytes(tensors))
+        if len(group) >= 2:
+            average_over_all_ranks(tensors, "hvdx.dssync." + "-".join(map(str, group)),
+                                   self.groups.process_set(group))
 
-        Args:
-            swa: first replace every rank's parameters by its SWA running mean
-                (``DSSync(swa_start=...)``), so the result is the final SWA-style merge:
-                the mean over ranks and sampled steps. Call it once, after training.
+    def after_step(self, tensors) -> None:
+        pass
 
-        Raises:
-            ValueError: ``swa=True`` before the first sample (or without ``swa_start``),
-                on every rank alike (every rank counts the same steps).
-        """
-        if swa:
-            if not self._hvdx_groups.swa_count:
-                raise ValueError(
-                    "synchronize_parameters(swa=True): no SWA sample yet; set "
-                    f"DSSync(swa_start=...) and train past it (swa_start="
-                    f"{self._hvdx_sync.swa_start}, step {self._hvdx_groups.step})")
-            with torch.no_grad():
-                for p, mean in zip(self._hvdx_params(), self._hvdx_swa):
-                    p.copy_(mean)
-        self._hvdx_average(self._hvdx_groups.all_ranks)
+    def finish(self) -> None:
+        pass
 
-    # --- state ----------------------------------------------------------------------
+    def discard(self) -> None:
+        pass
 
-    def state_dict(self):
-        state = self._hvdx_base.state_dict(self)
-        state[STATE_KEY] = self._hvdx_groups.state()
-        if self._hvdx_swa is not None:
-            state[STATE_KEY]["swa"] = [t.clone() for t in self._hvdx_swa]
-        return state
+    def count_everyone(self, tensors: Sequence[torch.Tensor]) -> None:
+        self.groups.record(self.groups.all_ranks, _nbytes(tensors))
 
-    def load_state_dict(self, state_dict):
-        state_dict = dict(state_dict)
-        dssync = state_dict.pop(STATE_KEY, None)
-        self._hvdx_base.load_state_dict(self, state_dict)
-        if dssync is not None:
-            self._hvdx_groups.load_state(dssync)
-            if dssync.get("swa") is not None:
-                self._hvdx_swa = [t.detach().clone().to(p.device)
-                                  for t, p in zip(dssync["swa"], self._hvdx_params())]
+    def state(self):
+        return self.groups.state()
 
-    # --- internals ------------------------------------------------------------------
+    def load_state(self, state) -> None:
+        self.groups.load_state(state)
 
-    def _hvdx_params(self) -> List[torch.Tensor]:
-        return [p for group in self.param_groups for p in group["params"]
-                if p.requires_grad]
 
-    def _hvdx_swa_sample(self):
-        """Add the (group-averaged) parameters to the SWA running mean."""
-        params = self._hvdx_params()
-        if self._hvdx_swa is None:
-            self._hvdx_swa = [torch.zeros_like(p) for p in params]
-        count = self._hvdx_groups.swa_count
-        with torch.no_grad():
-            for mean, p in zip(self._hvdx_swa, params):
-                # The reference's form (hvdx.core.group_averaging.running_mean).
-                mean.copy_(mean + (p - mean) / (count + 1))
-        self._hvdx_groups.swa_count = count + 1
-
-    def _hvdx_tensors(self) -> List[torch.Tensor]:
-        """Parameters, then (optionally) their state tensors, in a fixed order."""
-        params = self._hvdx_params()
-        tensors = [p.data for p in params]
-        if self._hvdx_sync.average_optimizer_state:
-            for p in params:
-                state = self.state.get(p, {})
-                for key in sorted(state):
-                    value = state[key]
-                    if key != "step" and torch.is_tensor(value) and \
-                            value.is_floating_point() and value.shape == p.shape:
-                        tensors.append(value)
-        return tensors
-
-    def _hvdx_average(self, group: Sequence[int]):
-        group = tuple(group)
-        tensors = self._hvdx_tensors()
-        groups = self._hvdx_groups
-        groups.record(group, sum(t.numel() * t.element_size() for t in tensors))
-        if len(group) < 2:
-            return
-        process_set = groups.process_set(group)
-        by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
-        for t in tensors:
-            by_dtype.setdefault(t.dtype, []).append(t)
-        with torch.no_grad():
-            for dtype, same in by_dtype.items():
-                name = groups.tensor_name(group, str(dtype).replace("torch.", ""))
-                _hvd.grouped_allreduce_(same, op=_hvd.Average, name=name,
-                                        process_set=process_set)
+def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)

@@ -1,17 +1,15 @@
-"""``hvdx.torch.DistributedOptimizer``: Horovod's, plus a cross-rank consistency check."""
+"""``hvdx.torch.DistributedOptimizer``: Horovod's, plus a cross-rank consistency check
+and hvdx's strategies (looked up in :mod:`hvdx.torch.registry`)."""
 
 from __future__ import annotations
 
 import horovod.torch as _hvd
 
-from hvdx.compression import TopKCompression
 from hvdx.core.fingerprint import Fingerprint
-from hvdx.dssync import DSSync
 from hvdx.mpi import check_consistent, communicator_for
-from hvdx.mpi.dssync_groups import resolve_dssync
-from hvdx.settings import group_sizes, horovod_settings, validate_sync
-from hvdx.torch.dssync_optimizer import make_dssync_optimizer
-from hvdx.torch.topk_optimizer import make_topk_optimizer
+from hvdx.settings import group_sizes, horovod_settings
+from hvdx.strategy import resolve, strategy_of
+from hvdx.torch import registry
 
 __all__ = ["DistributedOptimizer"]
 
@@ -24,7 +22,7 @@ def DistributedOptimizer(optimizer, named_parameters=None,
                          num_groups=0, groups=None,
                          sparse_as_dense=False,
                          process_set=_hvd.global_process_set,
-                         sync=None):
+                         sync=None, named_buffers=None):
     """Wrap a ``torch.optim.Optimizer`` for distributed training.
 
     Takes exactly the arguments of ``horovod.torch.DistributedOptimizer`` (same order,
@@ -32,10 +30,18 @@ def DistributedOptimizer(optimizer, named_parameters=None,
 
     Args:
         sync: an hvdx synchronization strategy, or ``None`` for Horovod's gradient
-            allreduce. ``hvdx.DSSync(...)``: no gradient allreduce; local steps, then
-            parameter averaging inside groups (see :mod:`hvdx.torch.dssync_optimizer`);
-            ``compression`` must then be ``Compression.none`` and ``process_set`` the
-            global set, and the other gradient arguments are unused.
+            allreduce. ``hvdx.DSSync(...)`` (group averaging, see
+            :mod:`hvdx.torch.dssync_optimizer`) and ``hvdx.Decentralized(...)``
+            (neighbour averaging over a graph, see
+            :mod:`hvdx.torch.decentralized_optimizer`) average parameters after a local
+            step instead of averaging gradients: ``compression`` must then be
+            ``Compression.none`` and ``process_set`` the global set, and the other
+            gradient arguments are unused.
+        named_buffers: with ``sync=``, the model's buffers (``model.named_buffers()``:
+            BatchNorm running statistics), averaged with the parameters, so that every
+            rank evaluates with the same statistics after ``synchronize_parameters()``.
+            Ignored otherwise (Horovod averages gradients only; broadcast buffers as
+            usual).
 
     ``compression`` also takes ``hvdx.torch.Compression.topk(...)``: bidirectional TopK
     with error feedback, synchronized by hvdx itself (see
@@ -46,53 +52,48 @@ def DistributedOptimizer(optimizer, named_parameters=None,
     every rank instead of hanging in an allreduce.
 
     Returns:
-        With no hvdx feature switched on, Horovod's own optimizer object; with TopK, an
-        instance of a class made from the optimizer's class (``isinstance`` holds).
+        With no hvdx feature switched on, Horovod's own optimizer object; with an hvdx
+        strategy, an instance of a class made from the optimizer's class
+        (``isinstance`` holds).
     """
-    validate_sync(sync)
+    strategy = strategy_of(compression, sync)
     if named_parameters is not None:
         # Often a generator (model.named_parameters()): read it once, hand Horovod a list.
         named_parameters = list(named_parameters)
-    topk = isinstance(compression, TopKCompression)
-    dssync = isinstance(sync, DSSync)
-    sync_settings, sync_error, schedule = [], None, None
-    if dssync:
-        sync_settings, sync_error, schedule = _resolve_dssync(sync, compression, process_set)
+    if named_buffers is not None:
+        named_buffers = list(named_buffers)
+    resolved = resolve(strategy, registry.job(compression, process_set))
     fingerprint = Fingerprint.build(
         parameters=_parameter_entries(optimizer, named_parameters),
         settings=horovod_settings(
-            compression=compression.describe() if topk else compression,
+            compression=compression,
             backward_passes_per_step=backward_passes_per_step,
             op=op, gradient_predivide_factor=gradient_predivide_factor,
             num_groups=num_groups, groups=group_sizes(groups),
             sparse_as_dense=sparse_as_dense, process_set=process_set,
-            sync="dssync" if dssync else sync) + sync_settings)
+            sync=sync) + resolved.settings + _buffer_entries(sync, named_buffers))
     comm = None
     if process_set.included():
         comm = communicator_for(process_set, _hvd.global_process_set, _hvd.size())
         check_consistent(fingerprint, comm, "DistributedOptimizer")
-    if dssync:
-        if sync_error is not None:
-            # Every rank failed the same way (else the fingerprints would differ).
-            raise sync_error
-        return make_dssync_optimizer(optimizer, named_parameters, sync, schedule)
-    if topk:
-        if comm is None:
-            raise ValueError("TopK compression: this rank is not in process_set")
-        return make_topk_optimizer(
-            optimizer, named_parameters, compression, backward_passes_per_step, op,
-            gradient_predivide_factor, sparse_as_dense, process_set, comm)
-    return _hvd.DistributedOptimizer(
-        optimizer, named_parameters=named_parameters, compression=compression,
-        backward_passes_per_step=backward_passes_per_step, op=op,
-        gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
-        groups=groups, sparse_as_dense=sparse_as_dense, process_set=process_set)
+    resolved.raise_error()
+    if strategy is None:
+        return _hvd.DistributedOptimizer(
+            optimizer, named_parameters=named_parameters, compression=compression,
+            backward_passes_per_step=backward_passes_per_step, op=op,
+            gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
+            groups=groups, sparse_as_dense=sparse_as_dense, process_set=process_set)
+    return registry.build(optimizer, strategy, resolved.plan, registry.OptimizerArguments(
+        named_parameters, backward_passes_per_step, op, gradient_predivide_factor,
+        sparse_as_dense, process_set, comm, named_buffers if sync is not None else None))
 
 
-def _resolve_dssync(sync, compression, process_set):
-    """``(fingerprint settings, error or None, schedule)``: see
-    :func:`hvdx.mpi.dssync_groups.resolve_dssync` (shared with TensorFlow)."""
-    return resolve_dssync(sync, _hvd, compression, _hvd.Compression.none, process_set)
+def _buffer_entries(sync, named_buffers):
+    """``(name, dtype and shape)`` of the buffers a mixing strategy averages."""
+    if sync is None or not named_buffers:
+        return []
+    return [(f"buffer.{name}", f"{str(b.dtype).replace('torch.', '')}{list(b.shape)}")
+            for name, b in named_buffers]
 
 
 def _parameter_entries(optimizer, named_parameters):

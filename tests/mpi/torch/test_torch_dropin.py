@@ -20,12 +20,12 @@ def test_every_public_horovod_torch_name_is_exported():
     assert hvd.elastic is horovod.torch.elastic
 
 
-def test_same_signature_as_horovod_plus_sync():
+def test_same_signature_as_horovod_plus_sync_and_named_buffers():
     import inspect
     ours = inspect.signature(hvd.DistributedOptimizer).parameters
     theirs = inspect.signature(horovod.torch.DistributedOptimizer).parameters
     assert list(ours)[:len(theirs)] == list(theirs)
-    assert list(ours)[len(theirs):] == ["sync"]
+    assert list(ours)[len(theirs):] == ["sync", "named_buffers"]
     for name, p in theirs.items():
         assert ours[name].default is p.default or ours[name].default == p.default, name
 

@@ -1,0 +1,201 @@
+"""The contract every hvdx strategy implements, and how the entry points use it.
+
+A strategy is a small, framework-neutral *spec* object that the user passes to a Horovod
+entry point: ``compression=hvd.Compression.topk(...)`` or ``sync=hvdx.DSSync(...)`` /
+``sync=hvdx.Decentralized(...)``. The entry points (``hvdx.torch.DistributedOptimizer``,
+``hvdx.tensorflow.DistributedGradientTape``, ``hvdx.tensorflow.keras.DistributedOptimizer``)
+never name a concrete strategy. They:
+
+1. find the strategy among their arguments (:func:`strategy_of`; a wrong ``sync=``
+   raises ``TypeError`` at once, before any collective, as every rank passes it);
+2. resolve it against the job (:func:`resolve`): :meth:`Strategy.prepare` validates what
+   depends on the job (the world size, the other arguments) and builds the run-time
+   plan (a schedule, a graph); :meth:`Strategy.fingerprint_settings` lists the
+   fingerprint entries.
+   A ``ValueError`` there does not raise yet: it becomes a fingerprint entry;
+3. check the fingerprint across ranks (:mod:`hvdx.mpi.consistency`), so a rank that
+   failed, or resolved differently, makes every rank raise the same error instead of
+   leaving the others waiting in a collective; then raise the resolution's error;
+4. look the strategy up in the framework's registry (``hvdx.torch.registry``,
+   ``hvdx.tensorflow.registry``), which builds its run-time object.
+
+Strategies that average parameters (DS-Sync's groups, the exponential graphs) share one
+wrapper per framework and differ only in their *mixer*, after PyTorch's
+``ModelAverager`` / ``PostLocalSGDOptimizer`` split: a local optimizer step, then a mixer
+that averages the parameters (and buffers) with other ranks. :class:`MixingStrategy`
+holds the options that wrapper implements once: ``global_every``, the SWA merge.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, List, Optional, Tuple
+
+import numpy as np
+
+__all__ = ["Job", "MixingStrategy", "Resolved", "Strategy", "global_due", "resolve",
+           "strategy_of"]
+
+#: A fingerprint entry: ``(name, value)``, rendered with ``repr``.
+Setting = Tuple[str, object]
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a strategy may depend on, as the entry point sees it on this rank.
+
+    Attributes:
+        size: ranks in Horovod's global set.
+        rank: this rank.
+        horovod: Horovod's framework module (``horovod.torch``, ``horovod.tensorflow``).
+        compression: the user's ``compression=``.
+        no_compression: the framework's ``Compression.none``.
+        process_set: the user's ``process_set=``.
+        framework: ``"torch"`` or ``"tensorflow"``.
+    """
+
+    size: int
+    rank: int
+    horovod: Any
+    compression: Any
+    no_compression: Any
+    process_set: Any
+    framework: str
+
+    @property
+    def global_process_set(self):
+        return self.horovod.global_process_set
+
+
+class Strategy(abc.ABC):
+    """One hvdx strategy's spec: fingerprint, validation, and its run-time plan.
+
+    Subclasses set :attr:`name` (the registry key, also the ``sync`` fingerprint entry)
+    and :attr:`argument` (the entry-point argument that carries it), and validate every
+    job-independent argument in their constructor (``ValueError`` naming it).
+    """
+
+    #: Registry key: ``"topk"``, ``"dssync"``, ``"decentralized"``, ...
+    name: ClassVar[str] = ""
+    #: ``"compression"`` or ``"sync"``.
+    argument: ClassVar[str] = "sync"
+
+    def prepare(self, job: Job) -> Any:
+        """Validate against ``job`` and return the run-time plan (collective only where
+        a subclass says so). Raises ``ValueError`` naming the argument."""
+        return None
+
+    @abc.abstractmethod
+    def fingerprint_settings(self, job: Job, plan: Any) -> List[Setting]:
+        """Fingerprint entries: every choice that all ranks must share."""
+
+    def describe(self) -> str:
+        """One rank-independent line for logs and the entry point's own fingerprint
+        entry (``compression=`` or ``sync=``)."""
+        return self.name
+
+
+class MixingStrategy(Strategy):
+    """A strategy that averages parameters after a local step (DS-Sync, graphs).
+
+    The options here are implemented once, by each framework's mixing wrapper:
+
+    Args:
+        global_every: every ``global_every``-th step averages over all ranks instead of
+            mixing; ``0``: never.
+        swa_start: the final SWA-style merge (Izmailov et al., arXiv 1803.05407): from
+            the step of this index on (0-based), every rank keeps a running average of
+            its parameters after mixing, sampled every ``swa_every`` steps;
+            ``synchronize_parameters(swa=True)`` then writes the mean over all ranks of
+            those averages into the parameters. ``None``: no running average.
+        swa_every: steps between two samples (``swa_start`` must be set).
+        average_optimizer_state: also mix the optimizer's per-parameter tensors
+            (momentum buffers, Adam moments).
+    """
+
+    argument: ClassVar[str] = "sync"
+
+    def _init_mixing(self, global_every=0, swa_start=None, swa_every=1,
+                     average_optimizer_state=False) -> None:
+        if not isinstance(average_optimizer_state, (bool, np.bool_)):
+            raise ValueError(f"average_optimizer_state={average_optimizer_state!r} must be "
+                             "True or False")
+        self.average_optimizer_state = bool(average_optimizer_state)
+        self.global_every = check_integer("global_every", global_every, 0)
+        self.swa_start = None if swa_start is None else \
+            check_integer("swa_start", swa_start, 0)
+        self.swa_every = check_integer("swa_every", swa_every, 1)
+        if self.swa_start is None and swa_every != 1:
+            raise ValueError(f"swa_every={swa_every!r} needs swa_start, the step from "
+                             "which the running average is kept")
+
+    def check_gradient_arguments(self, job: Job, what: str) -> None:
+        """Parameter mixing sends no gradients and picks its own peers."""
+        if job.compression is not job.no_compression:
+            raise ValueError(f"compression={job.compression!r}: {what} sends no gradients "
+                             "to compress; leave compression=Compression.none")
+        if job.process_set is not job.global_process_set:
+            raise ValueError(f"process_set: {what} chooses its own peers; leave "
+                             "process_set=hvd.global_process_set")
+
+
+@dataclass
+class Resolved:
+    """A strategy resolved on this rank: fingerprint settings, plan, or the error."""
+
+    settings: List[Setting]
+    plan: Any = None
+    error: Optional[Exception] = None
+
+    def raise_error(self) -> None:
+        """Raise the resolution's error (after the fingerprint check: then every rank
+        failed the same way, else the fingerprints would have differed)."""
+        if self.error is not None:
+            raise self.error
+
+
+def resolve(strategy: Optional[Strategy], job: Job) -> Resolved:
+    """Prepare ``strategy`` for ``job``; a ``ValueError`` becomes a fingerprint entry."""
+    if strategy is None:
+        return Resolved([])
+    try:
+        plan = strategy.prepare(job)
+        return Resolved(list(strategy.fingerprint_settings(job, plan)), plan)
+    except ValueError as error:
+        return Resolved([(f"{strategy.name}.error", str(error))], None, error)
+
+
+def strategy_of(compression, sync) -> Optional[Strategy]:
+    """The hvdx strategy among an entry point's arguments, or ``None`` (Horovod).
+
+    ``sync=`` wins; its strategy then refuses a ``compression=`` it cannot honour in
+    :meth:`Strategy.prepare` (so on every rank, through the fingerprint).
+
+    Raises:
+        TypeError: ``sync=`` is neither ``None`` nor a synchronization strategy.
+    """
+    if sync is not None:
+        if not isinstance(sync, Strategy) or sync.argument != "sync":
+            raise TypeError(
+                f"sync={sync!r} is not a synchronization strategy this hvdx release "
+                "provides; pass sync=hvdx.DSSync(...) or sync=hvdx.Decentralized(...), "
+                "or sync=None for Horovod's gradient allreduce.")
+        return sync
+    if isinstance(compression, Strategy) and compression.argument == "compression":
+        return compression
+    return None
+
+
+def global_due(step: int, every: int) -> bool:
+    """Whether step ``step`` (0-based) averages over all ranks (``global_every``)."""
+    return bool(every) and (step + 1) % every == 0
+
+
+def check_integer(name: str, value: object, low: int, high: float = math.inf) -> int:
+    """``value`` as an ``int`` in ``[low, high]``, else ``ValueError`` naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or \
+            not low <= value <= high:
+        raise ValueError(f"{name}={value!r} must be an integer of at least {low}")
+    return int(value)

@@ -1,0 +1,316 @@
+"""Decentralized SGD over a graph for PyTorch: local steps, then neighbour averaging.
+
+The spec and the algorithm are :class:`hvdx.Decentralized` (Ying et al., arXiv
+2110.13363); the numpy reference is :func:`hvdx.core.decentralized.simulate_decentralized`.
+The optimizer is the shared parameter-mixing wrapper
+(:mod:`hvdx.torch.mixing_optimizer`) with the :class:`GraphMixer` below, which sends
+every mixed tensor in ONE fused contiguous buffer per step (one per dtype family:
+float64, and float32 for every other floating dtype) by mpi4py non-blocking
+point-to-point on hvdx's duplicated communicator (:mod:`hvdx.mpi.neighbor_exchange`):
+
+1. start: copy the tensors into the fused send buffer (host memory: a CUDA tensor is
+   copied to the host), post the receives from the step's in-neighbours and the sends
+   to its out-neighbours;
+2. adapt-then-combine: the exchange starts as soon as the local step is done and
+   completes before ``step()`` returns (a model checkpoint taken after ``step()`` must
+   hold the mixed parameters, and torch has no hook on a module's ``state_dict``);
+   combine-then-adapt: the exchange of ``x_t`` starts when step ``t - 1`` ends and
+   completes in step ``t``'s ``step()``, so it runs during the forward and backward
+   pass (forward pre-hooks poll it, because MPICH moves large messages only while some
+   MPI call polls; ``MPIR_CVAR_ASYNC_PROGRESS=1`` gives MPICH a progress thread). A
+   checkpoint then holds ``x_t`` unmixed and the step ``t``; the resumed run redoes
+   that exchange, with the same peers and the same result;
+3. combine: ``w_ii x_i + sum_j w_ij x_j`` in the buffer's dtype, sources in rank order,
+   written back into the tensors (adapt-then-combine: copied; combine-then-adapt: added
+   as ``mixed - sent``, so that a buffer a forward pass updated in the meantime, such as
+   BatchNorm's running mean, keeps that update).
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import weakref
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import horovod.torch as _hvd
+
+from hvdx.core.group_averaging import COMBINE_THEN_ADAPT
+from hvdx.decentralized import Decentralized, MixingGraph
+from hvdx.mpi.comm import world
+from hvdx.mpi.neighbor_exchange import NeighborExchange
+from hvdx.strategy import global_due
+from hvdx.torch.mixing_optimizer import average_over_all_ranks, make_mixing_optimizer
+
+__all__ = ["DecentralizedStats", "GraphMixer", "STATE_KEY", "make_decentralized_optimizer"]
+
+#: Key of the decentralized entry in ``state_dict()``.
+STATE_KEY = "hvdx_decentralized"
+
+#: MPI tags of the fused buffers (float32 family, float64): hvdx's communicator only.
+_TAGS = {torch.float32: 0x4876, torch.float64: 0x4877}
+
+
+def make_decentralized_optimizer(optimizer, named_parameters, sync: Decentralized,
+                                 graph: MixingGraph, named_buffers=None):
+    """An instance of a class made at run time from ``optimizer``'s class.
+
+    ``isinstance(result, type(optimizer))`` holds.
+    """
+    mixer = GraphMixer(sync, graph, world(_hvd.global_process_set))
+    return make_mixing_optimizer(optimizer, named_parameters, sync, mixer, named_buffers,
+                                 STATE_KEY, _DecentralizedMethods)
+
+
+class _DecentralizedMethods:
+    """The decentralized optimizer's own members."""
+
+    def consensus_distance(self) -> float:
+        """``sqrt(mean_i ||x_i - mean_j x_j||^2)`` over the parameters (collective): how
+        far the ranks' models are apart (0 after ``synchronize_parameters()``)."""
+        self._hvdx_mixer.finish()
+        return self._hvdx_mixer.consensus_distance(self._hvdx_params())
+
+    @property
+    def hvdx_graph(self) -> MixingGraph:
+        """This rank's :class:`~hvdx.decentralized.MixingGraph`."""
+        return self._hvdx_mixer.graph
+
+
+class DecentralizedStats:
+    """Bytes and messages this rank sent (payload only), steps taken."""
+
+    __slots__ = ("steps", "last_bytes", "total_bytes", "last_messages", "total_messages",
+                 "global_steps")
+
+    def __init__(self):
+        self.steps = 0
+        self.last_bytes = 0.0
+        self.total_bytes = 0.0
+        self.last_messages = 0
+        self.total_messages = 0
+        self.global_steps = 0
+
+    def _add(self, nbytes: float, messages: int, everyone: bool = False) -> None:
+        self.steps += 1
+        self.last_bytes = float(nbytes)
+        self.total_bytes += float(nbytes)
+        self.last_messages = messages
+        self.total_messages += messages
+        self.global_steps += int(everyone)
+
+    def as_dict(self) -> Dict[str, float]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __repr__(self):
+        return f"DecentralizedStats({self.as_dict()})"
+
+
+class _Fused:
+    """One dtype family's fused buffers and where each tensor lies in them."""
+
+    def __init__(self, dtype: torch.dtype, comm, count: int):
+        self.dtype = dtype
+        self.send = torch.empty(count, dtype=dtype)  # host memory, reused every step
+        self.mixed = np.empty(count, dtype=self.send.numpy().dtype)
+        self.exchange = NeighborExchange(comm, tag=_TAGS[dtype])
+        self.slots: List[Tuple[int, int, int]] = []  # (tensor index, offset, numel)
+
+
+class GraphMixer:
+    """The mixer of :class:`hvdx.Decentralized` (see the module docstring)."""
+
+    def __init__(self, sync: Decentralized, graph: MixingGraph, comm):
+        self.sync = sync
+        self.graph = graph
+        self.comm = comm
+        self.stats = DecentralizedStats()
+        self.step = 0
+        self.swa_count = 0
+        self._cta = sync.order == COMBINE_THEN_ADAPT
+        self._fused: Dict[torch.dtype, _Fused] = {}
+        self._layout: Optional[Tuple] = None
+        #: ``(tensors, neighbours)`` of the exchange in flight, and whether it arrived.
+        self._pending: Optional[Tuple[List[torch.Tensor], object]] = None
+        self._received = False
+        self._hook = None
+        # A combine-then-adapt run ends with its last exchange in flight: complete it
+        # before MPI finalizes (every rank has the matching one in flight).
+        _ALIVE.add(self)
+
+    # --- the mixer protocol (hvdx.torch.mixing_optimizer) ---------------------------
+
+    def before_step(self, tensors, step: int, everyone: bool) -> bool:
+        if not self._cta:
+            self.finish()  # no module forward ran since the last step: complete it now
+            return False
+        if everyone:
+            self.discard()
+            self._average_all(tensors)
+        elif self.sync.mixes_at(step):
+            if self._pending is None:  # first step, or after loading or synchronizing
+                self._start(tensors, step)
+            self._complete(apply=True)
+        return True
+
+    def mix(self, tensors, step: int, everyone: bool) -> None:
+        if everyone:
+            self._average_all(tensors)
+        elif self.sync.mixes_at(step):
+            # Completed before step() returns: a checkpoint of the model taken after
+            # step() must hold the mixed parameters (torch offers no hook on a module's
+            # state_dict through which an exchange in flight could be completed).
+            self._start(tensors, step)
+            self._complete(apply=True)
+
+    def after_step(self, tensors) -> None:
+        # Combine-then-adapt: send x_{t+1} now; step t+1 combines it.
+        t = self.step
+        if self._cta and self.sync.mixes_at(t) and \
+                not global_due(t, self.sync.global_every):
+            self._start(tensors, t)
+
+    def finish(self) -> None:
+        if self._pending is None:
+            return
+        if self._cta:
+            self._wait()  # the combination is applied in the next step()
+        else:
+            self._complete(apply=True)
+
+    def discard(self) -> None:
+        if self._pending is not None:
+            self._complete(apply=False)
+
+    def count_everyone(self, tensors: Sequence[torch.Tensor]) -> None:
+        n = self.graph.n
+        self.stats._add(2.0 * (n - 1) / n * _nbytes(tensors), 0, everyone=True)
+
+    def state(self) -> Dict[str, int]:
+        state = {"step": self.step}
+        if self.sync.swa_start is not None:
+            state["swa_count"] = self.swa_count
+        return state
+
+    def load_state(self, state) -> None:
+        self.discard()
+        self.step = int(state["step"])
+        self.swa_count = int(state.get("swa_count", 0))
+
+    def consensus_distance(self, params: Sequence[torch.Tensor]) -> float:
+        """Collective over hvdx's communicator (float64 on the host)."""
+        x = np.concatenate([p.detach().to("cpu", torch.float64).reshape(-1).numpy()
+                            for p in params]) if params else np.zeros(0)
+        total = np.empty_like(x)
+        self.comm.Allreduce(x, total)
+        x -= total / self.graph.n
+        squared = self.comm.allreduce(float(np.dot(x, x)))
+        return math.sqrt(squared / self.graph.n)
+
+    # --- internals --------------------------------------------------------------------
+
+    def _average_all(self, tensors) -> None:
+        average_over_all_ranks(tensors, "hvdx.decentralized.all")
+        self.count_everyone(tensors)
+
+    def _families(self, tensors: Sequence[torch.Tensor]) -> List[_Fused]:
+        """The fused buffers for these tensors (built once; rebuilt if they change)."""
+        layout = tuple((t.dtype, t.numel()) for t in tensors)
+        if layout != self._layout:
+            counts: Dict[torch.dtype, int] = {}
+            for t in tensors:
+                family = _family(t.dtype)
+                counts[family] = counts.get(family, 0) + t.numel()
+            self._fused = {d: _Fused(d, self.comm, c) for d, c in sorted(
+                counts.items(), key=lambda item: str(item[0]))}
+            offsets = dict.fromkeys(counts, 0)
+            for i, t in enumerate(tensors):
+                family = _family(t.dtype)
+                self._fused[family].slots.append((i, offsets[family], t.numel()))
+                offsets[family] += t.numel()
+            self._layout = layout
+        return list(self._fused.values())
+
+    def _start(self, tensors: List[torch.Tensor], step: int) -> None:
+        if self._pending is not None:
+            self._complete(apply=False)
+        neighbours = self.graph.neighbors(step)
+        with torch.no_grad():
+            for fused in self._families(tensors):
+                for i, offset, count in fused.slots:
+                    fused.send[offset:offset + count].copy_(tensors[i].reshape(-1))
+                fused.exchange.start(fused.send.numpy(), neighbours.send_to,
+                                     neighbours.recv_from)
+        self._pending = (tensors, neighbours)
+        self._received = False
+        if self._hook is None and self._cta:
+            self._hook = torch.nn.modules.module.register_module_forward_pre_hook(
+                self._poll)
+
+    def _wait(self) -> None:
+        """Complete the exchange in flight; the combination waits in ``fused.mixed``."""
+        if self._pending is None or self._received:
+            return
+        _, neighbours = self._pending
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        nbytes = 0
+        for fused in self._fused.values():
+            fused.exchange.finish(neighbours.self_weight, neighbours.recv_weights,
+                                  out=fused.mixed)
+            nbytes += fused.send.numel() * fused.send.element_size() * \
+                len(neighbours.send_to)
+        self.stats._add(nbytes, len(neighbours.send_to) * len(self._fused))
+        self._received = True
+
+    def _complete(self, apply: bool) -> None:
+        """Wait for the exchange in flight; with ``apply``, write the combination into
+        the tensors (step 3 of the module docstring)."""
+        self._wait()
+        tensors, _ = self._pending
+        self._pending = None
+        if not apply:
+            return
+        for fused in self._fused.values():
+            mixed = fused.mixed
+            if self._cta:
+                np.subtract(mixed, fused.send.numpy(), out=mixed)
+            source = torch.from_numpy(mixed)
+            with torch.no_grad():
+                for i, offset, count in fused.slots:
+                    value = source[offset:offset + count].view(tensors[i].shape)
+                    if self._cta:
+                        tensors[i].add_(value.to(tensors[i].device, tensors[i].dtype))
+                    else:
+                        tensors[i].copy_(value)
+
+    def _poll(self, module, inputs):
+        """Combine-then-adapt: let MPI move the exchange while the forward pass runs."""
+        for fused in self._fused.values():
+            fused.exchange.test()
+
+
+#: Mixers whose exchange may be in flight at exit.
+_ALIVE: "weakref.WeakSet[GraphMixer]" = weakref.WeakSet()
+
+
+@atexit.register
+def _discard_at_exit() -> None:
+    for mixer in list(_ALIVE):
+        try:
+            mixer.discard()
+        except Exception:  # pragma: no cover - MPI may be gone after an abort
+            pass
+
+
+def _family(dtype: torch.dtype) -> torch.dtype:
+    """The fused buffer's dtype: float64 stays float64, every other float is sent as
+    float32 (numpy has no bfloat16; float16 is mixed more accurately in float32)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)

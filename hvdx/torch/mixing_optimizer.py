@@ -1,0 +1,223 @@
+"""The PyTorch wrapper shared by every parameter-mixing strategy (DS-Sync, graphs).
+
+After PyTorch's ``PostLocalSGDOptimizer`` / ``ModelAverager`` split: the wrapper takes a
+local optimizer step, then hands the parameters to a *mixer* that averages them with
+other ranks. The wrapper knows nothing of how a mixer averages; a mixer knows nothing of
+optimizers. What every mixing strategy shares lives here, once:
+
+1. ``step()``: the wrapped optimizer's own step on the local gradients (no gradient
+   communication); a mixer that mixes before the local step ("combine-then-adapt")
+   first completes its exchange of the current parameters;
+2. the tensors to mix, in one fixed order on every rank: the parameters, then (with
+   ``average_optimizer_state``) their optimizer state tensors, then the floating-point
+   buffers given as ``named_buffers`` (BatchNorm running statistics);
+3. every ``global_every``-th step (:func:`hvdx.strategy.global_due`) an average over all
+   ranks instead of mixing; otherwise the mixer's step, which may stay in flight until
+   the parameters are next read (the mixer says when it must complete);
+4. with ``swa_start``, the mixed parameters join this rank's SWA running mean (Izmailov
+   et al., arXiv 1803.05407), which ``synchronize_parameters(swa=True)`` finally
+   averages over all ranks into the parameters;
+5. ``t += 1``; ``state_dict()`` holds ``t``, the SWA mean and the mixer's state under
+   the strategy's key, so a resumed run continues the same schedule.
+
+A mixer implements (:mod:`hvdx.torch.mixers`):
+
+- ``step``, ``swa_count``: the schedule's position and the SWA samples (checkpointed);
+  ``stats``: byte counters;
+- ``before_step(tensors, t, everyone) -> bool``: a combine-then-adapt mixer completes
+  step ``t``'s mixing here, before the local step, and says ``True``;
+- ``mix(tensors, t, everyone)``: an adapt-then-combine mixer starts step ``t``'s mixing
+  (``everyone``: average over all ranks); it may leave it in flight;
+- ``after_step(tensors)``: start what the next step needs (combine-then-adapt sends
+  the new parameters here, so the exchange overlaps the next forward and backward);
+- ``finish()``: complete what must be visible before the parameters are read (the
+  adapt-then-combine exchange in flight; idempotent); ``discard()``: complete anything
+  in flight without applying it;
+- ``count_everyone(tensors)``: count an average over all ranks in the stats;
+- ``state()`` / ``load_state(state)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Dict, List, Optional, Sequence
+
+import horovod.torch as _hvd
+import torch
+
+from hvdx.core.group_averaging import running_mean, swa_due
+from hvdx.strategy import MixingStrategy, global_due
+from hvdx.torch.wrapping import subclass_of
+
+__all__ = ["average_over_all_ranks", "make_mixing_optimizer", "mixed_tensors"]
+
+
+def make_mixing_optimizer(optimizer, named_parameters, sync: MixingStrategy, mixer,
+                          named_buffers, state_key: str, methods: type = None):
+    """An instance of a class made at run time from ``optimizer``'s class.
+
+    ``isinstance(result, type(optimizer))`` holds. ``methods`` may add members of a
+    strategy's own (``consensus_distance``) to the shared ones.
+    """
+    namespace = dict(_MixingOptimizer.__dict__)
+    if methods is not None:
+        namespace.update({k: v for k, v in methods.__dict__.items()
+                          if not k.startswith("__")})
+    cls = subclass_of(optimizer, type("_Methods", (), namespace))
+    return cls(optimizer.param_groups, sync, mixer, named_buffers, state_key)
+
+
+class _MixingOptimizer:
+    """Methods copied into the run-time class; ``self._hvdx_base`` is the user's class."""
+
+    def __init__(self, params, sync, mixer, named_buffers, state_key):
+        self._hvdx_base.__init__(self, params)
+        self._hvdx_sync = sync
+        self._hvdx_mixer = mixer
+        self._hvdx_state_key = state_key
+        self.hvdx_stats = mixer.stats
+        self._hvdx_buffers = [b for _, b in (named_buffers or ())
+                              if torch.is_tensor(b) and b.is_floating_point()]
+        #: SWA running mean of the parameters (created at the first sample).
+        self._hvdx_swa: Optional[List[torch.Tensor]] = None
+
+    # --- the public surface of Horovod's optimizer -----------------------------------
+
+    def set_backward_passes_per_step(self, passes):
+        """Accepted for compatibility: parameter mixing sends no gradients."""
+        if passes <= 0:
+            raise ValueError("backward_passes_per_step must be > 0")
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Accepted for compatibility: there is no gradient synchronization to skip."""
+        yield
+
+    def synchronize(self):
+        """Complete a mixing step still in flight (it completes by itself before the
+        parameters are next read by a module's forward)."""
+        self._hvdx_mixer.finish()
+
+    def step(self, closure=None):
+        """Local step, then mixing (module docstring)."""
+        mixer = self._hvdx_mixer
+        t = mixer.step
+        everyone = global_due(t, self._hvdx_sync.global_every)
+        if mixer.before_step(self._hvdx_tensors(), t, everyone):
+            everyone = None  # this step's mixing is done (combine-then-adapt)
+        loss = self._hvdx_base.step(self, closure)
+        if everyone is not None:
+            mixer.mix(self._hvdx_tensors(), t, everyone)
+        if swa_due(t, self._hvdx_sync.swa_start, self._hvdx_sync.swa_every):
+            mixer.finish()
+            self._hvdx_swa_sample()
+        mixer.step = t + 1
+        mixer.after_step(self._hvdx_tensors())
+        return loss
+
+    def synchronize_parameters(self, swa: bool = False):
+        """Average parameters (and state and buffers, if configured) over all ranks now
+        (collective). Does not advance the schedule.
+
+        Args:
+            swa: first replace every rank's parameters by its SWA running mean
+                (``swa_start=...``), so the result is the final SWA-style merge: the mean
+                over ranks and sampled steps. Call it once, after training.
+
+        Raises:
+            ValueError: ``swa=True`` before the first sample (or without ``swa_start``),
+                on every rank alike (every rank counts the same steps).
+        """
+        mixer = self._hvdx_mixer
+        mixer.discard()
+        if swa:
+            if not mixer.swa_count:
+                raise ValueError(
+                    "synchronize_parameters(swa=True): no SWA sample yet; set "
+                    f"swa_start=... and train past it (swa_start="
+                    f"{self._hvdx_sync.swa_start}, step {mixer.step})")
+            with torch.no_grad():
+                for p, mean in zip(self._hvdx_params(), self._hvdx_swa):
+                    p.copy_(mean)
+        tensors = self._hvdx_tensors()
+        average_over_all_ranks(tensors, f"hvdx.{self._hvdx_sync.name}.all")
+        mixer.count_everyone(tensors)
+
+    # --- state ----------------------------------------------------------------------
+
+    def state_dict(self):
+        # The saved parameters are the mixed ones: complete an adapt-then-combine step
+        # in flight (a combine-then-adapt one is redone after loading).
+        self._hvdx_mixer.finish()
+        state = self._hvdx_base.state_dict(self)
+        entry = self._hvdx_mixer.state()
+        if self._hvdx_swa is not None:
+            entry["swa"] = [t.clone() for t in self._hvdx_swa]
+        state[self._hvdx_state_key] = entry
+        return state
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        entry = state_dict.pop(self._hvdx_state_key, None)
+        self._hvdx_mixer.discard()
+        self._hvdx_base.load_state_dict(self, state_dict)
+        if entry is not None:
+            self._hvdx_mixer.load_state(entry)
+            if entry.get("swa") is not None:
+                self._hvdx_swa = [t.detach().clone().to(p.device)
+                                  for t, p in zip(entry["swa"], self._hvdx_params())]
+
+    # --- internals ------------------------------------------------------------------
+
+    def _hvdx_params(self) -> List[torch.Tensor]:
+        return [p for group in self.param_groups for p in group["params"]
+                if p.requires_grad]
+
+    def _hvdx_swa_sample(self):
+        """Add the mixed parameters to the SWA running mean."""
+        params = self._hvdx_params()
+        if self._hvdx_swa is None:
+            self._hvdx_swa = [torch.zeros_like(p) for p in params]
+        count = self._hvdx_mixer.swa_count
+        with torch.no_grad():
+            for mean, p in zip(self._hvdx_swa, params):
+                mean.copy_(running_mean(mean, count, p))
+        self._hvdx_mixer.swa_count = count + 1
+
+    def _hvdx_tensors(self) -> List[torch.Tensor]:
+        """Step 2 of the module docstring."""
+        params = self._hvdx_params()
+        return mixed_tensors(params, self.state, self._hvdx_sync.average_optimizer_state,
+                             self._hvdx_buffers)
+
+
+def mixed_tensors(params: Sequence[torch.Tensor], optimizer_state,
+                  with_state: bool, buffers: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    """Parameters, then (optionally) their state tensors, then buffers, in a fixed
+    order (the optimizer's parameter order, the state's keys sorted)."""
+    tensors = [p.data for p in params]
+    if with_state:
+        for p in params:
+            state = optimizer_state.get(p, {})
+            for key in sorted(state):
+                value = state[key]
+                if key != "step" and torch.is_tensor(value) and \
+                        value.is_floating_point() and value.shape == p.shape:
+                    tensors.append(value)
+    return tensors + [b.data for b in buffers]
+
+
+def average_over_all_ranks(tensors: Sequence[torch.Tensor], name: str,
+                           process_set=None) -> None:
+    """Replace every tensor by its average over ``process_set`` (default all ranks):
+    one Horovod grouped allreduce per dtype, in the given order."""
+    process_set = process_set if process_set is not None else _hvd.global_process_set
+    by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    with torch.no_grad():
+        for dtype, same in by_dtype.items():
+            _hvd.grouped_allreduce_(same, op=_hvd.Average,
+                                    name=f"{name}.{str(dtype).replace('torch.', '')}",
+                                    process_set=process_set)
+
