@@ -41,62 +41,9 @@ def _cluster(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from hvdx.bench.harness import render_table, run_bench
-    from hvdx.cluster import ClusterSpec
-
-    if args.selection:
-        from hvdx.bench.selection import measure, render
-
-        print(render(measure()))
-        return 0
-    if args.process_sets:
-        return _bench_process_sets(args)
-    if args.topk_bytes:
-        from hvdx.bench.topk_bytes import render, run
-
-        rows = run(steps=args.steps or 5, say=lambda s: print(s, flush=True))
-        print("\nTopK 0.01/0.01 traffic on digits_vgg (hvdx's counters; localhost):")
-        print(render(rows))
-        return 0
-    spec = None if args.localhost else ClusterSpec.from_args(args)
-    rows = run_bench(spec, args.workloads.split(","), args.strategies.split(","),
-                     args.steps, args.eval_every, args.out,
-                     ranks_per_host=args.ranks_per_host, localhost_ranks=args.ranks,
-                     timeout=args.timeout, say=lambda s: print(s, flush=True))
-    print()
-    print(render_table(rows))
-    print(f"\nwritten: {args.out}/results.json, results.csv, results.png")
-    return 0
-
-
-def _bench_process_sets(args: argparse.Namespace) -> int:
-    """Static against dynamic Horovod process sets, rotation against shuffle (DS-Sync)."""
-    from hvdx.bench.process_sets import render, run
-    from hvdx.cluster import ClusterSpec
-
-    steps = args.steps or 64
-    if args.localhost:
-        rows = run(ranks=args.ranks, steps=steps, say=lambda s: print(s, flush=True))
-        where = f"localhost, {args.ranks} ranks"
-    else:
-        from hvdx.cluster import EmulatedCluster, mpiexec_command
-
-        spec = ClusterSpec.from_args(args)
-        with EmulatedCluster(spec) as cluster:
-            rows = run(ranks=len(cluster.hosts) * args.ranks_per_host, steps=steps,
-                       launcher=lambda argv: mpiexec_command(cluster, argv,
-                                                             ppn=args.ranks_per_host),
-                       say=lambda s: print(s, flush=True))
-        where = f"emulated {spec.racks}x{spec.hosts_per_rack}, NIC {spec.nic}, uplink {spec.uplink}"
-    print(f"\nDS-Sync process sets on {where} (median over {steps} steps; 1 M floats):")
-    print(render(rows))
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from hvdx.bench.strategies import DEFAULT_STRATEGIES, STRATEGIES
     from hvdx.cluster import add_cluster_arguments
+    import hvdx.bench.cli
     import hvdx.plan
     import hvdx.topology_cli
 
@@ -125,28 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="every strategy against Horovod on the emulated cluster",
         description="Train each workload under Horovod and every hvdx strategy on the same "
                     "emulated cluster and compare step time, time to accuracy and bytes.")
-    add_cluster_arguments(bench)
-    bench.add_argument("--localhost", action="store_true",
-                       help="no emulated cluster: ranks on this host, shared memory")
-    bench.add_argument("--ranks", type=int, default=4, help="ranks with --localhost (4)")
-    bench.add_argument("--ranks-per-host", type=int, default=1)
-    bench.add_argument("--workloads", default="digits_vgg,digits_cnn")
-    bench.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
-                       help=f"comma-separated, from {','.join(STRATEGIES)}")
-    bench.add_argument("--steps", type=int, help="training steps (default per workload)")
-    bench.add_argument("--eval-every", type=int, default=5)
-    bench.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
-    bench.add_argument("--out", default="results/bench", help="output directory")
-    bench.add_argument("--selection", action="store_true",
-                       help="only time TopK selection (10M elements, 1%%) against abs and "
-                            "torch.topk")
-    bench.add_argument("--topk-bytes", action="store_true",
-                       help="only count TopK's bytes per rank per step, uplink and "
-                            "downlink, gathered and sharded, at 2, 4 and 8 ranks")
-    bench.add_argument("--process-sets", action="store_true",
-                       help="only measure DS-Sync's Horovod process sets: static against "
-                            "dynamic registration, rotation against shuffle")
-    bench.set_defaults(func=_bench)
+    hvdx.bench.cli.add_arguments(bench)
+    bench.set_defaults(func=hvdx.bench.cli.run)
 
     plan = sub.add_parser("plan", help="predict which strategy wins on a network (alpha-beta)")
     hvdx.plan.add_arguments(plan)

@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Sequence
 
 from hvdx.core.cost_model import (
     DEFAULT_STRATEGIES,
+    PLACEMENTS,
     Cluster,
     Prediction,
     Workload,
@@ -61,6 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="per-message latency alpha (default 25us)")
     net.add_argument("--intra-host", metavar="RATE",
                      help="rate between ranks of one host (default: not a bottleneck)")
+    net.add_argument("--placement", choices=PLACEMENTS, default="blocked",
+                     help="how ranks fill the hosts: blocked (rack by rack, default) or "
+                          "interleaved (one host of each rack in turn: rank r in rack "
+                          "r mod racks, so the long hops of the exponential graphs stay "
+                          "inside racks)")
     work = parser.add_argument_group("workload (defaults: VGG-16)")
     work.add_argument("--params", type=float, default=138e6, help="parameters (138e6)")
     work.add_argument("--fc-fraction", type=float, default=0.9,
@@ -81,6 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     opts.add_argument("--cross-ranks", type=int,
                       help="dssync: ranks per rack in a cross phase (default: all)")
     opts.add_argument("--fc-workers", type=int, default=1, help="stanza: FC workers (1)")
+    opts.add_argument("--mix-every", type=int, default=1,
+                      help="decentralized: mix every N steps, local steps between (1)")
     parser.add_argument("--sweep", nargs="?", const="default", metavar="VALUES",
                         help="comma-separated uplink rates (100mbit,1gbit) or oversubscription "
                              "ratios (1,4,16); alone: ratios 1 to 64")
@@ -100,7 +108,8 @@ def build_cluster(args: argparse.Namespace) -> Cluster:
     extra = {"ranks_per_host": 1 if args.ranks_per_host is None else args.ranks_per_host,
              "latency_s": parse_time(args.latency, "--latency"),
              "intra_host_bps": None if args.intra_host is None
-             else parse_rate(args.intra_host, "--intra-host")}
+             else parse_rate(args.intra_host, "--intra-host"),
+             "placement": args.placement}
     nic = parse_rate(base["nic"], "--nic")
     if "oversubscription" in base:
         return Cluster.from_oversubscription(base["racks"], base["hosts_per_rack"], nic,
@@ -119,7 +128,7 @@ def build_workload(args: argparse.Namespace) -> Workload:
 
 def _options(args: argparse.Namespace) -> Dict[str, object]:
     options = {"ratio": args.ratio, "intra_phases": args.intra_phases,
-               "fc_workers": args.fc_workers}
+               "fc_workers": args.fc_workers, "mix_every": args.mix_every}
     if args.downlink_ratio is not None:
         options["downlink_ratio"] = args.downlink_ratio
     if args.cross_ranks is not None:
@@ -131,7 +140,7 @@ def _describe(c: Cluster, w: Workload) -> str:
     return (f"cluster: {c.racks} racks x {c.hosts_per_rack} hosts x {c.ranks_per_host} "
             f"rank(s) = {c.ranks} ranks; NIC {format_rate(c.nic_bps)}, uplink "
             f"{format_rate(c.uplink_bps)} ({c.oversubscription:g}:1), latency "
-            f"{c.latency_s * 1e6:g}us\n"
+            f"{c.latency_s * 1e6:g}us, {c.placement} placement\n"
             f"workload: {w.params / 1e6:g}M params ({w.fc_params / 1e6:g}M FC), "
             f"{w.bytes_per_element} B each, compute {w.compute_s * 1e3:g} ms/step, "
             f"batch {w.batch_size}, activations {w.activation_size}/sample")

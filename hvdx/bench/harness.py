@@ -4,7 +4,9 @@ Steps:
 1. build the emulated cluster (:mod:`hvdx.cluster`; without root or network
    namespaces, plain localhost, labelled as such: no link is then a bottleneck);
 2. for each workload, run Horovod's ring allreduce first, then every other strategy,
-   each as an MPI job of :mod:`hvdx.bench.runner`, relaying its progress;
+   each as an MPI job of :mod:`hvdx.bench.runner`, relaying its progress; with several
+   rank placements (``--placement blocked,interleaved``), Horovod runs under the first
+   only (the baseline) and every other strategy under each (:func:`placement_hosts`);
 3. summarise each run: median step time, time to the workload's target accuracy, final
    accuracy, bytes sent per rank per step by hvdx's count and by the interface
    counters of the emulated hosts, and the speedups over the Horovod run;
@@ -28,7 +30,7 @@ import numpy as np
 from hvdx.bench.strategies import STRATEGIES
 from hvdx.bench.workloads import WORKLOADS
 
-__all__ = ["Summary", "run_bench", "summarize", "render_table"]
+__all__ = ["Summary", "placement_hosts", "run_bench", "summarize", "render_table"]
 
 #: Interface bytes per rank against hvdx's count: within this, the counts agree.
 BYTES_TOLERANCE = 0.10
@@ -58,6 +60,8 @@ class Summary:
     step_speedup: Optional[float] = None
     target_speedup: Optional[float] = None
     predicted_step_s: Optional[float] = None
+    #: How ranks were placed on the emulated hosts (``None`` on localhost).
+    placement: Optional[str] = None
 
     @property
     def prediction_error(self) -> Optional[float]:
@@ -97,7 +101,8 @@ def summarize(result: Dict, target: float, network: str) -> Summary:
         hvdx_bytes_per_step=result["hvdx_bytes_per_rank_per_step"],
         hvdx_received_per_step=result.get("hvdx_received_per_rank_per_step",
                                           result["hvdx_bytes_per_rank_per_step"]),
-        interface_tx_per_step=tx, interface_rx_per_step=rx)
+        interface_tx_per_step=tx, interface_rx_per_step=rx,
+        placement=result.get("placement"))
 
 
 def _add_predictions(rows: List[Summary], raw: List[Dict], spec) -> None:
@@ -106,12 +111,14 @@ def _add_predictions(rows: List[Summary], raw: List[Dict], spec) -> None:
 
     if spec is None:
         return  # localhost: shared memory, nothing the model describes
-    cluster = Cluster(racks=spec.racks, hosts_per_rack=spec.hosts_per_rack,
-                      nic_bps=spec.nic, uplink_bps=spec.uplink)
     for row, result in zip(rows, raw):
         model_name = STRATEGIES[row.strategy].cost_model
         if model_name is None:
             continue
+        cluster = Cluster(racks=spec.racks, hosts_per_rack=spec.hosts_per_rack,
+                          nic_bps=spec.nic, uplink_bps=spec.uplink,
+                          ranks_per_host=result["ranks"] // spec.num_hosts,
+                          placement=row.placement or "blocked")
         conv, fc = result["parameter_split"]
         other = result["parameters"] - conv - fc  # batch norm and friends: in the body
         workload = Workload(conv_params=conv + other, fc_params=fc,
@@ -122,6 +129,7 @@ def _add_predictions(rows: List[Summary], raw: List[Dict], spec) -> None:
 
 
 def _add_speedups(rows: List[Summary]) -> None:
+    """Against the (first) Horovod run of the same workload, whatever the placement."""
     for row in rows:
         base = next((r for r in rows if r.workload == row.workload
                      and r.strategy == "horovod"), None)
@@ -132,28 +140,53 @@ def _add_speedups(rows: List[Summary]) -> None:
             row.target_speedup = base.time_to_target_s / row.time_to_target_s
 
 
+def placement_hosts(spec, placement: str) -> List[int]:
+    """The emulated hosts (indices ``h<i>``, numbered rack by rack) in the order ranks
+    fill them, ``ranks_per_host`` each (Hydra's ``-hosts`` order):
+    :func:`hvdx.core.cost_model.host_order`.
+
+    With one rank per host, ``blocked`` puts rank ``r`` on host ``r`` (ranks ``0..H-1``
+    in rack 0); ``interleaved`` puts it in rack ``r mod racks``, so that a hop of distance
+    ``d`` leaves its rack only if ``racks`` does not divide ``d``.
+    """
+    from hvdx.core.cost_model import host_order
+
+    return host_order(placement, spec.racks, spec.hosts_per_rack)
+
+
 def _launch_command(cluster, ranks_per_host: int, argv: List[str], ranks: int,
-                    strategy_env: Dict[str, str]):
+                    strategy_env: Dict[str, str], placement: str = "blocked"):
     env = {"OMP_NUM_THREADS": "1", **strategy_env}
     if cluster is None:
         return ["mpirun", "-n", str(ranks)] + argv, env
+    from hvdx.bench.runner import IFACE_ENV, PLACEMENT_ENV
     from hvdx.cluster import DATA_IFACE, mpiexec_command
 
-    env["HVDX_BENCH_IFACE"] = DATA_IFACE
-    return mpiexec_command(cluster, argv, ppn=ranks_per_host, env=env), {}
+    env[IFACE_ENV] = DATA_IFACE
+    env[PLACEMENT_ENV] = placement
+    return mpiexec_command(cluster, argv, hosts=placement_hosts(cluster.spec, placement),
+                           ppn=ranks_per_host, env=env), {}
+
+
+def _run_name(workload: str, strategy: str, placement: Optional[str]) -> str:
+    """The file name stem of one run: ``digits_vgg-horovod``, or with a placement other
+    than blocked, ``digits_vgg-decentralized-interleaved``."""
+    suffix = f"-{placement}" if placement not in (None, "blocked") else ""
+    return f"{workload}-{strategy}{suffix}"
 
 
 def run_one(cluster, workload: str, strategy: str, steps: int, eval_every: int,
             out_dir: str, ranks: int, ranks_per_host: int, timeout: float,
-            say: Callable[[str], None]) -> Dict:
+            say: Callable[[str], None], placement: str = "blocked") -> Dict:
     """Run one strategy on one workload as an MPI job; return the runner's result."""
-    out = os.path.join(out_dir, f"{workload}-{strategy}.json")
-    log = os.path.join(out_dir, f"{workload}-{strategy}.log")
+    name = _run_name(workload, strategy, placement if cluster is not None else None)
+    out = os.path.join(out_dir, f"{name}.json")
+    log = os.path.join(out_dir, f"{name}.log")
     argv = [sys.executable, "-m", "hvdx.bench.runner", "--workload", workload,
             "--strategy", strategy, "--steps", str(steps), "--eval-every", str(eval_every),
             "--out", os.path.abspath(out)]
     command, extra_env = _launch_command(cluster, ranks_per_host, argv, ranks,
-                                         STRATEGIES[strategy].env)
+                                         STRATEGIES[strategy].env, placement)
     env = dict(os.environ, **extra_env)
     started = time.monotonic()
     contention = _Contention(cluster)
@@ -237,29 +270,62 @@ class _Contention:
             self.cluster.set_rate(event.target, self.cluster.configured_rate(event.target))
 
 
+def _runs(strategies: List[str], placements: List[str]) -> List[tuple]:
+    """``(strategy, placement)`` in run order: Horovod under the first placement, then
+    every other strategy under each placement."""
+    runs = [("horovod", placements[0])]
+    for placement in placements:
+        runs += [(s, placement) for s in strategies if s != "horovod"]
+    return runs
+
+
+def check_placements(placements: List[str]) -> List[str]:
+    """The ``--placement`` list, checked (each of :data:`PLACEMENTS`, no repeats)."""
+    from hvdx.core.cost_model import PLACEMENTS
+
+    if not placements:
+        raise ValueError("--placement='' names no placement")
+    for p in placements:
+        if p not in PLACEMENTS:
+            raise ValueError(f"--placement={p!r} is unknown; choose from "
+                             f"{', '.join(PLACEMENTS)}")
+    if len(set(placements)) != len(placements):
+        raise ValueError(f"--placement={','.join(placements)!r} names a placement twice")
+    return list(placements)
+
+
 def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional[int],
               eval_every: int, out_dir: str, ranks_per_host: int = 1,
               localhost_ranks: int = 4, timeout: float = 900.0,
-              say: Callable[[str], None] = print):
-    """Run every strategy on every workload; write and return the summaries."""
+              say: Callable[[str], None] = print,
+              placements: Optional[List[str]] = None):
+    """Run every strategy on every workload (and rank placement); write and return the
+    summaries."""
     for name, known, what in ((workloads, WORKLOADS, "workload"),
                               (strategies, STRATEGIES, "strategy")):
         for item in name:
             if item not in known:
                 raise ValueError(f"{what}={item!r} is unknown; choose from {sorted(known)}")
-    strategies = ["horovod"] + [s for s in strategies if s != "horovod"]
+    placements = check_placements(placements or ["blocked"])
     os.makedirs(out_dir, exist_ok=True)
     cluster, network = _start_cluster(spec, say)
     cluster_used = cluster is not None
+    if not cluster_used and len(placements) > 1:
+        say(f"localhost: one host, so placements {', '.join(placements[1:])} are the same "
+            "run; running one")
+        placements = placements[:1]
+    runs = _runs(strategies, placements)
     ranks = localhost_ranks if cluster is None else len(cluster.hosts) * ranks_per_host
     rows, raw = [], []
     try:
-        total = len(workloads) * len(strategies)
+        total = len(workloads) * len(runs)
         for w in workloads:
-            for s in strategies:
-                say(f"[{len(raw) + 1}/{total}] {w} with {STRATEGIES[s].label} on {network}")
+            for s, placement in runs:
+                where = f"{network}, {placement} placement" if cluster_used else network
+                say(f"[{len(raw) + 1}/{total}] {w} with {STRATEGIES[s].label} on {where}")
                 result = run_one(cluster, w, s, steps or WORKLOADS[w].default_steps,
-                                 eval_every, out_dir, ranks, ranks_per_host, timeout, say)
+                                 eval_every, out_dir, ranks, ranks_per_host, timeout, say,
+                                 placement=placement)
                 raw.append(result)
                 rows.append(summarize(result, WORKLOADS[w].target_accuracy, network))
     finally:
@@ -282,9 +348,14 @@ def _start_cluster(spec, say):
         say(f"no emulated cluster ({e}); running on plain localhost, where no link is "
             "a bottleneck")
         return None, "localhost (no emulated bottleneck)"
-    network = (f"emulated {spec.racks}x{spec.hosts_per_rack}, NIC "
-               f"{format_rate(cluster.configured_rate('h0'))}, uplink "
-               f"{format_rate(cluster.configured_rate('uplink0'))}")
+    if spec.racks == 1:
+        # One rack: every flow stays behind the rack's switch; the NICs are the links.
+        network = (f"emulated flat {spec.hosts_per_rack} hosts (1 rack), NIC "
+                   f"{format_rate(cluster.configured_rate('h0'))}")
+    else:
+        network = (f"emulated {spec.racks}x{spec.hosts_per_rack}, NIC "
+                   f"{format_rate(cluster.configured_rate('h0'))}, uplink "
+                   f"{format_rate(cluster.configured_rate('uplink0'))}")
     return cluster, network
 
 
@@ -307,19 +378,26 @@ def _fmt(value, spec, none="-"):
 
 
 def render_table(rows: List[Summary]) -> str:
-    """The comparison table, one row per workload and strategy."""
+    """The comparison table, one row per workload and strategy (and placement, when a
+    run placed ranks other than blocked: ``decentralized@interleaved``)."""
     header = ("workload", "strategy", "step ms", "to target s", "final acc",
               "MB/rank/step", "iface rx MB", "agree", "step x", "target x", "plan ms",
               "plan err")
-    lines = [rows[0].network if rows else "", "  ".join(f"{h:>12}" for h in header)]
+    placed = any(r.placement not in (None, "blocked") for r in rows)
+    table = [header]
     for r in rows:
-        cells = (r.workload, r.strategy, _fmt(r.median_step_s * 1e3, ".1f"),
-                 _fmt(r.time_to_target_s, ".1f", "not reached"), _fmt(r.final_accuracy, ".3f"),
-                 _fmt(r.hvdx_bytes_per_step / 1e6, ".3f"),
-                 _fmt(r.interface_rx_per_step and r.interface_rx_per_step / 1e6, ".3f"),
-                 _fmt(r.bytes_agreement, ".3f"), _fmt(r.step_speedup, ".2f"),
-                 _fmt(r.target_speedup, ".2f"),
-                 _fmt(r.predicted_step_s and r.predicted_step_s * 1e3, ".1f"),
-                 _fmt(r.prediction_error, "+.0%"))
-        lines.append("  ".join(f"{c:>12}" for c in cells))
+        name = f"{r.strategy}@{r.placement}" if placed and r.placement else r.strategy
+        table.append((
+            r.workload, name, _fmt(r.median_step_s * 1e3, ".1f"),
+            _fmt(r.time_to_target_s, ".1f", "not reached"), _fmt(r.final_accuracy, ".3f"),
+            _fmt(r.hvdx_bytes_per_step / 1e6, ".3f"),
+            _fmt(r.interface_rx_per_step and r.interface_rx_per_step / 1e6, ".3f"),
+            _fmt(r.bytes_agreement, ".3f"), _fmt(r.step_speedup, ".2f"),
+            _fmt(r.target_speedup, ".2f"),
+            _fmt(r.predicted_step_s and r.predicted_step_s * 1e3, ".1f"),
+            _fmt(r.prediction_error, "+.0%")))
+    # Columns at least 12 wide, wider for long names (decentralized_static@interleaved).
+    widths = [max(12, *(len(row[i]) for row in table)) for i in range(len(header))]
+    lines = [rows[0].network if rows else ""]
+    lines += ["  ".join(f"{c:>{w}}" for c, w in zip(row, widths)) for row in table]
     return "\n".join(lines)

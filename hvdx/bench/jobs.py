@@ -11,7 +11,7 @@ import json
 import os
 import subprocess
 import sys
-from typing import Dict, List
+from typing import Dict, List, Mapping, Optional
 
 __all__ = ["report", "run_job"]
 
@@ -34,14 +34,19 @@ def report(result: Dict) -> None:
     os._exit(0)
 
 
-def run_job(command: List[str], what: str, timeout: float = 900.0) -> Dict:
+def run_job(command: List[str], what: str, timeout: float = 900.0,
+            env: Optional[Mapping[str, str]] = None) -> Dict:
     """Run ``command`` (an MPI launch) and return the last JSON line rank 0 printed.
+
+    ``env``: variables added to this process's environment for the job (``mpirun``
+    hands its environment to the ranks).
 
     Raises:
         RuntimeError: naming ``what``, with the end of the job's error output, when the
             job fails or prints no result.
     """
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                          env=None if env is None else dict(os.environ, **env))
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")

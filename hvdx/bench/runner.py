@@ -10,11 +10,18 @@ Steps:
 1. ``hvd.init()``; every rank takes its shard of the digits training set;
 2. rank 0's initial weights are broadcast; the strategy builds the optimizer;
 3. after a barrier, each rank reads its data interface's byte counters, then trains;
-   the clock runs during training steps only (evaluation is excluded);
+   the clock runs during training steps only (evaluation is excluded; communication a
+   strategy leaves in flight past ``step()`` is completed on the clock before an
+   evaluation, :attr:`Strategy.before_eval`);
 4. every ``--eval-every`` steps all ranks evaluate on the test set, the mean accuracy
    is recorded against training time, and rank 0 prints a progress line (JSON);
 5. rank 0 writes step times, the accuracy curve, hvdx's byte count and the interface
-   counters of every rank to ``--out``.
+   counters of every rank to ``--out``, with the strategy's closing figures (decentralized
+   SGD: the consensus distance of the ranks' models, read after the counters).
+
+Accuracy is each rank's own model on the test set, averaged over ranks: for the
+strategies that average parameters (DS-Sync, decentralized SGD) that is the mean of the
+local models, not the accuracy of their average (no ``synchronize_parameters()``).
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ import time
 import numpy as np
 
 IFACE_ENV = "HVDX_BENCH_IFACE"
+#: The rank placement the harness launched the job with (recorded in the result).
+PLACEMENT_ENV = "HVDX_BENCH_PLACEMENT"
 
 
 def interface_bytes(iface):
@@ -121,10 +130,13 @@ def main(argv=None):
         loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
         loss.backward()
         optimizer.step()
+        evaluating = step % args.eval_every == 0 or step == args.steps
+        if evaluating and strategy.before_eval is not None:
+            strategy.before_eval(optimizer)  # on the clock, not in the evaluation
         elapsed = time.perf_counter() - start
         step_times.append(elapsed)
         train_time += elapsed
-        if step % args.eval_every == 0 or step == args.steps:
+        if evaluating:
             accuracy = evaluate()
             curve.append({"step": step, "time": train_time, "accuracy": accuracy,
                           "loss": float(loss.item())})
@@ -134,6 +146,8 @@ def main(argv=None):
     hvd.barrier()
     counters_end = interface_bytes(iface)
     sent, received = strategy.bytes_per_step(optimizer, model, size, args.steps)
+    # After the counters: a strategy's closing figures may run a collective.
+    final_stats = strategy.final_stats(optimizer, args.steps) if strategy.final_stats else None
     interface = None
     if counters_start and counters_end:
         interface = [e - s for s, e in zip(counters_start, counters_end)]
@@ -160,6 +174,8 @@ def main(argv=None):
             # Horovod's settings the job ran with (a strategy may set its own cycle).
             "horovod_env": {k: v for k, v in sorted(os.environ.items())
                             if k.startswith("HOROVOD_")},
+            "final_stats": final_stats,
+            "placement": os.environ.get(PLACEMENT_ENV),  # None: localhost
         }
         with open(args.out + ".tmp", "w") as f:
             json.dump(result, f)

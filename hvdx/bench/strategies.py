@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional
 
-__all__ = ["DEFAULT_STRATEGIES", "Strategy", "STRATEGIES", "allreduce_bytes_per_rank"]
+__all__ = ["DEFAULT_STRATEGIES", "Strategy", "STRATEGIES", "allreduce_bytes_per_rank",
+           "decentralized_bytes"]
 
 
 def allreduce_bytes_per_rank(nbytes: int, size: int) -> float:
@@ -40,6 +41,15 @@ class Strategy:
     env: Dict[str, str] = field(default_factory=dict)
     #: Run by a plain ``hvdx bench`` (others only when named in ``--strategies``).
     default: bool = True
+    #: (distributed optimizer, steps) -> dict of figures read once after training, on
+    #: every rank (a collective may run here), after the interface counters are read;
+    #: rank 0 records them as the run's ``final_stats``.
+    final_stats: Optional[Callable] = None
+    #: (distributed optimizer) -> None, run inside the step's clock when an evaluation
+    #: follows the step: completes communication a strategy leaves in flight past
+    #: ``step()``, which the evaluation's forward pass would otherwise wait for off the
+    #: clock (decentralized SGD's exchange).
+    before_eval: Optional[Callable] = None
 
 
 def _horovod(optimizer, model):
@@ -148,6 +158,80 @@ def _dssync_bytes(optimizer, model, size, steps):
     return each_way, each_way
 
 
+#: The benchmark's decentralized SGD (``hvdx.Decentralized``): the one-peer exponential
+#: graph, one model sent and one received per rank per step (against Horovod's
+#: ``2 (n - 1) / n`` models each way), adapt-then-combine. The static exponential graph
+#: sends ``tau = ceil(log2 n)`` models each way per step; combine-then-adapt sends the
+#: same bytes as adapt-then-combine, during the forward and backward pass.
+DECENTRALIZED_OPTIONS: Dict = {"topology": "one-peer-exp", "order": "adapt_then_combine"}
+DECENTRALIZED_STATIC_OPTIONS: Dict = dict(DECENTRALIZED_OPTIONS, topology="static-exp")
+DECENTRALIZED_CTA_OPTIONS: Dict = dict(DECENTRALIZED_OPTIONS, order="combine_then_adapt")
+#: Decentralized SGD runs no Horovod collective during a step (its exchange is mpi4py
+#: point-to-point on hvdx's communicator; ``global_every=0``), so, as for the tuned
+#: TopKs, a 50 ms Horovod cycle gives the CPU that Horovod's idle background loop would
+#: spin in back to training (the benchmark's evaluation allreduce is outside the clock).
+DECENTRALIZED_ENV: Dict[str, str] = dict(TOPK_TUNED_ENV)
+
+
+def _decentralized_with(options: Dict):
+    """The builder of a decentralized strategy: ``hvdx.Decentralized(**options)``,
+    mixing the parameters and the floating-point buffers (BatchNorm statistics)."""
+    def build(optimizer, model):
+        import hvdx
+        import hvdx.torch as hvd
+
+        return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                        sync=hvdx.Decentralized(**options),
+                                        named_buffers=model.named_buffers())
+    return build
+
+
+def decentralized_bytes(optimizer, model, size, steps):
+    """hvdx's own count: ``hvdx_stats.total_bytes`` is the payload this rank sent (one
+    fused model per out-neighbour and exchange); it received one per in-neighbour.
+
+    The received bytes are the sent ones scaled by in-degree over out-degree, summed
+    over the steps that mixed (every graph of ``hvdx.Decentralized`` is regular, so the
+    two are equal: one model each way per step for one-peer graphs, ``tau`` for the
+    static exponential graph).
+    """
+    stats = optimizer.hvdx_stats
+    sent = stats.total_bytes / steps
+    graph = optimizer.hvdx_graph
+    sync = optimizer._hvdx_sync
+    out_degree = in_degree = 0
+    for t in range(steps):
+        if sync.mixes_at(t):
+            neighbours = graph.neighbors(t)
+            out_degree += len(neighbours.send_to)
+            in_degree += len(neighbours.recv_from)
+    received = sent * in_degree / out_degree if out_degree else 0.0
+    return sent, received
+
+
+def _complete_exchange(optimizer) -> None:
+    """Complete the exchange in flight (adapt-then-combine: apply it; combine-then-adapt:
+    receive it, to be combined in the next ``step()``)."""
+    optimizer.synchronize()
+
+
+def _decentralized_final_stats(optimizer, steps) -> Dict:
+    """How far apart the ranks' models ended (collective), and the message count."""
+    stats = optimizer.hvdx_stats
+    # The counts first: consensus_distance() would complete (and count) an exchange
+    # still in flight, which the run did not use.
+    counts = {"messages_per_step": stats.total_messages / steps, "exchanges": stats.steps,
+              "global_steps": stats.global_steps}
+    return dict(counts, consensus_distance=optimizer.consensus_distance())
+
+
+def _decentralized_strategy(name: str, label: str, options: Dict, default: bool) -> Strategy:
+    return Strategy(name, label, _decentralized_with(options), decentralized_bytes,
+                    cost_model="decentralized", cost_options=dict(options),
+                    env=DECENTRALIZED_ENV, default=default,
+                    final_stats=_decentralized_final_stats, before_eval=_complete_exchange)
+
+
 STRATEGIES: Dict[str, Strategy] = {
     "horovod": Strategy("horovod", "Horovod ring allreduce (baseline)", _horovod,
                         _gradient_bytes, cost_model="horovod"),
@@ -181,8 +265,20 @@ STRATEGIES: Dict[str, Strategy] = {
         f"{DSSYNC_ADAPTIVE_OPTIONS['probe_every']} steps", _dssync_adaptive, _dssync_bytes,
         cost_model="dssync", cost_options_of=_rotation_options,
         init_kwargs={"process_sets": "dynamic"}, default=False),
+    "decentralized": _decentralized_strategy(
+        "decentralized", "decentralized SGD, one-peer exponential graph, adapt-then-combine, "
+        "Horovod cycle 50 ms", DECENTRALIZED_OPTIONS, default=True),
+    "decentralized_static": _decentralized_strategy(
+        "decentralized_static", "decentralized SGD, static exponential graph (log2 n peers), "
+        "adapt-then-combine, Horovod cycle 50 ms", DECENTRALIZED_STATIC_OPTIONS,
+        default=False),
+    "decentralized_cta": _decentralized_strategy(
+        "decentralized_cta", "decentralized SGD, one-peer exponential graph, "
+        "combine-then-adapt (exchange during forward and backward), Horovod cycle 50 ms",
+        DECENTRALIZED_CTA_OPTIONS, default=False),
 }
 
 #: What a plain ``hvdx bench`` runs: the adaptive DS-Sync pays off under contention
-#: only, so it runs when asked for (``--strategies ...,dssync_adaptive``).
+#: only, so it runs when asked for (``--strategies ...,dssync_adaptive``); so do the
+#: static exponential graph and combine-then-adapt, variants of ``decentralized``.
 DEFAULT_STRATEGIES = tuple(name for name, s in STRATEGIES.items() if s.default)

@@ -10,10 +10,13 @@ clusters of workstations", JPDC 2009).
 
 The network: every host has a NIC (``nic_bps`` each way), every rack one uplink to the
 core (``uplink_bps`` each way), ranks on one host talk at ``intra_host_bps`` (``None``:
-free). Ranks are numbered rack by rack, host by host, as an MPI hostfile lists them, and
-a ring follows rank order. A phase is a set of concurrent flows (src, dst, bytes); flows
-share links evenly (fluid model), so the phase ends when its busiest link has moved its
-bytes::
+free). Ranks fill hosts in the order of the cluster's *placement*, ``ranks_per_host``
+each, as an MPI hostfile lists them (:func:`host_order`): ``"blocked"`` lists the hosts
+rack by rack (ranks ``0..W-1`` in rack 0), ``"interleaved"`` deals them out over the
+racks in turn (rank ``r`` in rack ``r mod R`` with one rank per host). A ring follows rank
+order; a strategy's groups "inside a rack" are the ranks that placement puts there. A
+phase is a set of concurrent flows (src, dst, bytes); flows share links evenly (fluid
+model), so the phase ends when its busiest link has moved its bytes::
 
     T_phase = rounds * alpha + max over links (bytes through the link, one way) / rate
 
@@ -21,9 +24,10 @@ Per strategy (``n`` ranks, ``R`` racks, ``W = n/R`` ranks per rack, ``M`` model 
 ``k = ratio * params``, ``e`` bytes per element, ``p = 4 + e`` bytes per (int32 index,
 value) pair, 8 for float32):
 
-- horovod: one ring over all ranks. A rack-ordered ring leaves and enters each rack exactly
-  once, so an uplink carries one flow each way, ``2(n-1)/n * M``, whatever the
-  oversubscription; the time is that over the slowest hop, ``min(nic, uplink)``.
+- horovod: one ring over all ranks. A rack-ordered ring (blocked placement) leaves and
+  enters each rack exactly once, so an uplink carries one flow each way, ``2(n-1)/n * M``,
+  whatever the oversubscription; the time is that over the slowest hop,
+  ``min(nic, uplink)``. Interleaved, every hop of the ring crosses racks.
 - hierarchical: intra-rack reduce-scatter (ring of ``W``), ``W`` concurrent cross-rack ring
   allreduces of one ``M/W`` shard each (uplink: ``2(R-1)/R * M``), intra-rack allgather.
 - topk gathered: ring allgather of every rank's ``k`` pairs: ``(n-1) * p * k`` per rank.
@@ -32,16 +36,26 @@ value) pair, 8 for float32):
 - dssync: ring allreduce of ``M`` inside each rack (no uplink bytes); every
   ``intra_phases + 1``-th step, rings of one rank per rack instead (``cross_ranks`` rings,
   uplink: ``cross_ranks * 2(R-1)/R * M``); the period's time is spread over its steps.
-- exp_graph static: every rank sends ``M`` to ``i + 2^j`` for ``j < tau = ceil(log2 n)``;
-  one_peer: ``M`` to ``i + 2^(t mod tau)``, averaged over ``tau`` steps. Shifts of at least
-  ``W`` take every flow of a rack across its uplink.
+- decentralized: every step, rank ``j`` sends ``M`` to each rank ``i`` with
+  ``W_t[i, j] > 0`` (the mixing matrices of :mod:`hvdx.core.mixing_graphs`, over one
+  period of the graph, each step weighted ``1 / (period * mix_every)``). One-peer
+  exponential graph: ``M`` to ``i + 2^(t mod tau)``, ``tau = ceil(log2 n)``: one model per
+  step each way; static exponential graph: ``M`` to every ``i + 2^j``, ``j < tau``: ``tau``
+  models each way. Under blocked placement a hop of distance ``d`` takes
+  ``min(d, W)`` flows of each rack across its uplink (all of them once ``d >= W``); under
+  interleaved placement a hop crosses racks only if ``R`` does not divide ``d``, so the
+  long hops (``2^k >= R``, ``R`` a power of two) stay inside the racks.
+  ``order="combine_then_adapt"`` overlaps the exchange with the forward and backward
+  pass: its step is ``max(compute, comm)``, the only strategy priced with overlap.
 - stanza: ``batch * activation_size * e`` from each conv worker to its FC worker and back,
   then a ring allreduce of the conv parameters among the ``n - F`` conv workers (and of the
   FC parameters among the ``F`` FC workers if ``F > 1``; never on the wire when ``F = 1``).
 
 Not modelled: overlap of communication with backward (a step is compute + comm, an upper
-bound), TCP incast losses, TopK selection time, other jobs' traffic on the uplinks, and
-host-level hierarchy (NCCL inside a multi-GPU host; "hierarchical" here is per rack).
+bound; Horovod too overlaps its allreduce with the backward pass in practice, and only
+decentralized combine-then-adapt is credited with overlap here), TCP incast losses, TopK
+selection time, other jobs' traffic on the uplinks, and host-level hierarchy (NCCL inside
+a multi-GPU host; "hierarchical" here is per rack).
 """
 
 from __future__ import annotations
@@ -59,12 +73,14 @@ from hvdx.core.validation import integer as _integer
 __all__ = [
     "Cluster",
     "DEFAULT_STRATEGIES",
+    "PLACEMENTS",
     "Phase",
     "Prediction",
     "STRATEGIES",
     "Workload",
     "compare",
     "format_rate",
+    "host_order",
     "parse_rate",
     "parse_time",
     "predict",
@@ -76,6 +92,34 @@ __all__ = [
 _INDEX_BYTES = 4  # a sparse entry travels as an int32 index next to its value
 
 Number = Union[int, float]
+
+#: How ranks are laid out over the racks (:func:`host_order`).
+PLACEMENTS = ("blocked", "interleaved")
+
+
+def host_order(placement: str, racks: int, hosts_per_rack: int) -> List[int]:
+    """The hosts in the order ranks fill them (``ranks_per_host`` each, as MPI does).
+
+    Hosts are numbered rack by rack (host ``h`` is in rack ``h // hosts_per_rack``).
+
+    - ``"blocked"``: ``[0, 1, ..., racks * hosts_per_rack - 1]``: consecutive ranks share
+      a rack (a rack-ordered ring crosses each uplink once each way);
+    - ``"interleaved"``: one host of each rack in turn, ``[0, H, 2H, ..., 1, H + 1, ...]``
+      (``H = hosts_per_rack``): with one rank per host, rank ``r`` is in rack
+      ``r mod racks``, so a hop of distance ``d`` crosses racks iff ``racks`` does not
+      divide ``d``.
+
+    Raises:
+        ValueError: naming ``placement`` if it is not one of :data:`PLACEMENTS`.
+    """
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement={placement!r} must be one of {', '.join(PLACEMENTS)}")
+    racks = _integer("racks", racks, 1)
+    hosts_per_rack = _integer("hosts_per_rack", hosts_per_rack, 1)
+    slots = range(racks * hosts_per_rack)
+    if placement == "blocked":
+        return list(slots)
+    return [(p % racks) * hosts_per_rack + p // racks for p in slots]
 
 
 def _positive(name: str, value: object) -> float:
@@ -107,6 +151,7 @@ class Cluster:
         ranks_per_host: ranks (GPUs) per host; they share the host's NIC.
         latency_s: alpha, the start-up cost of one message, seconds.
         intra_host_bps: rate between two ranks of one host; ``None``: not a bottleneck.
+        placement: how ranks fill the hosts, one of :data:`PLACEMENTS` (:func:`host_order`).
     """
 
     racks: int
@@ -116,10 +161,14 @@ class Cluster:
     ranks_per_host: int = 1
     latency_s: float = 25e-6
     intra_host_bps: Optional[float] = None
+    placement: str = "blocked"
 
     def __post_init__(self):
         for name in ("racks", "hosts_per_rack", "ranks_per_host"):
             _integer(f"Cluster.{name}", getattr(self, name), 1)
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"Cluster.placement={self.placement!r} must be one of "
+                             f"{', '.join(PLACEMENTS)}")
         for name in ("nic_bps", "uplink_bps") + (("intra_host_bps",) if
                                                  self.intra_host_bps is not None else ()):
             object.__setattr__(self, name, parse_rate(getattr(self, name), f"Cluster.{name}"))
@@ -144,6 +193,17 @@ class Cluster:
     def ranks_per_rack(self) -> int:
         """Ranks behind one uplink."""
         return self.hosts_per_rack * self.ranks_per_host
+
+    @property
+    def host_of_rank(self) -> np.ndarray:
+        """The host of every rank (hosts numbered rack by rack), after the placement."""
+        order = np.array(host_order(self.placement, self.racks, self.hosts_per_rack))
+        return order[np.arange(self.ranks) // self.ranks_per_host]
+
+    @property
+    def rack_of_rank(self) -> np.ndarray:
+        """The rack of every rank, after the placement."""
+        return self.host_of_rank // self.hosts_per_rack
 
     @property
     def oversubscription(self) -> float:
@@ -241,6 +301,7 @@ class Prediction:
         bottleneck: the link (or latency) that accounts for most of ``comm_s``.
         phases: the priced phases.
         data_ranks: ranks that train on a batch each step (Stanza: conv workers only).
+        overlap: communication runs during the compute (decentralized combine-then-adapt).
     """
 
     strategy: str
@@ -251,10 +312,13 @@ class Prediction:
     bottleneck: str
     phases: Tuple[Phase, ...]
     data_ranks: int
+    overlap: bool = False
 
     @property
     def step_s(self) -> float:
-        """compute + communication, no overlap assumed."""
+        """compute + communication; ``max`` of the two where they overlap."""
+        if self.overlap:
+            return max(self.compute_s, self.comm_s)
         return self.compute_s + self.comm_s
 
     @property
@@ -280,6 +344,7 @@ class _Plan(NamedTuple):
     traffic: List[_Traffic]
     compute_s: Optional[float] = None
     data_ranks: Optional[int] = None
+    overlap: bool = False
 
 
 def _rings(groups: np.ndarray, nbytes: float) -> List[Flow]:
@@ -310,9 +375,10 @@ def _link_loads(flows: List[Flow], c: Cluster) -> Dict[str, float]:
     sizes = {"nic": c.racks * c.hosts_per_rack, "uplink": c.racks, "intra-host": c.ranks}
     out = {link: np.zeros(size) for link, size in sizes.items()}
     into = {link: np.zeros(size) for link, size in sizes.items()}
+    host, rack = c.host_of_rank, c.rack_of_rank
     for src, dst, nbytes in flows:
-        host_s, host_d = src // c.ranks_per_host, dst // c.ranks_per_host
-        rack_s, rack_d = src // c.ranks_per_rack, dst // c.ranks_per_rack
+        host_s, host_d = host[src], host[dst]
+        rack_s, rack_d = rack[src], rack[dst]
         for link, a, b, mask in (("nic", host_s, host_d, host_s != host_d),
                                  ("uplink", rack_s, rack_d, rack_s != rack_d),
                                  ("intra-host", src, dst, (host_s == host_d) & (src != dst))):
@@ -338,8 +404,9 @@ def _price(traffic: _Traffic, c: Cluster) -> Phase:
 # --- strategies ----------------------------------------------------------------------
 
 def _grid(c: Cluster) -> np.ndarray:
-    """Ranks as a racks x ranks_per_rack array (rank order is rack by rack)."""
-    return np.arange(c.ranks).reshape(c.racks, c.ranks_per_rack)
+    """Ranks as a racks x ranks_per_rack array: row ``j`` holds rack ``j``'s ranks in
+    rank order (blocked placement: ``arange(n).reshape(racks, -1)``)."""
+    return np.argsort(c.rack_of_rank, kind="stable").reshape(c.racks, c.ranks_per_rack)
 
 
 def _horovod(c: Cluster, w: Workload) -> _Plan:
@@ -416,23 +483,65 @@ def _dssync(c: Cluster, w: Workload, intra_phases: int = 1,
     return _Plan(f"dssync intra={intra_phases} cross={cross}", [t for t in traffic if t.weight > 0])
 
 
-def _exp_graph(c: Cluster, w: Workload, topology: str = "one_peer") -> _Plan:
-    """Decentralized SGD over exponential graphs (Ying et al., NeurIPS 2021).
+#: The graphs :func:`_decentralized` prices (those of ``hvdx.Decentralized``).
+DECENTRALIZED_TOPOLOGIES = ("one-peer-exp", "static-exp", "one-peer-hypercube", "ring",
+                            "torus", "complete")
+_ORDERS = ("adapt_then_combine", "combine_then_adapt")
 
-    static: each step, rank i sends its model to i + 2^j for all j < tau at once.
-    one_peer: step t sends it to i + 2^(t mod tau) only; priced as the mean over tau steps.
-    """
-    if topology not in ("static", "one_peer"):
-        raise ValueError(f"topology={topology!r} must be 'static' or 'one_peer'")
-    n = c.ranks
-    tau = math.ceil(math.log2(n)) if n > 1 else 0
-    shifts = [_shift(n, 2 ** j, w.model_bytes) for j in range(tau)]
-    if topology == "static":
-        traffic = [_Traffic("send model to tau out-neighbours", shifts, tau)] if tau else []
+
+def _graph_step_flows(topology: str, n: int, step: int, nbytes: float) -> Tuple[List[Flow], str]:
+    """Step ``step``'s flows: rank ``j`` sends ``nbytes`` to every ``i`` with
+    ``W[i, j] > 0``, ``i != j``; and a name (the shifts, for a circulant graph)."""
+    from hvdx.core import mixing_graphs
+
+    w = np.asarray(mixing_graphs.mixing_matrix(topology, n, step))
+    dst, src = np.nonzero((w != 0) & ~np.eye(n, dtype=bool))
+    if len(src) == 0:
+        return [], "no exchange"
+    shifts = (dst - src) % n
+    per_rank = [tuple(sorted(shifts[src == r])) for r in range(n)]
+    if all(p == per_rank[0] for p in per_rank):  # every rank sends to i + the same shifts
+        peers = per_rank[0]
+        name = "send model to " + ", ".join(f"i+{d}" if d <= n // 2 else f"i-{n - d}"
+                                            for d in peers)
+        if len(peers) > 4:
+            name = f"send model to {len(peers)} peers"
     else:
-        traffic = [_Traffic(f"send model to i+{2 ** j}", [flow], 1, 1 / tau)
-                   for j, flow in enumerate(shifts)]
-    return _Plan(f"exp_graph {topology}", traffic)
+        name = f"step {step}: send model to {len(src) / n:g} peers on average"
+    return [(src, dst, nbytes)], name
+
+
+def _decentralized(c: Cluster, w: Workload, topology: str = "one-peer-exp",
+                   order: str = "adapt_then_combine", mix_every: int = 1) -> _Plan:
+    """Decentralized SGD over a graph (Ying et al., "Exponential Graph is Provably
+    Efficient for Decentralized Deep Training", NeurIPS 2021), as ``hvdx.Decentralized``.
+
+    1. for each step ``t`` of the graph's period, every rank sends its model to its
+       out-neighbours at once (non-blocking point-to-point, one message each);
+    2. the step's phase is weighted ``1 / (period * mix_every)``: the mean over the
+       period, and local steps in between with ``mix_every > 1``;
+    3. combine-then-adapt overlaps the exchange with the next forward and backward pass.
+    """
+    from hvdx.core import mixing_graphs
+
+    if topology not in DECENTRALIZED_TOPOLOGIES:
+        raise ValueError(f"topology={topology!r} must be one of "
+                         f"{', '.join(DECENTRALIZED_TOPOLOGIES)}")
+    if order not in _ORDERS:
+        raise ValueError(f"order={order!r} must be one of {', '.join(_ORDERS)}")
+    mix_every = _integer("mix_every", mix_every, 1)
+    n = c.ranks
+    label = f"decentralized {topology}" + (" cta" if order == _ORDERS[1] else "") + \
+        (f" every {mix_every}" if mix_every > 1 else "")
+    if n == 1:
+        return _Plan(label, [])
+    period = mixing_graphs.period(topology, n)
+    traffic = []
+    for step in range(period):
+        flows, name = _graph_step_flows(topology, n, step, w.model_bytes)
+        if flows:
+            traffic.append(_Traffic(name, flows, 1, 1 / (period * mix_every)))
+    return _Plan(label, traffic, overlap=order == _ORDERS[1])
 
 
 def _stanza_roles(c: Cluster, fc_workers: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -441,11 +550,11 @@ def _stanza_roles(c: Cluster, fc_workers: int) -> Tuple[np.ndarray, np.ndarray, 
     bytes), else any, round robin. Returns (conv ranks, their FC worker, FC ranks)."""
     fc = _grid(c)[:, ::-1].T.ravel()[:fc_workers]
     conv = np.setdiff1d(np.arange(c.ranks), fc)
+    rack = c.rack_of_rank
     turns: Dict[Tuple[int, ...], int] = {}
     target = []
     for r in conv:
-        pool = tuple(f for f in fc if f // c.ranks_per_rack == r // c.ranks_per_rack) or \
-            tuple(fc)
+        pool = tuple(f for f in fc if rack[f] == rack[r]) or tuple(fc)
         turns[pool] = turns.get(pool, -1) + 1
         target.append(pool[turns[pool] % len(pool)])
     return conv, np.array(target, dtype=int), np.sort(fc)
@@ -478,13 +587,16 @@ def _stanza(c: Cluster, w: Workload, fc_workers: int = 1) -> _Plan:
 
 #: Strategy keys and the function that lays out their traffic.
 STRATEGIES = {"horovod": _horovod, "hierarchical": _hierarchical, "topk": _topk,
-              "dssync": _dssync, "exp_graph": _exp_graph, "stanza": _stanza}
+              "dssync": _dssync, "decentralized": _decentralized, "stanza": _stanza}
 
-#: What :func:`compare` prices by default: every strategy, both TopK modes and graphs.
+#: What :func:`compare` prices by default: every strategy, both TopK modes, and the
+#: exponential graphs (static, one-peer, and one-peer overlapped with the compute).
 DEFAULT_STRATEGIES = ("horovod", "hierarchical", ("topk", {"mode": "gathered"}),
                       ("topk", {"mode": "sharded"}), "dssync",
-                      ("exp_graph", {"topology": "static"}),
-                      ("exp_graph", {"topology": "one_peer"}), "stanza")
+                      ("decentralized", {"topology": "static-exp"}),
+                      ("decentralized", {"topology": "one-peer-exp"}),
+                      ("decentralized", {"topology": "one-peer-exp",
+                                         "order": "combine_then_adapt"}), "stanza")
 
 
 def _options_of(strategy: str) -> Tuple[str, ...]:
@@ -499,8 +611,8 @@ def predict(strategy: str, cluster: Cluster, workload: Workload, **options) -> P
         cluster: the network.
         workload: the model and its compute time.
         **options: the strategy's options: topk ``ratio``, ``downlink_ratio``, ``mode``;
-            dssync ``intra_phases``, ``cross_ranks``; exp_graph ``topology``; stanza
-            ``fc_workers``.
+            dssync ``intra_phases``, ``cross_ranks``; decentralized ``topology``,
+            ``order``, ``mix_every``; stanza ``fc_workers``.
 
     Raises:
         ValueError: for an unknown strategy, an option it does not take, or a bad value.
@@ -522,7 +634,7 @@ def predict(strategy: str, cluster: Cluster, workload: Workload, **options) -> P
         workload.compute_s if plan.compute_s is None else plan.compute_s, comm,
         sum(p.weight * p.sent_bytes for p in phases),
         max(per_link, key=per_link.get) if comm > 0 else "none", phases,
-        cluster.ranks if plan.data_ranks is None else plan.data_ranks)
+        cluster.ranks if plan.data_ranks is None else plan.data_ranks, plan.overlap)
 
 
 def compare(cluster: Cluster, workload: Workload,

@@ -158,10 +158,11 @@ def neighbors(topology, n: int, rank: int, step: int = 0) -> Neighbors:
         raise ValueError(f"rank={rank!r} must be in [0, {n})")
     if n == 1:
         return Neighbors((), (), 1.0, ())
-    if topology == "one-peer-exp":
+    named = topology if isinstance(topology, str) else None
+    if named == "one-peer-exp":
         d = 2 ** (step % _tau(n))
         return Neighbors(((rank + d) % n,), ((rank - d) % n,), 0.5, (0.5,))
-    if topology == "one-peer-hypercube" and _power_of_two(n):
+    if named == "one-peer-hypercube" and _power_of_two(n):
         j = rank ^ (2 ** (step % _tau(n)))
         return Neighbors((j,), (j,), 0.5, (0.5,))
     w = mixing_matrix(topology, n, step)
@@ -182,7 +183,8 @@ def period(topology, n: int) -> int:
 def is_exact(topology, n: int) -> bool:
     """Whether ``period`` consecutive matrices multiply to exactly ``11^T/n``."""
     n = _check_n(n)
-    if n == 1 or topology == "complete":
+    named = isinstance(topology, str)
+    if n == 1 or (named and topology == "complete"):
         return True
     if isinstance(topology, str) and topology.startswith("one-peer"):
         return _power_of_two(n)

@@ -45,3 +45,31 @@ def test_contention_events_are_replayed_for_each_run_from_its_launch(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     run = json.loads((out / "results.json").read_text())["runs"][0]
     assert [change[1:] for change in run["contention"]] == [["uplink", 20_000_000]]
+
+
+def test_decentralized_bytes_match_the_interfaces_under_both_placements(tmp_path):
+    # 2 x 2 hosts, one-peer exponential graph: one model sent and one received per rank
+    # per step by hvdx's count, against the interfaces' counters; Horovod runs once
+    # (blocked), the graph under each placement.
+    out = tmp_path / "bench"
+    proc = subprocess.run(
+        [sys.executable, "-m", "hvdx.bench.cli", "--workloads", "digits_vgg",
+         "--strategies", "horovod,decentralized", "--placement", "blocked,interleaved",
+         "--steps", "6", "--eval-every", "3", "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    data = json.loads((out / "results.json").read_text())
+    summary = data["summary"]
+    assert [(r["strategy"], r["placement"]) for r in summary] == [
+        ("horovod", "blocked"), ("decentralized", "blocked"),
+        ("decentralized", "interleaved")]
+    model_bytes = 4 * data["runs"][0]["parameters"]
+    for row, run in zip(summary[1:], data["runs"][1:]):
+        # Parameters and BatchNorm statistics, one model per step each way.
+        assert row["hvdx_bytes_per_step"] == pytest.approx(model_bytes, rel=0.01)
+        assert row["hvdx_received_per_step"] == row["hvdx_bytes_per_step"]
+        assert abs(row["bytes_agreement"] - 1.0) <= 0.10, row
+        assert row["prediction_error"] is not None
+        assert run["final_stats"]["consensus_distance"] >= 0
+    assert "decentralized@interleaved" in proc.stdout

@@ -10,6 +10,7 @@ from hvdx.core.cost_model import (
     Workload,
     compare,
     format_rate,
+    host_order,
     parse_rate,
     parse_time,
     predict,
@@ -166,24 +167,121 @@ def test_dssync_with_one_group_of_everyone_is_horovod(racks, hosts):
         pytest.approx(predict("horovod", c, VGG16).comm_s)
 
 
-# --- exponential graphs ----------------------------------------------------------------
+# --- decentralized SGD over graphs ------------------------------------------------------
 
-@pytest.mark.parametrize("n_racks, hosts", [(2, 2), (2, 4), (3, 5), (8, 32)])
+def uplink_models_by_phase(p, workload=VGG16):
+    """Models through the busiest uplink, one way, per phase name."""
+    return {x.name: x.uplink_bytes / workload.model_bytes for x in p.phases}
+
+
+@pytest.mark.parametrize("n_racks, hosts", [(2, 2), (2, 4), (1, 8), (8, 32)])
 def test_one_peer_exp_graph_sends_exactly_one_model_per_step(n_racks, hosts):
-    p = predict("exp_graph", cluster(n_racks, hosts), VGG16, topology="one_peer")
+    p = predict("decentralized", cluster(n_racks, hosts), VGG16, topology="one-peer-exp")
     assert p.bytes_per_rank == pytest.approx(VGG16.model_bytes)
+    assert p.label == "decentralized one-peer-exp"
 
 
-def test_static_exp_graph_sends_tau_models_per_step():
-    p = predict("exp_graph", cluster(2, 8), VGG16, topology="static")
-    assert p.bytes_per_rank == pytest.approx(4 * VGG16.model_bytes)
+@pytest.mark.parametrize("n_racks, hosts, tau", [(2, 2, 2), (2, 4, 3), (2, 8, 4)])
+def test_static_exp_graph_sends_tau_models_per_step(n_racks, hosts, tau):
+    p = predict("decentralized", cluster(n_racks, hosts), VGG16, topology="static-exp")
+    assert p.bytes_per_rank == pytest.approx(tau * VGG16.model_bytes)
+    assert len(p.phases) == 1 and p.phases[0].weight == 1
 
 
-def test_exp_graph_shifts_of_at_least_a_rack_send_every_flow_across_the_uplink():
-    p = predict("exp_graph", cluster(4, 4), VGG16, topology="one_peer")
-    by_shift = {x.name: x.uplink_bytes / VGG16.model_bytes for x in p.phases}
-    assert by_shift == {"send model to i+1": 1, "send model to i+2": 2,
-                        "send model to i+4": 4, "send model to i+8": 4}
+def test_the_one_peer_period_is_priced_as_its_mean():
+    p = predict("decentralized", cluster(2, 4), VGG16)
+    assert [x.weight for x in p.phases] == pytest.approx([1 / 3] * 3)
+    assert p.comm_s == pytest.approx(sum(x.seconds for x in p.phases) / 3)
+
+
+def test_ring_and_complete_graphs_send_two_and_n_minus_1_models():
+    c = cluster(2, 4)
+    assert predict("decentralized", c, VGG16, topology="ring").bytes_per_rank == \
+        pytest.approx(2 * VGG16.model_bytes)
+    assert predict("decentralized", c, VGG16, topology="complete").bytes_per_rank == \
+        pytest.approx(7 * VGG16.model_bytes)
+
+
+def test_blocked_placement_sends_every_flow_of_a_hop_of_a_rack_or_more_across_the_uplink():
+    p = predict("decentralized", cluster(4, 4), VGG16, topology="one-peer-exp")
+    assert uplink_models_by_phase(p) == {"send model to i+1": 1, "send model to i+2": 2,
+                                         "send model to i+4": 4, "send model to i+8": 4}
+
+
+def test_interleaved_placement_keeps_the_long_hops_inside_the_racks():
+    # 2 racks x 4 hosts, rank r in rack r mod 2: only the odd hop (distance 1) crosses,
+    # then with all 4 flows of each rack; distances 2 and 4 stay inside.
+    p = predict("decentralized", cluster(2, 4, placement="interleaved"), VGG16)
+    assert uplink_models_by_phase(p) == {"send model to i+1": 4, "send model to i+2": 0,
+                                         "send model to i+4": 0}
+    blocked = predict("decentralized", cluster(2, 4), VGG16)
+    assert uplink_models_by_phase(blocked) == {"send model to i+1": 1,
+                                               "send model to i+2": 2,
+                                               "send model to i+4": 4}
+    # Per period: 4 models over each uplink interleaved, 7 blocked.
+    assert p.comm_s < blocked.comm_s
+    static = {pl: phase(predict("decentralized", cluster(2, 4, placement=pl), VGG16,
+                                topology="static-exp"), "send model to i+1, i+2, i+4")
+              for pl in ("blocked", "interleaved")}
+    assert static["blocked"].uplink_bytes == pytest.approx(7 * VGG16.model_bytes)
+    assert static["interleaved"].uplink_bytes == pytest.approx(4 * VGG16.model_bytes)
+
+
+def test_a_ring_in_interleaved_rank_order_crosses_the_uplink_at_every_hop():
+    blocked = predict("horovod", cluster(2, 4), VGG16).phases[0]
+    interleaved = predict("horovod", cluster(2, 4, placement="interleaved"), VGG16).phases[0]
+    assert blocked.uplink_bytes == pytest.approx(dense_ring_bytes(8))
+    assert interleaved.uplink_bytes == pytest.approx(4 * dense_ring_bytes(8))
+
+
+def test_groups_inside_a_rack_follow_the_placement():
+    for strategy in ("dssync", "hierarchical"):
+        p = predict(strategy, cluster(2, 4, placement="interleaved"), VGG16)
+        assert all(x.uplink_bytes == 0 for x in p.phases if x.name.startswith("intra-rack"))
+        assert p.comm_s == pytest.approx(predict(strategy, cluster(2, 4), VGG16).comm_s)
+
+
+def test_on_a_flat_cluster_one_peer_moves_n_over_2_n_minus_1_of_the_ring_s_bytes():
+    c = cluster(1, 8, nic="100mbit", latency_s=0)
+    ring, graph = predict("horovod", c, VGG16), predict("decentralized", c, VGG16)
+    assert graph.bottleneck == ring.bottleneck == "nic"
+    assert graph.comm_s == pytest.approx(8 * VGG16.model_bytes / 1e8)
+    assert ring.comm_s / graph.comm_s == pytest.approx(2 * 7 / 8)
+
+
+def test_combine_then_adapt_overlaps_the_exchange_with_the_compute():
+    c = cluster(1, 8, nic="100mbit")
+    atc = predict("decentralized", c, VGG16)
+    cta = predict("decentralized", c, VGG16, order="combine_then_adapt")
+    assert cta.comm_s == pytest.approx(atc.comm_s) and cta.label.endswith(" cta")
+    assert atc.step_s == pytest.approx(VGG16.compute_s + atc.comm_s)
+    assert cta.step_s == pytest.approx(max(VGG16.compute_s, cta.comm_s))
+    assert not predict("horovod", c, VGG16).overlap
+
+
+def test_mixing_every_other_step_halves_the_exchange():
+    c = cluster(2, 4)
+    every, other = (predict("decentralized", c, VGG16, mix_every=m) for m in (1, 2))
+    assert other.bytes_per_rank == pytest.approx(every.bytes_per_rank / 2)
+    assert other.comm_s == pytest.approx(every.comm_s / 2)
+
+
+def test_one_rank_exchanges_nothing():
+    p = predict("decentralized", cluster(1, 1), VGG16)
+    assert p.comm_s == 0 and p.bytes_per_rank == 0
+
+
+def test_placements_lay_hosts_out_rack_by_rack_or_in_turn():
+    assert host_order("blocked", 2, 4) == list(range(8))
+    assert host_order("interleaved", 2, 4) == [0, 4, 1, 5, 2, 6, 3, 7]
+    assert host_order("interleaved", 4, 2) == [0, 2, 4, 6, 1, 3, 5, 7]
+    c = cluster(2, 2, ranks_per_host=2, placement="interleaved")
+    assert c.host_of_rank.tolist() == [0, 0, 2, 2, 1, 1, 3, 3]
+    assert c.rack_of_rank.tolist() == [0, 0, 1, 1, 0, 0, 1, 1]
+    with pytest.raises(ValueError, match="placement='random'"):
+        host_order("random", 2, 2)
+    with pytest.raises(ValueError, match="Cluster.placement='random'"):
+        cluster(2, 2, placement="random")
 
 
 # --- stanza ----------------------------------------------------------------------------
@@ -302,7 +400,9 @@ def test_workload_errors_name_the_field_and_the_value(kwargs, name):
     ("topk", {"mode": "sharded", "downlink_ratio": 1.5}, "downlink_ratio=1.5"),
     ("dssync", {"cross_ranks": 9}, "cross_ranks=9"),
     ("dssync", {"intra_phases": -1}, "intra_phases=-1"),
-    ("exp_graph", {"topology": "ring"}, "topology='ring'"),
+    ("decentralized", {"topology": "one_peer"}, "topology='one_peer'"),
+    ("decentralized", {"order": "adapt"}, "order='adapt'"),
+    ("decentralized", {"mix_every": 0}, "mix_every=0"),
     ("stanza", {"fc_workers": 8}, "fc_workers=8")])
 def test_bad_strategies_and_options_are_named(strategy, options, message):
     with pytest.raises(ValueError, match=message):

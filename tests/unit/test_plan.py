@@ -104,3 +104,33 @@ def test_it_runs_as_a_program_without_mpi():
     out = subprocess.run([sys.executable, "-m", "hvdx.plan", "--preset", "emulated"],
                          capture_output=True, text=True, check=True, timeout=120).stdout
     assert "verdict: " in out
+
+
+def test_decentralized_graphs_are_listed_and_priced(capsys):
+    code, out, _ = run(capsys, "--preset", "emulated")
+    assert code == 0
+    rows = [line for line in out.splitlines() if line.startswith("decentralized")]
+    assert sorted(row.split("  ")[0].strip() for row in rows) == [
+        "decentralized one-peer-exp", "decentralized one-peer-exp cta",
+        "decentralized static-exp"]
+    for row in rows:
+        assert row.split()[-1].endswith("x")  # priced against Horovod, like every row
+    # One model per rank per step for one-peer (VGG-16: 552 MB).
+    one_peer = next(r for r in rows if r.startswith("decentralized one-peer-exp "))
+    assert "552.00" in one_peer
+
+
+def test_the_placement_reaches_the_cluster_and_the_description(capsys):
+    args = parse("--preset", "emulated", "--racks", "2", "--hosts-per-rack", "4",
+                 "--placement", "interleaved")
+    assert plan.build_cluster(args).placement == "interleaved"
+    code, out, _ = run(capsys, "--preset", "emulated", "--hosts-per-rack", "4",
+                       "--placement", "interleaved")
+    assert code == 0 and "interleaved placement" in out.splitlines()[0]
+
+
+def test_mix_every_is_handed_to_the_graphs_only(capsys):
+    code, out, err = run(capsys, "--preset", "emulated", "--mix-every", "2")
+    assert code == 0 and "decentralized one-peer-exp every 2" in out
+    code, out, err = run(capsys, "--preset", "emulated", "--mix-every", "0")
+    assert code == 2 and "mix_every=0" in err

@@ -1,0 +1,150 @@
+"""``hvdx bench``'s arguments and dispatch, in one place.
+
+:func:`add_arguments` adds every ``hvdx bench`` flag to a parser; :func:`run` runs what
+they ask for: the comparison against Horovod (:mod:`hvdx.bench.harness`), or one of the
+focused measurements (``--selection``, ``--topk-bytes``, ``--process-sets``,
+``--overlap``). ``hvdx bench`` (:mod:`hvdx.cli`) hands its subparser to these two;
+``python -m hvdx.bench.cli`` is the same command as a program of its own.
+
+Examples::
+
+    hvdx bench --racks 1 --hosts-per-rack 8 --nic 100mbit \\
+        --strategies horovod,decentralized,decentralized_cta
+    hvdx bench --racks 2 --hosts-per-rack 4 --nic 1gbit --uplink 100mbit \\
+        --strategies horovod,decentralized,decentralized_static \\
+        --placement blocked,interleaved
+    hvdx bench --overlap --workloads digits_vgg
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+__all__ = ["add_arguments", "main", "run"]
+
+
+def add_arguments(bench: argparse.ArgumentParser) -> None:
+    """Adds the ``hvdx bench`` flags (the emulated cluster's among them) to ``bench``."""
+    from hvdx.bench.strategies import DEFAULT_STRATEGIES, STRATEGIES
+    from hvdx.cluster import add_cluster_arguments
+
+    add_cluster_arguments(bench)
+    bench.add_argument("--localhost", action="store_true",
+                       help="no emulated cluster: ranks on this host, shared memory")
+    bench.add_argument("--ranks", type=int, default=4,
+                       help="ranks with --localhost and --overlap (4)")
+    bench.add_argument("--ranks-per-host", type=int, default=1)
+    bench.add_argument("--workloads", default="digits_vgg,digits_cnn")
+    bench.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
+                       help=f"comma-separated, from {','.join(STRATEGIES)}")
+    bench.add_argument("--placement", default="blocked", metavar="blocked[,interleaved]",
+                       help="how ranks fill the emulated hosts: blocked (rack by rack) or "
+                            "interleaved (rank r in rack r mod racks: the exponential "
+                            "graphs' long hops stay inside racks); a list runs every "
+                            "strategy but Horovod under each (Horovod under the first). "
+                            "Default blocked")
+    bench.add_argument("--steps", type=int, help="training steps (default per workload)")
+    bench.add_argument("--eval-every", type=int, default=5)
+    bench.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
+    bench.add_argument("--out", default="results/bench", help="output directory")
+    bench.add_argument("--selection", action="store_true",
+                       help="only time TopK selection (10M elements, 1%%) against abs and "
+                            "torch.topk")
+    bench.add_argument("--topk-bytes", action="store_true",
+                       help="only count TopK's bytes per rank per step, uplink and "
+                            "downlink, gathered and sharded, at 2, 4 and 8 ranks")
+    bench.add_argument("--process-sets", action="store_true",
+                       help="only measure DS-Sync's Horovod process sets: static against "
+                            "dynamic registration, rotation against shuffle")
+    bench.add_argument("--overlap", action="store_true",
+                       help="only time decentralized SGD's step (one-peer exponential "
+                            "graph, adapt-then-combine and combine-then-adapt) against the "
+                            "same loop with the local optimizer only, on localhost "
+                            "(--ranks; --steps per mode, default 60; --workloads)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the measurement the parsed flags ask for; 0 on success."""
+    from hvdx.bench.harness import check_placements, render_table, run_bench
+    from hvdx.cluster import ClusterSpec
+
+    say = lambda s: print(s, flush=True)  # noqa: E731
+    if args.selection:
+        from hvdx.bench.selection import measure, render
+
+        print(render(measure()))
+        return 0
+    if args.process_sets:
+        return _process_sets(args)
+    if args.topk_bytes:
+        from hvdx.bench.topk_bytes import render, run as run_topk
+
+        rows = run_topk(steps=args.steps or 5, say=say)
+        print("\nTopK 0.01/0.01 traffic on digits_vgg (hvdx's counters; localhost):")
+        print(render(rows))
+        return 0
+    if args.overlap:
+        from hvdx.bench.overlap import render, run as run_overlap
+
+        rows = run_overlap(args.workloads.split(","), ranks=args.ranks,
+                           steps=args.steps or 60, say=say, timeout=args.timeout)
+        print(f"\nDecentralized SGD's exchange against no exchange (localhost, "
+              f"{args.ranks} ranks, modes interleaved in one job):")
+        print(render(rows))
+        return 0
+    placements = check_placements(args.placement.split(","))
+    spec = None if args.localhost else ClusterSpec.from_args(args)
+    rows = run_bench(spec, args.workloads.split(","), args.strategies.split(","),
+                     args.steps, args.eval_every, args.out,
+                     ranks_per_host=args.ranks_per_host, localhost_ranks=args.ranks,
+                     timeout=args.timeout, say=say, placements=placements)
+    print()
+    print(render_table(rows))
+    print(f"\nwritten: {args.out}/results.json, results.csv, results.png")
+    return 0
+
+
+def _process_sets(args: argparse.Namespace) -> int:
+    """Static against dynamic Horovod process sets, rotation against shuffle (DS-Sync)."""
+    from hvdx.bench.process_sets import render, run as run_sets
+    from hvdx.cluster import ClusterSpec
+
+    steps = args.steps or 64
+    say = lambda s: print(s, flush=True)  # noqa: E731
+    if args.localhost:
+        rows = run_sets(ranks=args.ranks, steps=steps, say=say)
+        where = f"localhost, {args.ranks} ranks"
+    else:
+        from hvdx.cluster import EmulatedCluster, mpiexec_command
+
+        spec = ClusterSpec.from_args(args)
+        with EmulatedCluster(spec) as cluster:
+            rows = run_sets(ranks=len(cluster.hosts) * args.ranks_per_host, steps=steps,
+                            launcher=lambda argv: mpiexec_command(cluster, argv,
+                                                                  ppn=args.ranks_per_host),
+                            say=say)
+        where = f"emulated {spec.racks}x{spec.hosts_per_rack}, NIC {spec.nic}, uplink {spec.uplink}"
+    print(f"\nDS-Sync process sets on {where} (median over {steps} steps; 1 M floats):")
+    print(render(rows))
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """``hvdx bench`` as a program of its own (``python -m hvdx.bench.cli``)."""
+    parser = argparse.ArgumentParser(
+        prog="hvdx bench", description="Train each workload under Horovod and every hvdx "
+        "strategy on the same emulated cluster and compare step time, time to accuracy "
+        "and bytes.")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except ValueError as e:
+        print(f"hvdx bench: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
