@@ -31,3 +31,5 @@ from hvdx.tensorflow.runtime import init  # noqa: E402,F401
 from hvdx.tensorflow.gradient_tape import DistributedGradientTape  # noqa: E402,F401
 from hvdx.tensorflow.topk import TopKState, topk_state  # noqa: E402,F401
 from hvdx.tensorflow.dssync import dssync_process_sets, dssync_state  # noqa: E402,F401
+from hvdx.decentralized import Decentralized  # noqa: E402,F401
+from hvdx.dssync import DSSync  # noqa: E402,F401

@@ -47,8 +47,10 @@ import tensorflow as tf
 from hvdx.core.fingerprint import Fingerprint
 from hvdx.dssync import DSSync
 from hvdx.mpi import check_consistent, communicator_for
-from hvdx.mpi.dssync_groups import DSSyncGroups, resolve_dssync, static_groups
+from hvdx.mpi.dssync_groups import DSSyncGroups, static_groups
 from hvdx.settings import horovod_settings
+from hvdx.strategy import resolve
+from hvdx.tensorflow.jobs import job
 
 __all__ = ["DSSyncState", "dssync_process_sets", "dssync_state",
            "make_dssync_keras_optimizer", "make_dssync_tape"]
@@ -255,15 +257,12 @@ class _Bound:
 
 def _new_state(sync: DSSync, compression, process_set, what: str) -> DSSyncState:
     """Resolve ``sync`` and check it across ranks (collective); raise on every rank."""
-    sync_settings, error, schedule = resolve_dssync(
-        sync, _hvd, compression, _hvd.Compression.none, process_set)
-    settings = horovod_settings(sync="dssync") + sync_settings
+    resolved = resolve(sync, job(compression, process_set))
+    settings = horovod_settings(sync=sync) + resolved.settings
     comm = communicator_for(_hvd.global_process_set, _hvd.global_process_set, _hvd.size())
     check_consistent(Fingerprint.build(parameters=[], settings=settings), comm, what)
-    if error is not None:
-        # Every rank failed the same way (else the fingerprints would differ).
-        raise error
-    state = DSSyncState(sync, schedule)
+    resolved.raise_error()
+    state = DSSyncState(sync, resolved.plan.schedule)
     state._bound.settings = settings
     return state
 

@@ -3,12 +3,10 @@
 import horovod.tensorflow as _hvd
 import tensorflow as tf
 
-from hvdx.compression import TopKCompression
-from hvdx.dssync import DSSync
-from hvdx.settings import group_sizes, horovod_settings, validate_sync
-from hvdx.tensorflow.dssync import make_dssync_tape
+from hvdx.settings import group_sizes, horovod_settings
+from hvdx.strategy import strategy_of
+from hvdx.tensorflow import registry
 from hvdx.tensorflow.runtime import check_variables_once, flat_variables
-from hvdx.tensorflow.topk import install_on_tape
 
 __all__ = ["DistributedGradientTape"]
 
@@ -34,18 +32,23 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     synchronized by hvdx (see :mod:`hvdx.tensorflow.topk`); ``op`` must be ``Average``
     or ``Sum``, and :func:`hvdx.tensorflow.topk_state` gives the residuals to checkpoint.
     """
-    validate_sync(sync)
-    if isinstance(sync, DSSync):
-        return make_dssync_tape(gradtape, sync, compression, process_set)
-    tape = _hvd.DistributedGradientTape(
-        gradtape, device_dense=device_dense, device_sparse=device_sparse,
-        compression=compression, sparse_as_dense=sparse_as_dense, op=op,
-        gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
-        groups=groups, process_set=process_set,
-        scale_local_gradients=scale_local_gradients)
-    if isinstance(compression, TopKCompression):
-        # Horovod's tape holds compression only inside _allreduce_grads, replaced here.
-        install_on_tape(tape, compression, op, gradient_predivide_factor, process_set)
+    strategy = strategy_of(compression, sync)
+
+    def horovod():
+        return _hvd.DistributedGradientTape(
+            gradtape, device_dense=device_dense, device_sparse=device_sparse,
+            compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+            gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
+            groups=groups, process_set=process_set,
+            scale_local_gradients=scale_local_gradients)
+
+    if strategy is None:
+        tape = horovod()
+    else:
+        tape = registry.tape(horovod, strategy, registry.GradientArguments(
+            compression, op, gradient_predivide_factor, process_set), gradtape)
+        if strategy.argument == "sync":
+            return tape  # checks its variables across ranks when it first sees them
     settings = horovod_settings(
         compression=compression, sparse_as_dense=sparse_as_dense, op=op,
         gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,

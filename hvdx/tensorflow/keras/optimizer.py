@@ -3,12 +3,10 @@
 import horovod.tensorflow.keras as _hvd_keras
 from horovod.tensorflow import Average, Compression, global_process_set
 
-from hvdx.compression import TopKCompression
-from hvdx.dssync import DSSync
-from hvdx.settings import group_sizes, horovod_settings, validate_sync
-from hvdx.tensorflow.dssync import make_dssync_keras_optimizer
+from hvdx.settings import group_sizes, horovod_settings
+from hvdx.strategy import strategy_of
+from hvdx.tensorflow import registry
 from hvdx.tensorflow.runtime import check_variables_once
-from hvdx.tensorflow.topk import check_topk_arguments, install_on_keras_optimizer
 
 __all__ = ["DistributedOptimizer"]
 
@@ -37,23 +35,25 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     hands the summed gradients to TopK every N passes). The residuals are the tracked
     ``optimizer.hvdx_topk`` (saved with the optimizer), the bytes ``optimizer.hvdx_stats``.
     """
-    validate_sync(sync)
-    if isinstance(sync, DSSync):
-        return make_dssync_keras_optimizer(optimizer, sync, compression, process_set)
-    topk = isinstance(compression, TopKCompression)
-    if topk:  # before Horovod's own op check, for TopK's message
-        check_topk_arguments(op, gradient_predivide_factor, compression)
-    opt = _hvd_keras.DistributedOptimizer(
-        optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
-        compression=compression, sparse_as_dense=sparse_as_dense,
-        gradient_predivide_factor=gradient_predivide_factor, op=op,
-        backward_passes_per_step=backward_passes_per_step,
-        average_aggregated_gradients=average_aggregated_gradients,
-        num_groups=num_groups, groups=groups, process_set=process_set,
-        scale_local_gradients=scale_local_gradients)
-    if topk:  # Horovod holds compression only inside _allreduce_grads, replaced here
-        install_on_keras_optimizer(opt, compression, op, gradient_predivide_factor,
-                                   process_set)
+    strategy = strategy_of(compression, sync)
+
+    def horovod():
+        return _hvd_keras.DistributedOptimizer(
+            optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
+            compression=compression, sparse_as_dense=sparse_as_dense,
+            gradient_predivide_factor=gradient_predivide_factor, op=op,
+            backward_passes_per_step=backward_passes_per_step,
+            average_aggregated_gradients=average_aggregated_gradients,
+            num_groups=num_groups, groups=groups, process_set=process_set,
+            scale_local_gradients=scale_local_gradients)
+
+    if strategy is None:
+        opt = horovod()
+    else:
+        opt = registry.keras(horovod, strategy, registry.GradientArguments(
+            compression, op, gradient_predivide_factor, process_set), optimizer)
+        if strategy.argument == "sync":
+            return opt  # checks its variables across ranks when it first sees them
     settings = horovod_settings(
         optimizer=type(optimizer).__name__, compression=compression,
         sparse_as_dense=sparse_as_dense,

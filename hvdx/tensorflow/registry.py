@@ -1,0 +1,81 @@
+"""Which TensorFlow adapter runs which hvdx strategy: the one place that names them.
+
+The entry points (:func:`hvdx.tensorflow.DistributedGradientTape`,
+:func:`hvdx.tensorflow.keras.DistributedOptimizer`) find the strategy among their
+arguments (:func:`hvdx.strategy.strategy_of`) and call :func:`tape` or :func:`keras`.
+Each adapter gets ``horovod()``, a function that builds Horovod's own tape or optimizer
+from the user's arguments: a compression strategy (TopK) installs itself on that object;
+a synchronization strategy (DS-Sync, graphs) replaces it and checks its variables across
+ranks itself, when it first sees them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, NamedTuple
+
+from hvdx.strategy import Strategy
+
+__all__ = ["GradientArguments", "KERAS_ADAPTERS", "TAPE_ADAPTERS", "keras", "tape"]
+
+
+class GradientArguments(NamedTuple):
+    """The Horovod arguments that an adapter may honour or refuse."""
+
+    compression: Any
+    op: Any
+    gradient_predivide_factor: float
+    process_set: Any
+
+
+def _topk_tape(horovod: Callable, strategy, args: GradientArguments, user):
+    from hvdx.tensorflow.topk import install_on_tape
+
+    return install_on_tape(horovod(), strategy, args.op, args.gradient_predivide_factor,
+                           args.process_set)
+
+
+def _topk_keras(horovod: Callable, strategy, args: GradientArguments, user):
+    from hvdx.tensorflow.topk import check_topk_arguments, install_on_keras_optimizer
+
+    check_topk_arguments(args.op, args.gradient_predivide_factor, strategy)  # first
+    return install_on_keras_optimizer(horovod(), strategy, args.op,
+                                      args.gradient_predivide_factor, args.process_set)
+
+
+def _dssync_tape(horovod: Callable, strategy, args: GradientArguments, user):
+    from hvdx.tensorflow.dssync import make_dssync_tape
+
+    return make_dssync_tape(user, strategy, args.compression, args.process_set)
+
+
+def _dssync_keras(horovod: Callable, strategy, args: GradientArguments, user):
+    from hvdx.tensorflow.dssync import make_dssync_keras_optimizer
+
+    return make_dssync_keras_optimizer(user, strategy, args.compression, args.process_set)
+
+
+#: Strategy name -> ``adapter(horovod, strategy, arguments, user_object)``.
+TAPE_ADAPTERS: Dict[str, Callable] = {"topk": _topk_tape, "dssync": _dssync_tape}
+KERAS_ADAPTERS: Dict[str, Callable] = {"topk": _topk_keras, "dssync": _dssync_keras}
+
+
+def _build(table: Dict[str, Callable], what: str, horovod: Callable, strategy: Strategy,
+           args: GradientArguments, user):
+    try:
+        adapter = table[strategy.name]
+    except KeyError:
+        raise TypeError(f"{strategy.argument}={strategy!r}: {what} has no adapter for "
+                        f"strategy {strategy.name!r}") from None
+    return adapter(horovod, strategy, args, user)
+
+
+def tape(horovod: Callable, strategy: Strategy, args: GradientArguments, gradtape):
+    """The tape that runs ``strategy`` (``horovod()`` builds Horovod's own tape)."""
+    return _build(TAPE_ADAPTERS, "DistributedGradientTape", horovod, strategy, args,
+                  gradtape)
+
+
+def keras(horovod: Callable, strategy: Strategy, args: GradientArguments, optimizer):
+    """The Keras optimizer that runs ``strategy`` (``horovod()`` builds Horovod's)."""
+    return _build(KERAS_ADAPTERS, "keras DistributedOptimizer", horovod, strategy, args,
+                  optimizer)
