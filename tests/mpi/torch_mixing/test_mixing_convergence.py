@@ -1,11 +1,12 @@
-"""Convergence of DS-Sync on real data (issue: "Digits CNN, 4 ranks: final test accuracy
+"""Convergence of the parameter-mixing strategies (DS-Sync, decentralized SGD) on real data (issue: "Digits CNN, 4 ranks: final test accuracy
 within 1 point of dense Horovod after the same number of epochs").
 
 The digits CNN trained on 4 ranks, alike but for the synchronization
 (:mod:`digits_training`): Horovod's dense allreduce, then DS-Sync's rotation on 2 racks x
 2 hosts with the parameters the cost of crossing picks for a 10:1 oversubscribed uplink
 (10 intra-rack phases per cross phase, one rank per rack crossing: the racks mix once
-every 11 steps), and the paper's random shuffle into groups of 2. A final global average
+every 11 steps), the paper's random shuffle into groups of 2, and decentralized SGD over
+the one-peer exponential graph (Ying et al., arXiv 2110.13363; one peer per step). A final global average
 (``synchronize_parameters``) precedes the evaluation, as before any evaluation.
 
 Ten epochs, half of the TopK test's twenty: dense Horovod is past 0.9 by then (measured
@@ -49,7 +50,10 @@ def accuracies():
     topology = Topology.from_counts(racks=2, hosts_per_rack=2)
     rotation = hvdx.DSSync(topology=topology, link_rates=("1gbit", "100mbit"))
     shuffle = hvdx.DSSync("shuffle", group_size=2, seed=3)
+    one_peer = hvdx.Decentralized("one-peer-exp")
     return {"dense": train(hvd, horovod, epochs=EPOCHS),
+            "one_peer": train(hvd, with_sync(one_peer), epochs=EPOCHS,
+                              before_evaluation=average_everywhere),
             "rotation": train(hvd, with_sync(rotation), epochs=EPOCHS,
                               before_evaluation=average_everywhere),
             "shuffle": train(hvd, with_sync(shuffle), epochs=EPOCHS,
@@ -62,3 +66,8 @@ def test_dssync_is_within_one_point_of_dense_horovod(accuracies):
     assert accuracies["dense"] > 0.9, accuracies
     assert accuracies["rotation"] >= accuracies["dense"] - 0.01, accuracies
     assert accuracies["shuffle"] >= accuracies["dense"] - 0.01, accuracies
+
+
+@pytest.mark.mpi(min_size=4)
+def test_one_peer_exponential_graph_is_within_one_point_of_dense_horovod(accuracies):
+    assert accuracies["one_peer"] >= accuracies["dense"] - 0.01, accuracies
