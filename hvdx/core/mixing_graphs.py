@@ -2,46 +2,74 @@
 
 Ying, Yuan, Chen, Hu, Pan and Yin, "Exponential Graph is Provably Efficient for
 Decentralized Deep Training", NeurIPS 2021, arXiv 2110.13363; the reference
-implementation is BlueFog's ``topology_util.py`` (``ExponentialTwoGraph``,
+implementation is BlueFog's ``bluefog/common/topology_util.py`` (``ExponentialTwoGraph``,
 ``GetDynamicOnePeerSendRecvRanks``).
 
 Convention: a mixing matrix ``W`` is ``n x n`` float64 and one mixing step is
 ``x_new[i] = sum_j W[i, j] x[j]``: rank ``i`` RECEIVES from ``j != i`` where
 ``W[i, j] != 0`` and SENDS to ``k != i`` where ``W[k, i] != 0``. With
-``tau = ceil(log2 n)``:
+``tau = ceil(log2 n)`` (0 for ``n = 1``), the named graphs are:
 
-1. ``static-exp``: ``i`` sends to ``i + 2^k mod n`` for ``k = 0 .. tau-1``; weight
-   ``1/(tau+1)`` on itself and each in-neighbour; spectral gap ``2/(1+tau)`` for even n;
-2. ``one-peer-exp``: at step ``t``, ``i`` sends to ``i + 2^(t mod tau)`` and receives from
-   ``i - 2^(t mod tau)``, weights 1/2 and 1/2; for ``n = 2^k`` the product of ``tau``
-   consecutive matrices is exactly ``11^T/n``;
-3. ``one-peer-hypercube``: partner ``i XOR 2^(t mod tau)``, weights 1/2; a rank whose
-   partner does not exist (``n`` not a power of two) keeps its value that step;
-4. ``ring``: ``(I + S + S^T)/3``; ``torus``: ``rows x cols`` with ``rows`` the largest
-   divisor of ``n`` not above ``sqrt n``, ``(I + up + down + left + right)/5`` (coinciding
-   neighbours add up, so small dimensions stay doubly stochastic); ``complete``: ``1/n``;
-5. a user's matrix, checked by :func:`check_mixing_matrix`.
+1. ``static-exp``: ``i`` sends to ``i + 2^k mod n`` for ``k = 0 .. tau-1`` and receives
+   from ``i - 2^k mod n``; weight ``1/(tau+1)`` on itself and on each in-neighbour. Its
+   spectral gap is ``2/(1+tau)`` for even ``n`` (0.2857 at 64 ranks), larger for odd ``n``;
+2. ``one-peer-exp``: at step ``t``, with ``k = t mod tau``, ``i`` sends to ``i + 2^k`` and
+   receives from ``i - 2^k`` (mod ``n``), weights 1/2 and 1/2. For ``n = 2^m`` the
+   product of ``tau`` consecutive matrices, from any step, is exactly ``11^T/n``;
+3. ``one-peer-hypercube``: partner ``i XOR 2^(t mod tau)``, weights 1/2 (one symmetric
+   pairwise exchange per step, also exact over ``tau`` steps for ``n = 2^m``). A rank
+   whose partner does not exist (``n`` not a power of two) keeps its value that step;
+4. ``ring``: ``(I + S + S^T)/3`` with ``S`` the cyclic shift (for ``n = 2`` both
+   neighbours are the other rank: ``[[1/3, 2/3], [2/3, 1/3]]``);
+5. ``torus``: the ranks on a ``rows x cols`` grid, row-major, with ``rows`` the largest
+   divisor of ``n`` not above ``sqrt n``; ``(I + up + down + left + right)/5``, a sum of
+   permutation matrices in which coinciding neighbours add up. For a prime ``n`` the
+   grid is ``1 x n``: up and down are the rank itself, ``W = (3I + S + S^T)/5``, a lazy
+   ring; every case stays doubly stochastic. 64 ranks: an 8 x 8 torus, gap 0.117;
+6. ``complete``: every entry ``1/n`` (the exact average in one step);
+7. a user's matrix (anything :func:`check_mixing_matrix` accepts), the same at every step.
+
+For ``n = 1`` every graph is the identity. Every named graph is a sum of permutation
+matrices divided by a common denominator: rank ``i``'s row lists its sources with
+multiplicity (:func:`_sources`), so :func:`mixing_matrix` and :func:`neighbors` compute
+each weight as the same ``count / denominator`` and agree bit for bit, and
+:func:`neighbors` needs no ``n x n`` matrix for a named graph.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
+from collections import Counter
 from dataclasses import dataclass
-from typing import Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
+
+from hvdx.core.validation import integer as _integer
 
 __all__ = ["Neighbors", "TOPOLOGIES", "check_mixing_matrix", "is_exact", "mixing_matrix",
            "neighbors", "period", "spectral_gap", "topology_name"]
 
+#: The named graphs, in the order the documentation lists them.
 TOPOLOGIES = ("one-peer-exp", "static-exp", "one-peer-hypercube", "ring", "torus",
               "complete")
+
+#: Graphs whose step-``t`` matrix depends on ``t``.
+_DYNAMIC = ("one-peer-exp", "one-peer-hypercube")
 
 
 @dataclass(frozen=True)
 class Neighbors:
-    """One rank's part of a mixing step, ranks in ascending order."""
+    """One rank's part of a mixing step, ranks in ascending order.
+
+    Attributes:
+        send_to: the ranks ``k != rank`` with ``W[k, rank] != 0``.
+        recv_from: the ranks ``j != rank`` with ``W[rank, j] != 0``.
+        self_weight: ``W[rank, rank]``.
+        recv_weights: ``W[rank, j]`` for each ``j`` of ``recv_from``, in that order.
+    """
 
     send_to: Tuple[int, ...]
     recv_from: Tuple[int, ...]
@@ -50,154 +78,241 @@ class Neighbors:
 
 
 def _tau(n: int) -> int:
-    return math.ceil(math.log2(n)) if n > 1 else 0
+    """``ceil(log2 n)``, exactly (integer arithmetic), 0 for ``n = 1``."""
+    return (n - 1).bit_length()
 
 
 def _power_of_two(n: int) -> bool:
     return n >= 1 and n & (n - 1) == 0
 
 
+@functools.lru_cache(maxsize=64)
+def _torus_shape(n: int) -> Tuple[int, int]:
+    """``(rows, cols)``: ``rows`` the largest divisor of ``n`` not above ``sqrt n``."""
+    rows = max(d for d in range(1, math.isqrt(n) + 1) if n % d == 0)
+    return rows, n // rows
+
+
 def _check_n(n) -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n={n!r} must be a number of ranks of at least 1")
-    return int(n)
+    return _integer("n", n, 1)
 
 
-def _shift(n: int, d: int) -> np.ndarray:
-    """Permutation matrix of 'receive from i - d': P[i, (i - d) % n] = 1."""
-    p = np.zeros((n, n))
-    p[np.arange(n), (np.arange(n) - d) % n] = 1.0
-    return p
+def _name(topology) -> Optional[str]:
+    """The graph's name, or None for a matrix; ValueError for an unknown name."""
+    if isinstance(topology, str):
+        if topology not in TOPOLOGIES:
+            raise ValueError(f"topology={topology!r} is not a known graph; use one of "
+                             f"{', '.join(TOPOLOGIES)}, or pass an n x n doubly stochastic "
+                             "mixing matrix")
+        return topology
+    return None
+
+
+def _sources(name: str, n: int, i, step: int) -> Tuple[List[np.ndarray], int]:
+    """Row ``i`` of a named graph (``i`` an int array): the columns of its non-zero
+    entries, one array per permutation matrix of the sum (so with multiplicity, the
+    rank itself included), and the common denominator: ``W[i, j] = count(j) / den``."""
+    if n == 1:
+        return [i], 1
+    tau = _tau(n)
+    if name == "static-exp":
+        return [i] + [(i - 2 ** k) % n for k in range(tau)], tau + 1
+    if name == "one-peer-exp":
+        return [i, (i - 2 ** (step % tau)) % n], 2
+    if name == "one-peer-hypercube":
+        partner = i ^ 2 ** (step % tau)
+        return [i, np.where(partner < n, partner, i)], 2
+    if name == "ring":
+        return [i, (i - 1) % n, (i + 1) % n], 3
+    if name == "torus":
+        rows, cols = _torus_shape(n)
+        r, c = np.divmod(i, cols)
+        return [i, (r - 1) % rows * cols + c, (r + 1) % rows * cols + c,
+                r * cols + (c - 1) % cols, r * cols + (c + 1) % cols], 5
+    assert name == "complete", name
+    return [np.full_like(i, j) for j in range(n)], n
+
+
+def _targets(name: str, n: int, rank: int, step: int) -> Tuple[int, ...]:
+    """The ranks ``k != rank`` that receive from ``rank`` (column ``rank`` of W), sorted."""
+    if n == 1:
+        return ()
+    if name == "static-exp":
+        out = {(rank + 2 ** k) % n for k in range(_tau(n))}
+    elif name == "one-peer-exp":
+        out = {(rank + 2 ** (step % _tau(n))) % n}
+    else:  # ring, torus, hypercube, complete: W is symmetric
+        out = {int(j[0]) for j in _sources(name, n, np.array([rank]), step)[0]}
+    return tuple(sorted(out - {rank}))
 
 
 def check_mixing_matrix(w, n=None, name: str = "topology") -> np.ndarray:
-    """A float64 copy of ``w`` if it is a doubly stochastic ``n x n`` matrix.
+    """A float64 copy of ``w`` if it is a doubly stochastic ``n x n`` mixing matrix.
+
+    Checks, in order: a 2-D square non-empty array of numbers; ``n x n`` when ``n`` is
+    given; finite; non-negative; every row and every column summing to 1 within
+    ``1e-9 * n`` (build the matrix in float64: float32 thirds sum to ``1 + 3e-8``).
+
+    Args:
+        w: the matrix (array-like).
+        n: the number of ranks of the job; None: any size.
+        name: the argument's name, for the error message.
+
+    Returns:
+        ``w`` as a new float64 array.
 
     Raises:
-        ValueError: naming ``name`` and saying what is wrong.
+        ValueError: naming ``name`` and saying what is wrong, e.g. ``"topology: row 2
+            sums to 0.9; a mixing matrix must be doubly stochastic (every row and column
+            sums to 1)"``.
     """
     try:
         m = np.array(w, dtype=np.float64)
     except (TypeError, ValueError):
-        raise ValueError(f"{name}={w!r} is not a matrix of numbers") from None
+        raise ValueError(f"{name}={w!r} is not a matrix of numbers; pass an n x n doubly "
+                         "stochastic mixing matrix (n the number of ranks)") from None
     if m.ndim != 2 or m.shape[0] != m.shape[1] or m.shape[0] == 0:
-        raise ValueError(f"{name}: a mixing matrix must be square, got shape {m.shape}")
+        raise ValueError(f"{name}: a mixing matrix must be square (n x n, n the number of "
+                         f"ranks), got shape {m.shape}")
     size = m.shape[0]
-    if n is not None and size != n:
-        raise ValueError(f"{name}: a {size}x{size} matrix but the job has {n} ranks")
+    if n is not None and size != _check_n(n):
+        raise ValueError(f"{name}: a {size}x{size} matrix but the job has {n} ranks; pass "
+                         f"a {n}x{n} matrix")
     if not np.all(np.isfinite(m)):
-        raise ValueError(f"{name}: the mixing matrix holds NaN or infinite entries")
+        i, j = np.argwhere(~np.isfinite(m))[0]
+        raise ValueError(f"{name}: entry [{i}, {j}] is {float(m[i, j])!r}; a mixing matrix "
+                         "must hold finite numbers (no NaN or infinity)")
     if np.any(m < 0):
         i, j = np.argwhere(m < 0)[0]
-        raise ValueError(f"{name}: entry [{i}, {j}] is {m[i, j]!r}; mixing weights must "
-                         "be non-negative")
-    tolerance = 1e-9 * max(1, size)
+        raise ValueError(f"{name}: entry [{i}, {j}] is {float(m[i, j])!r}; mixing weights "
+                         "must be non-negative")
+    tolerance = 1e-9 * size
     for axis, what in ((1, "row"), (0, "column")):
         sums = m.sum(axis=axis)
         bad = np.flatnonzero(np.abs(sums - 1.0) > tolerance)
         if bad.size:
-            raise ValueError(f"{name}: {what} {bad[0]} sums to {sums[bad[0]]!r}; a mixing "
-                             "matrix must be doubly stochastic (every row and column "
-                             "sums to 1)")
+            raise ValueError(f"{name}: {what} {bad[0]} sums to {float(sums[bad[0]]):.12g}; "
+                             "a mixing matrix must be doubly stochastic (every row and "
+                             "column sums to 1)")
     return m
 
 
 def mixing_matrix(topology, n: int, step: int = 0) -> np.ndarray:
-    """The ``n x n`` mixing matrix of ``topology`` at ``step`` (module docstring)."""
+    """The ``n x n`` float64 mixing matrix of ``topology`` at step ``step``.
+
+    Args:
+        topology: a name of :data:`TOPOLOGIES` (module docstring) or a mixing matrix.
+        n: number of ranks, at least 1.
+        step: the step's index, at least 0 (only the one-peer graphs depend on it).
+
+    Returns:
+        A new array ``W``: one mixing step is ``x_new[i] = sum_j W[i, j] x[j]``.
+
+    Raises:
+        ValueError: an unknown name (the accepted ones listed), a bad ``n`` or ``step``,
+            or a matrix :func:`check_mixing_matrix` refuses.
+    """
     n = _check_n(n)
-    if not isinstance(topology, str):
+    step = _integer("step", step, 0)
+    name = _name(topology)
+    if name is None:
         return check_mixing_matrix(topology, n)
-    tau = _tau(n)
-    if topology == "complete":
+    if name == "complete":
         return np.full((n, n), 1.0 / n)
-    if topology == "static-exp":
-        w = np.eye(n)
-        for k in range(tau):
-            w += _shift(n, 2 ** k)
-        return w / (tau + 1)
-    if topology == "one-peer-exp":
-        if n == 1:
-            return np.eye(1)
-        return 0.5 * (np.eye(n) + _shift(n, 2 ** (step % tau)))
-    if topology == "one-peer-hypercube":
-        w = np.zeros((n, n))
-        if n == 1:
-            return np.eye(1)
-        bit = 2 ** (step % tau)
-        for i in range(n):
-            j = i ^ bit
-            if j < n:
-                w[i, i] += 0.5
-                w[i, j] += 0.5
-            else:
-                w[i, i] = 1.0
-        return w
-    if topology == "ring":
-        return (np.eye(n) + _shift(n, 1) + _shift(n, -1)) / 3.0
-    if topology == "torus":
-        rows = max(d for d in range(1, math.isqrt(n) + 1) if n % d == 0)
-        cols = n // rows
-        w = np.eye(n)
-        for i in range(n):
-            r, c = divmod(i, cols)
-            for rr, cc in (((r - 1) % rows, c), ((r + 1) % rows, c),
-                           (r, (c - 1) % cols), (r, (c + 1) % cols)):
-                w[i, rr * cols + cc] += 1.0
-        return w / 5.0
-    raise ValueError(f"topology={topology!r} must be one of {TOPOLOGIES} or a mixing "
-                     "matrix")
+    rows = np.arange(n)
+    sources, denominator = _sources(name, n, rows, step)
+    w = np.zeros((n, n))
+    for columns in sources:
+        np.add.at(w, (rows, columns), 1.0)
+    return w / denominator
 
 
 def neighbors(topology, n: int, rank: int, step: int = 0) -> Neighbors:
-    """Rank ``rank``'s send-to and receive-from ranks and weights at ``step``.
+    """Rank ``rank``'s send-to and receive-from ranks and weights at step ``step``.
 
-    The one-peer graphs are computed directly (O(1)); the others from the matrix.
+    A named graph is computed from its definition, in ``O(degree)`` for all but
+    ``complete`` and ``torus`` (``O(n)`` and ``O(sqrt n)``); a matrix from its row and
+    column. The result agrees exactly with :func:`mixing_matrix`.
+
+    Args:
+        topology: a name of :data:`TOPOLOGIES` or a mixing matrix.
+        n: number of ranks, at least 1.
+        rank: this rank, ``0 .. n-1``.
+        step: the step's index, at least 0.
+
+    Raises:
+        ValueError: as :func:`mixing_matrix`, or a ``rank`` outside ``0 .. n-1``.
     """
     n = _check_n(n)
-    if not 0 <= rank < n:
-        raise ValueError(f"rank={rank!r} must be in [0, {n})")
-    if n == 1:
-        return Neighbors((), (), 1.0, ())
-    named = topology if isinstance(topology, str) else None
-    if named == "one-peer-exp":
-        d = 2 ** (step % _tau(n))
-        return Neighbors(((rank + d) % n,), ((rank - d) % n,), 0.5, (0.5,))
-    if named == "one-peer-hypercube" and _power_of_two(n):
-        j = rank ^ (2 ** (step % _tau(n)))
-        return Neighbors((j,), (j,), 0.5, (0.5,))
-    w = mixing_matrix(topology, n, step)
-    recv = tuple(int(j) for j in np.flatnonzero(w[rank]) if j != rank)
-    send = tuple(int(k) for k in np.flatnonzero(w[:, rank]) if k != rank)
-    return Neighbors(send, recv, float(w[rank, rank]),
-                     tuple(float(w[rank, j]) for j in recv))
+    rank = _integer("rank", rank, 0, n - 1)
+    step = _integer("step", step, 0)
+    name = _name(topology)
+    if name is None:
+        w = check_mixing_matrix(topology, n)
+        recv = tuple(int(j) for j in np.flatnonzero(w[rank]) if j != rank)
+        send = tuple(int(k) for k in np.flatnonzero(w[:, rank]) if k != rank)
+        return Neighbors(send, recv, float(w[rank, rank]),
+                         tuple(float(w[rank, j]) for j in recv))
+    sources, denominator = _sources(name, n, np.array([rank]), step)
+    counts = Counter(int(j[0]) for j in sources)
+    recv = tuple(sorted(j for j in counts if j != rank))
+    # The same float64 division as mixing_matrix's ``w / denominator``.
+    weight = [float(np.float64(counts[j]) / denominator) for j in (rank,) + recv]
+    return Neighbors(_targets(name, n, rank, step), recv, weight[0], tuple(weight[1:]))
 
 
 def period(topology, n: int) -> int:
-    """Steps before the sequence of matrices repeats."""
+    """The number of distinct steps before the sequence of matrices repeats.
+
+    ``tau = ceil(log2 n)`` for the one-peer graphs with ``n > 1``, else 1 (a static graph
+    or a user's matrix).
+    """
     n = _check_n(n)
-    if isinstance(topology, str) and topology.startswith("one-peer") and n > 1:
-        return _tau(n)
-    return 1
+    name = _name(topology)
+    if name is None:
+        check_mixing_matrix(topology, n)
+        return 1
+    return _tau(n) if name in _DYNAMIC and n > 1 else 1
 
 
 def is_exact(topology, n: int) -> bool:
-    """Whether ``period`` consecutive matrices multiply to exactly ``11^T/n``."""
+    """Whether ``period`` consecutive matrices multiply to ``11^T/n`` (exact averaging).
+
+    True for ``n = 1``; ``complete``; the one-peer graphs when ``n`` is a power of two
+    (Ying et al.); and the small cases where a static graph is already the
+    complete one: ``static-exp`` on 2 or 3 ranks (its ``tau + 1`` shifts are all of
+    ``0 .. n-1``) and ``ring`` on 3. A user's matrix: whether it is ``11^T/n`` within
+    ``1e-12``.
+    """
     n = _check_n(n)
-    named = isinstance(topology, str)
-    if n == 1 or (named and topology == "complete"):
+    name = _name(topology)
+    if name is None:
+        w = check_mixing_matrix(topology, n)
+        return bool(np.allclose(w, 1.0 / n, rtol=0, atol=1e-12))
+    if n == 1 or name == "complete":
         return True
-    if isinstance(topology, str) and topology.startswith("one-peer"):
+    if name in _DYNAMIC:
         return _power_of_two(n)
-    if isinstance(topology, str):
-        return False
-    w = check_mixing_matrix(topology, n)
-    return bool(np.allclose(w, 1.0 / n, rtol=0, atol=1e-12))
+    if name == "static-exp":
+        return n <= 3
+    if name == "ring":
+        return n == 3
+    # torus: the rank itself weighs at least 1/5, which is 1/n only for n = 5, a 1 x 5
+    # grid where it weighs 3/5.
+    return False
 
 
 def spectral_gap(w) -> float:
-    """``1 - rho`` with ``rho = ||W - 11^T/n||_2``, the second largest singular value of a
-    doubly stochastic ``W``."""
-    m = np.asarray(w, dtype=np.float64)
+    """``1 - rho``, ``rho`` the second largest singular value of a mixing matrix ``W``.
+
+    For a doubly stochastic ``W`` the largest singular value is 1 (on the all-ones
+    vector), so ``rho = ||W - 11^T/n||_2``, the rate at which one step contracts the
+    distance to consensus. 1 for ``n = 1`` and for the complete graph.
+
+    Raises:
+        ValueError: naming ``w`` when :func:`check_mixing_matrix` refuses it.
+    """
+    m = check_mixing_matrix(w, name="w")
     n = m.shape[0]
     if n == 1:
         return 1.0
@@ -205,8 +320,13 @@ def spectral_gap(w) -> float:
 
 
 def topology_name(topology) -> str:
-    """A rank-independent name for the fingerprint."""
-    if isinstance(topology, str):
-        return topology
-    m = np.ascontiguousarray(np.asarray(topology, dtype=np.float64))
-    return f"matrix:{m.shape[0]}:{hashlib.sha1(m.tobytes()).hexdigest()[:12]}"
+    """A rank-independent name for the cross-rank fingerprint.
+
+    The graph's name, or ``"matrix:<12 hex digits>"``: the start of the SHA-1 of the
+    matrix's float64 bytes (C order), so ranks that hold different matrices differ.
+    """
+    name = _name(topology)
+    if name is not None:
+        return name
+    m = np.ascontiguousarray(check_mixing_matrix(topology))
+    return f"matrix:{hashlib.sha1(m.tobytes()).hexdigest()[:12]}"
