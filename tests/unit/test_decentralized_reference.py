@@ -8,48 +8,14 @@ Expected values come from plain loops and explicit matrices written here, never 
 hvdx.core.mixing_graphs or hvdx.core.decentralized.
 """
 
-import math
-
 import numpy as np
 import pytest
 
+from explicit_graphs import explicit, explicit_one_peer_exp, explicit_static_exp, tau
 from hvdx.core.decentralized import mix, simulate_decentralized
 from hvdx.core.group_averaging import ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT, consensus_distance
 
 ORDERS = (ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT)
-
-
-def tau(n):
-    return math.ceil(math.log2(n)) if n > 1 else 0
-
-
-def explicit_one_peer_exp(n, step):
-    """Rank i keeps 1/2 and receives 1/2 from i - 2^(step mod tau)."""
-    if n == 1:
-        return np.eye(1)
-    w = np.zeros((n, n))
-    for i in range(n):
-        w[i, i] += 0.5
-        w[i, (i - 2 ** (step % tau(n))) % n] += 0.5
-    return w
-
-
-def explicit_static_exp(n):
-    w = np.zeros((n, n))
-    for i in range(n):
-        w[i, i] += 1.0
-        for k in range(tau(n)):
-            w[i, (i - 2 ** k) % n] += 1.0
-    return w / (tau(n) + 1)
-
-
-def explicit_matrix(topology, n, step):
-    if topology == "one-peer-exp":
-        return explicit_one_peer_exp(n, step)
-    if topology == "static-exp":
-        return explicit_static_exp(n)
-    assert topology == "complete"
-    return np.full((n, n), 1.0 / n)
 
 
 def values(n, d=5, seed=0):
@@ -207,7 +173,7 @@ def test_the_reference_is_the_algorithm_written_as_a_loop(topology, n, order, mo
     for t in range(start, start + steps):
         g = grads(x, t)
         m = momentum * m + g  # local: each row sees only its own rank's gradients
-        w = explicit_matrix(topology, n, t) if (t + 1) % mix_every == 0 else np.eye(n)
+        w = explicit(topology, n, t) if (t + 1) % mix_every == 0 else np.eye(n)
         x = w @ (x - lr * m) if order == ADAPT_THEN_COMBINE else w @ x - lr * m
     np.testing.assert_allclose(got, x, rtol=0, atol=1e-12)
     np.testing.assert_allclose(buffers, m, rtol=0, atol=1e-12)
