@@ -42,8 +42,6 @@ from __future__ import annotations
 import warnings
 from typing import Dict, List, Tuple
 
-import numpy as np
-
 from hvdx.core import mixing_graphs
 from hvdx.core.group_averaging import ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT
 from hvdx.strategy import Job, MixingStrategy, check_integer
@@ -161,7 +159,3 @@ class MixingGraph:
         if key not in self._cache:
             self._cache[key] = mixing_graphs.neighbors(self.topology, self.n, self.rank, key)
         return self._cache[key]
-
-    def matrix(self, step: int) -> np.ndarray:
-        """The whole mixing matrix of step ``step``."""
-        return mixing_graphs.mixing_matrix(self.topology, self.n, step % self.period)

@@ -31,12 +31,12 @@ from __future__ import annotations
 import abc
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, List, Optional, Tuple
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["Job", "MixingStrategy", "Resolved", "Strategy", "global_due", "resolve",
-           "strategy_of"]
+__all__ = ["Job", "MixingStrategy", "Resolved", "Strategy", "adapter_for", "global_due",
+           "resolve", "strategy_of"]
 
 #: A fingerprint entry: ``(name, value)``, rendered with ``repr``.
 Setting = Tuple[str, object]
@@ -186,6 +186,19 @@ def strategy_of(compression, sync) -> Optional[Strategy]:
     if isinstance(compression, Strategy) and compression.argument == "compression":
         return compression
     return None
+
+
+def adapter_for(table: Dict[str, Callable], strategy: Strategy, what: str) -> Callable:
+    """``strategy``'s adapter in a framework registry ``table`` (keyed by name).
+
+    Raises:
+        TypeError: ``what`` (the entry point) has no adapter for it.
+    """
+    try:
+        return table[strategy.name]
+    except KeyError:
+        raise TypeError(f"{strategy.argument}={strategy!r}: {what} has no adapter for "
+                        f"strategy {strategy.name!r}") from None
 
 
 def global_due(step: int, every: int) -> bool:

@@ -42,13 +42,10 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
             groups=groups, process_set=process_set,
             scale_local_gradients=scale_local_gradients)
 
-    if strategy is None:
-        tape = horovod()
-    else:
-        tape = registry.tape(horovod, strategy, registry.GradientArguments(
-            compression, op, gradient_predivide_factor, process_set), gradtape)
-        if strategy.argument == "sync":
-            return tape  # checks its variables across ranks when it first sees them
+    tape = registry.tape(horovod, strategy, registry.GradientArguments(
+        compression, op, gradient_predivide_factor, process_set), gradtape)
+    if registry.checks_its_own_variables(strategy):
+        return tape
     settings = horovod_settings(
         compression=compression, sparse_as_dense=sparse_as_dense, op=op,
         gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,

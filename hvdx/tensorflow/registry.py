@@ -11,11 +11,12 @@ ranks itself, when it first sees them.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, NamedTuple
+from typing import Any, Callable, Dict, NamedTuple, Optional
 
-from hvdx.strategy import Strategy
+from hvdx.strategy import Strategy, adapter_for
 
-__all__ = ["GradientArguments", "KERAS_ADAPTERS", "TAPE_ADAPTERS", "keras", "tape"]
+__all__ = ["GradientArguments", "KERAS_ADAPTERS", "TAPE_ADAPTERS",
+           "checks_its_own_variables", "keras", "tape"]
 
 
 class GradientArguments(NamedTuple):
@@ -59,23 +60,29 @@ TAPE_ADAPTERS: Dict[str, Callable] = {"topk": _topk_tape, "dssync": _dssync_tape
 KERAS_ADAPTERS: Dict[str, Callable] = {"topk": _topk_keras, "dssync": _dssync_keras}
 
 
-def _build(table: Dict[str, Callable], what: str, horovod: Callable, strategy: Strategy,
-           args: GradientArguments, user):
-    try:
-        adapter = table[strategy.name]
-    except KeyError:
-        raise TypeError(f"{strategy.argument}={strategy!r}: {what} has no adapter for "
-                        f"strategy {strategy.name!r}") from None
-    return adapter(horovod, strategy, args, user)
+def _build(table: Dict[str, Callable], what: str, horovod: Callable,
+           strategy: Optional[Strategy], args: GradientArguments, user):
+    if strategy is None:
+        return horovod()
+    return adapter_for(table, strategy, what)(horovod, strategy, args, user)
 
 
-def tape(horovod: Callable, strategy: Strategy, args: GradientArguments, gradtape):
-    """The tape that runs ``strategy`` (``horovod()`` builds Horovod's own tape)."""
+def checks_its_own_variables(strategy: Optional[Strategy]) -> bool:
+    """Whether the object built for ``strategy`` checks its variables across ranks
+    itself (synchronization strategies do, when they first see them); otherwise the
+    entry point wraps it in Horovod's usual first-call check."""
+    return strategy is not None and strategy.argument == "sync"
+
+
+def tape(horovod: Callable, strategy: Optional[Strategy], args: GradientArguments,
+         gradtape):
+    """The tape that runs ``strategy``; Horovod's own (``horovod()``) for ``None``."""
     return _build(TAPE_ADAPTERS, "DistributedGradientTape", horovod, strategy, args,
                   gradtape)
 
 
-def keras(horovod: Callable, strategy: Strategy, args: GradientArguments, optimizer):
-    """The Keras optimizer that runs ``strategy`` (``horovod()`` builds Horovod's)."""
+def keras(horovod: Callable, strategy: Optional[Strategy], args: GradientArguments,
+          optimizer):
+    """The Keras optimizer that runs ``strategy``; Horovod's (``horovod()``) for ``None``."""
     return _build(KERAS_ADAPTERS, "keras DistributedOptimizer", horovod, strategy, args,
                   optimizer)

@@ -42,7 +42,8 @@ from hvdx.decentralized import Decentralized, MixingGraph
 from hvdx.mpi.comm import world
 from hvdx.mpi.neighbor_exchange import NeighborExchange
 from hvdx.strategy import global_due
-from hvdx.torch.mixing_optimizer import average_over_all_ranks, make_mixing_optimizer
+from hvdx.torch.mixing_optimizer import (average_over_all_ranks, make_mixing_optimizer,
+                                         tensor_bytes)
 
 __all__ = ["DecentralizedStats", "GraphMixer", "STATE_KEY", "make_decentralized_optimizer"]
 
@@ -186,7 +187,7 @@ class GraphMixer:
 
     def count_everyone(self, tensors: Sequence[torch.Tensor]) -> None:
         n = self.graph.n
-        self.stats._add(2.0 * (n - 1) / n * _nbytes(tensors), 0, everyone=True)
+        self.stats._add(2.0 * (n - 1) / n * tensor_bytes(tensors), 0, everyone=True)
 
     def state(self) -> Dict[str, int]:
         state = {"step": self.step}
@@ -257,13 +258,11 @@ class GraphMixer:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
-        nbytes = 0
         for fused in self._fused.values():
             fused.exchange.finish(neighbours.self_weight, neighbours.recv_weights,
                                   out=fused.mixed)
-            nbytes += fused.send.numel() * fused.send.element_size() * \
-                len(neighbours.send_to)
-        self.stats._add(nbytes, len(neighbours.send_to) * len(self._fused))
+        self.stats._add(sum(f.exchange.stats.last_bytes_sent for f in self._fused.values()),
+                        len(neighbours.send_to) * len(self._fused))
         self._received = True
 
     def _complete(self, apply: bool) -> None:
@@ -310,7 +309,3 @@ def _family(dtype: torch.dtype) -> torch.dtype:
     """The fused buffer's dtype: float64 stays float64, every other float is sent as
     float32 (numpy has no bfloat16; float16 is mixed more accurately in float32)."""
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)

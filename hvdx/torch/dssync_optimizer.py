@@ -36,7 +36,8 @@ import torch
 
 from hvdx.dssync import DSSync
 from hvdx.mpi.dssync_groups import LOOKAHEAD, DSSyncGroups, DSSyncStats, static_groups
-from hvdx.torch.mixing_optimizer import average_over_all_ranks, make_mixing_optimizer
+from hvdx.torch.mixing_optimizer import (average_over_all_ranks, make_mixing_optimizer,
+                                         tensor_bytes)
 
 __all__ = ["DSSyncStats", "GroupMixer", "LOOKAHEAD", "STATE_KEY", "dssync_process_sets",
            "make_dssync_optimizer"]
@@ -101,7 +102,7 @@ class GroupMixer:
         # group_at also runs the probe at probing steps and answers all ranks at the
         # global_every steps (the same hvdx.strategy.global_due as ``everyone``).
         group = self.groups.group_at(step)
-        self.groups.record(group, _nbytes(tensors))
+        self.groups.record(group, tensor_bytes(tensors))
         if len(group) >= 2:
             average_over_all_ranks(tensors, "hvdx.dssync." + "-".join(map(str, group)),
                                    self.groups.process_set(group))
@@ -116,14 +117,10 @@ class GroupMixer:
         pass
 
     def count_everyone(self, tensors: Sequence[torch.Tensor]) -> None:
-        self.groups.record(self.groups.all_ranks, _nbytes(tensors))
+        self.groups.record(self.groups.all_ranks, tensor_bytes(tensors))
 
     def state(self):
         return self.groups.state()
 
     def load_state(self, state) -> None:
         self.groups.load_state(state)
-
-
-def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)

@@ -49,7 +49,8 @@ from hvdx.core.group_averaging import running_mean, swa_due
 from hvdx.strategy import MixingStrategy, global_due
 from hvdx.torch.wrapping import subclass_of
 
-__all__ = ["average_over_all_ranks", "make_mixing_optimizer", "mixed_tensors"]
+__all__ = ["average_over_all_ranks", "make_mixing_optimizer", "mixed_tensors",
+           "tensor_bytes"]
 
 
 def make_mixing_optimizer(optimizer, named_parameters, sync: MixingStrategy, mixer,
@@ -103,16 +104,17 @@ class _MixingOptimizer:
         mixer = self._hvdx_mixer
         t = mixer.step
         everyone = global_due(t, self._hvdx_sync.global_every)
-        if mixer.before_step(self._hvdx_tensors(), t, everyone):
-            everyone = None  # this step's mixing is done (combine-then-adapt)
+        mixed_before = mixer.before_step(self._hvdx_tensors(), t, everyone)
         loss = self._hvdx_base.step(self, closure)
-        if everyone is not None:
-            mixer.mix(self._hvdx_tensors(), t, everyone)
+        # After the local step: the optimizer's state tensors exist from the first step.
+        tensors = self._hvdx_tensors()
+        if not mixed_before:
+            mixer.mix(tensors, t, everyone)
         if swa_due(t, self._hvdx_sync.swa_start, self._hvdx_sync.swa_every):
             mixer.finish()
             self._hvdx_swa_sample()
         mixer.step = t + 1
-        mixer.after_step(self._hvdx_tensors())
+        mixer.after_step(tensors)
         return loss
 
     def synchronize_parameters(self, swa: bool = False):
@@ -221,3 +223,7 @@ def average_over_all_ranks(tensors: Sequence[torch.Tensor], name: str,
                                     name=f"{name}.{str(dtype).replace('torch.', '')}",
                                     process_set=process_set)
 
+
+def tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
+    """Bytes of ``tensors`` in their own dtypes (what one copy of them weighs)."""
+    return sum(t.numel() * t.element_size() for t in tensors)

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import horovod.torch as _hvd
 
-from hvdx.strategy import Job, Strategy
+from hvdx.strategy import Job, Strategy, adapter_for
 
 __all__ = ["ADAPTERS", "OptimizerArguments", "build", "job"]
 
@@ -74,9 +74,5 @@ ADAPTERS: Dict[str, Callable] = {
 
 def build(optimizer, strategy: Strategy, plan, args: OptimizerArguments):
     """The optimizer that runs ``strategy`` (after the cross-rank check)."""
-    try:
-        adapter = ADAPTERS[strategy.name]
-    except KeyError:
-        raise TypeError(f"{strategy.argument}={strategy!r}: hvdx.torch has no adapter for "
-                        f"strategy {strategy.name!r}") from None
+    adapter = adapter_for(ADAPTERS, strategy, "hvdx.torch.DistributedOptimizer")
     return adapter(optimizer, strategy, plan, args)

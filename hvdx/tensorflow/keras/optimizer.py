@@ -47,13 +47,10 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
             num_groups=num_groups, groups=groups, process_set=process_set,
             scale_local_gradients=scale_local_gradients)
 
-    if strategy is None:
-        opt = horovod()
-    else:
-        opt = registry.keras(horovod, strategy, registry.GradientArguments(
-            compression, op, gradient_predivide_factor, process_set), optimizer)
-        if strategy.argument == "sync":
-            return opt  # checks its variables across ranks when it first sees them
+    opt = registry.keras(horovod, strategy, registry.GradientArguments(
+        compression, op, gradient_predivide_factor, process_set), optimizer)
+    if registry.checks_its_own_variables(strategy):
+        return opt
     settings = horovod_settings(
         optimizer=type(optimizer).__name__, compression=compression,
         sparse_as_dense=sparse_as_dense,
