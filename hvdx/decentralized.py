@@ -46,7 +46,7 @@ from hvdx.core import mixing_graphs
 from hvdx.core.group_averaging import ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT
 from hvdx.strategy import Job, MixingStrategy, check_integer
 
-__all__ = ["ORDERS", "Decentralized", "MixingGraph"]
+__all__ = ["ORDERS", "Decentralized", "DecentralizedStats", "MixingGraph"]
 
 #: Accepted ``order`` values.
 ORDERS = (ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT)
@@ -159,3 +159,32 @@ class MixingGraph:
         if key not in self._cache:
             self._cache[key] = mixing_graphs.neighbors(self.topology, self.n, self.rank, key)
         return self._cache[key]
+
+
+class DecentralizedStats:
+    """Bytes and messages this rank sent (payload only), steps taken."""
+
+    __slots__ = ("steps", "last_bytes", "total_bytes", "last_messages", "total_messages",
+                 "global_steps")
+
+    def __init__(self):
+        self.steps = 0
+        self.last_bytes = 0.0
+        self.total_bytes = 0.0
+        self.last_messages = 0
+        self.total_messages = 0
+        self.global_steps = 0
+
+    def _add(self, nbytes: float, messages: int, everyone: bool = False) -> None:
+        self.steps += 1
+        self.last_bytes = float(nbytes)
+        self.total_bytes += float(nbytes)
+        self.last_messages = messages
+        self.total_messages += messages
+        self.global_steps += int(everyone)
+
+    def as_dict(self) -> Dict[str, float]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __repr__(self):
+        return f"DecentralizedStats({self.as_dict()})"

@@ -13,7 +13,11 @@ unchanged, except:
 - ``sync=hvdx.DSSync(...)`` replaces the gradient allreduce by DS-Sync group averaging
   through Horovod process sets (:mod:`hvdx.tensorflow.dssync`); :func:`dssync_state`
   gives the tape's DS-Sync state (checkpoint, ``synchronize_parameters``), and
-  :func:`dssync_process_sets` the sets for a static ``hvd.init``.
+  :func:`dssync_process_sets` the sets for a static ``hvd.init``;
+- ``sync=hvdx.Decentralized(..., order="combine_then_adapt")``: decentralized SGD over a
+  graph, mixing with neighbours by MPI point-to-point
+  (:mod:`hvdx.tensorflow.decentralized`); :func:`decentralized_state` gives the tape's
+  state (checkpoint, ``synchronize_parameters``, ``consensus_distance``).
 
 With no hvdx feature switched on, the tape is Horovod's own, so training is bitwise
 identical to Horovod's. Keras users import :mod:`hvdx.tensorflow.keras`.
@@ -31,5 +35,6 @@ from hvdx.tensorflow.runtime import init  # noqa: E402,F401
 from hvdx.tensorflow.gradient_tape import DistributedGradientTape  # noqa: E402,F401
 from hvdx.tensorflow.topk import TopKState, topk_state  # noqa: E402,F401
 from hvdx.tensorflow.dssync import dssync_process_sets, dssync_state  # noqa: E402,F401
+from hvdx.tensorflow.decentralized import decentralized_state  # noqa: E402,F401
 from hvdx.decentralized import Decentralized  # noqa: E402,F401
 from hvdx.dssync import DSSync  # noqa: E402,F401

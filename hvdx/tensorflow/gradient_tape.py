@@ -17,7 +17,8 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
                             op=_hvd.Average, gradient_predivide_factor=1.0,
                             num_groups=0, groups=None,
                             process_set=_hvd.global_process_set,
-                            scale_local_gradients=True, sync=None):
+                            scale_local_gradients=True, sync=None,
+                            non_trainable_variables=None):
     """A ``tf.GradientTape`` whose ``gradient()`` averages across ranks.
 
     Takes exactly the arguments of ``horovod.tensorflow.DistributedGradientTape``, plus
@@ -27,6 +28,12 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
 
     ``sync=hvdx.DSSync(...)``: ``gradient()`` returns the local gradients and replaces
     the variables by their group average (see :mod:`hvdx.tensorflow.dssync`).
+    ``sync=hvdx.Decentralized(..., order="combine_then_adapt")``: likewise, with the
+    graph's neighbours (see :mod:`hvdx.tensorflow.decentralized`).
+    ``non_trainable_variables=model.non_trainable_variables`` (hvdx's; a list or a
+    callable returning one): with ``sync=``, also mix these (BatchNorm moving
+    statistics), so that every rank evaluates alike after ``synchronize_parameters()``.
+    Ignored otherwise (Horovod averages gradients only).
 
     ``compression=hvd.Compression.topk(...)``: bidirectional TopK with error feedback,
     synchronized by hvdx (see :mod:`hvdx.tensorflow.topk`); ``op`` must be ``Average``
@@ -43,7 +50,8 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
             scale_local_gradients=scale_local_gradients)
 
     tape = registry.tape(horovod, strategy, registry.GradientArguments(
-        compression, op, gradient_predivide_factor, process_set), gradtape)
+        compression, op, gradient_predivide_factor, process_set,
+        non_trainable_variables), gradtape)
     if registry.checks_its_own_variables(strategy):
         return tape
     settings = horovod_settings(

@@ -5,7 +5,7 @@ The entry points (:func:`hvdx.tensorflow.DistributedGradientTape`,
 arguments (:func:`hvdx.strategy.strategy_of`) and call :func:`tape` or :func:`keras`.
 Each adapter gets ``horovod()``, a function that builds Horovod's own tape or optimizer
 from the user's arguments: a compression strategy (TopK) installs itself on that object;
-a synchronization strategy (DS-Sync, graphs) replaces it and checks its variables across
+a synchronization strategy (DS-Sync, graphs: :mod:`hvdx.tensorflow.mixing`) replaces it and checks its variables across
 ranks itself, when it first sees them.
 """
 
@@ -26,6 +26,9 @@ class GradientArguments(NamedTuple):
     op: Any
     gradient_predivide_factor: float
     process_set: Any
+    #: ``non_trainable_variables=``: what parameter mixing averages besides the trained
+    #: variables (BatchNorm moving statistics).
+    non_trainable_variables: Any = None
 
 
 def _topk_tape(horovod: Callable, strategy, args: GradientArguments, user):
@@ -46,18 +49,37 @@ def _topk_keras(horovod: Callable, strategy, args: GradientArguments, user):
 def _dssync_tape(horovod: Callable, strategy, args: GradientArguments, user):
     from hvdx.tensorflow.dssync import make_dssync_tape
 
-    return make_dssync_tape(user, strategy, args.compression, args.process_set)
+    return make_dssync_tape(user, strategy, args.compression, args.process_set,
+                            args.non_trainable_variables)
 
 
 def _dssync_keras(horovod: Callable, strategy, args: GradientArguments, user):
     from hvdx.tensorflow.dssync import make_dssync_keras_optimizer
 
-    return make_dssync_keras_optimizer(user, strategy, args.compression, args.process_set)
+    return make_dssync_keras_optimizer(user, strategy, args.compression, args.process_set,
+                                       args.non_trainable_variables)
+
+
+def _decentralized_tape(horovod: Callable, strategy, args: GradientArguments, user):
+    from hvdx.tensorflow.decentralized import make_decentralized_tape
+
+    return make_decentralized_tape(user, strategy, args.compression, args.process_set,
+                                   args.non_trainable_variables)
+
+
+def _decentralized_keras(horovod: Callable, strategy, args: GradientArguments, user):
+    from hvdx.tensorflow.decentralized import make_decentralized_keras_optimizer
+
+    return make_decentralized_keras_optimizer(user, strategy, args.compression,
+                                              args.process_set,
+                                              args.non_trainable_variables)
 
 
 #: Strategy name -> ``adapter(horovod, strategy, arguments, user_object)``.
-TAPE_ADAPTERS: Dict[str, Callable] = {"topk": _topk_tape, "dssync": _dssync_tape}
-KERAS_ADAPTERS: Dict[str, Callable] = {"topk": _topk_keras, "dssync": _dssync_keras}
+TAPE_ADAPTERS: Dict[str, Callable] = {
+    "topk": _topk_tape, "dssync": _dssync_tape, "decentralized": _decentralized_tape}
+KERAS_ADAPTERS: Dict[str, Callable] = {
+    "topk": _topk_keras, "dssync": _dssync_keras, "decentralized": _decentralized_keras}
 
 
 def _build(table: Dict[str, Callable], what: str, horovod: Callable,

@@ -5,8 +5,9 @@ The spec and the algorithm are :class:`hvdx.Decentralized` (Ying et al., arXiv
 The optimizer is the shared parameter-mixing wrapper
 (:mod:`hvdx.torch.mixing_optimizer`) with the :class:`GraphMixer` below, which sends
 every mixed tensor in ONE fused contiguous buffer per step (one per dtype family:
-float64, and float32 for every other floating dtype) by mpi4py non-blocking
-point-to-point on hvdx's duplicated communicator (:mod:`hvdx.mpi.neighbor_exchange`):
+float64, and float32 for every other floating dtype: :mod:`hvdx.core.fused_layout`) by
+mpi4py non-blocking point-to-point on hvdx's duplicated communicator
+(:mod:`hvdx.mpi.neighbor_exchange`):
 
 1. start: copy the tensors into the fused send buffer (host memory: a CUDA tensor is
    copied to the host), post the receives from the step's in-neighbours and the sends
@@ -37,8 +38,9 @@ import numpy as np
 import torch
 import horovod.torch as _hvd
 
+from hvdx.core.fused_layout import FusedLayout
 from hvdx.core.group_averaging import COMBINE_THEN_ADAPT
-from hvdx.decentralized import Decentralized, MixingGraph
+from hvdx.decentralized import Decentralized, DecentralizedStats, MixingGraph
 from hvdx.mpi.comm import world
 from hvdx.mpi.neighbor_exchange import NeighborExchange
 from hvdx.strategy import global_due
@@ -80,35 +82,6 @@ class _DecentralizedMethods:
         return self._hvdx_mixer.graph
 
 
-class DecentralizedStats:
-    """Bytes and messages this rank sent (payload only), steps taken."""
-
-    __slots__ = ("steps", "last_bytes", "total_bytes", "last_messages", "total_messages",
-                 "global_steps")
-
-    def __init__(self):
-        self.steps = 0
-        self.last_bytes = 0.0
-        self.total_bytes = 0.0
-        self.last_messages = 0
-        self.total_messages = 0
-        self.global_steps = 0
-
-    def _add(self, nbytes: float, messages: int, everyone: bool = False) -> None:
-        self.steps += 1
-        self.last_bytes = float(nbytes)
-        self.total_bytes += float(nbytes)
-        self.last_messages = messages
-        self.total_messages += messages
-        self.global_steps += int(everyone)
-
-    def as_dict(self) -> Dict[str, float]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-    def __repr__(self):
-        return f"DecentralizedStats({self.as_dict()})"
-
-
 class _Fused:
     """One dtype family's fused buffers and where each tensor lies in them."""
 
@@ -132,7 +105,7 @@ class GraphMixer:
         self.swa_count = 0
         self._cta = sync.order == COMBINE_THEN_ADAPT
         self._fused: Dict[torch.dtype, _Fused] = {}
-        self._layout: Optional[Tuple] = None
+        self._layout: Optional[FusedLayout] = None
         #: ``(tensors, neighbours)`` of the exchange in flight, and whether it arrived.
         self._pending: Optional[Tuple[List[torch.Tensor], object]] = None
         self._received = False
@@ -218,20 +191,15 @@ class GraphMixer:
 
     def _families(self, tensors: Sequence[torch.Tensor]) -> List[_Fused]:
         """The fused buffers for these tensors (built once; rebuilt if they change)."""
-        layout = tuple((t.dtype, t.numel()) for t in tensors)
-        if layout != self._layout:
-            counts: Dict[torch.dtype, int] = {}
-            for t in tensors:
-                family = _family(t.dtype)
-                counts[family] = counts.get(family, 0) + t.numel()
-            self._fused = {d: _Fused(d, self.comm, c) for d, c in sorted(
-                counts.items(), key=lambda item: str(item[0]))}
-            offsets = dict.fromkeys(counts, 0)
-            for i, t in enumerate(tensors):
-                family = _family(t.dtype)
-                self._fused[family].slots.append((i, offsets[family], t.numel()))
-                offsets[family] += t.numel()
-            self._layout = layout
+        key = tuple((str(t.dtype), t.numel()) for t in tensors)
+        if self._layout is None or key != self._layout.key:
+            self._layout = FusedLayout(key)
+            self._fused = {}
+            for family, count in self._layout.families.items():
+                dtype = torch.float64 if family == np.float64 else torch.float32
+                self._fused[dtype] = _Fused(dtype, self.comm, count)
+                self._fused[dtype].slots = [tuple(slot)
+                                            for slot in self._layout.slots[family]]
         return list(self._fused.values())
 
     def _start(self, tensors: List[torch.Tensor], step: int) -> None:
@@ -303,9 +271,3 @@ def _discard_at_exit() -> None:
             mixer.discard()
         except Exception:  # pragma: no cover - MPI may be gone after an abort
             pass
-
-
-def _family(dtype: torch.dtype) -> torch.dtype:
-    """The fused buffer's dtype: float64 stays float64, every other float is sent as
-    float32 (numpy has no bfloat16; float16 is mixed more accurately in float32)."""
-    return torch.float64 if dtype == torch.float64 else torch.float32

@@ -63,22 +63,27 @@ def test_every_strategy_implements_the_contract(name):
     assert resolve(strategy, job(rank=3)).settings == resolved.settings
 
 
-#: Strategies without a TensorFlow adapter yet (issue 13: decentralized SGD on TF).
-NOT_YET_IN_TENSORFLOW = {"decentralized"}
-
-
 @pytest.mark.parametrize("name", sorted(strategies()))
 def test_every_strategy_has_an_adapter_in_every_framework(name):
     torch_registry = pytest.importorskip("hvdx.torch.registry")
     tf_registry = pytest.importorskip("hvdx.tensorflow.registry")
     assert name in torch_registry.ADAPTERS
-    if name in NOT_YET_IN_TENSORFLOW:
-        # Refused with an error that names it, not silently run as Horovod.
-        with pytest.raises(TypeError, match=f"strategy '{name}'"):
-            tf_registry.tape(lambda: None, strategies()[name], None, None)
-        return
     assert name in tf_registry.TAPE_ADAPTERS
     assert name in tf_registry.KERAS_ADAPTERS
+
+
+class _Unregistered(Strategy):
+    name = "unregistered"
+
+    def fingerprint_settings(self, job, plan):
+        return []
+
+
+def test_a_strategy_without_an_adapter_is_refused_by_name():
+    """Refused with an error that names it, never silently run as Horovod."""
+    tf_registry = pytest.importorskip("hvdx.tensorflow.registry")
+    with pytest.raises(TypeError, match="strategy 'unregistered'"):
+        tf_registry.tape(lambda: None, _Unregistered(), None, None)
 
 
 def test_the_entry_points_name_no_strategy():

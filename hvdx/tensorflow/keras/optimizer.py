@@ -16,7 +16,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
                          gradient_predivide_factor=1.0, op=Average,
                          backward_passes_per_step=1, average_aggregated_gradients=False,
                          num_groups=0, groups=None, process_set=global_process_set,
-                         scale_local_gradients=True, sync=None):
+                         scale_local_gradients=True, sync=None,
+                         non_trainable_variables=None):
     """Wrap a Keras optimizer for distributed training.
 
     Takes exactly the arguments of ``horovod.tensorflow.keras.DistributedOptimizer``,
@@ -27,7 +28,11 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     ``sync=hvdx.DSSync(...)``: ``apply_gradients`` applies the local gradients, then
     averages the variables in the step's group (see :mod:`hvdx.tensorflow.dssync`);
     ``compression`` and ``process_set`` must keep their defaults, the other gradient
-    arguments are unused.
+    arguments are unused. ``sync=hvdx.Decentralized(...)``: the local step and the mix
+    with the graph's neighbours, in either order (see :mod:`hvdx.tensorflow.decentralized`).
+    ``non_trainable_variables=model.non_trainable_variables`` (hvdx's; a list or a
+    callable returning one): with ``sync=``, also mix these (BatchNorm moving
+    statistics). Ignored otherwise.
 
     ``compression=hvd.Compression.topk(...)``: bidirectional TopK with error feedback,
     synchronized by hvdx (see :mod:`hvdx.tensorflow.topk`); ``op`` must be ``Average``
@@ -48,7 +53,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
             scale_local_gradients=scale_local_gradients)
 
     opt = registry.keras(horovod, strategy, registry.GradientArguments(
-        compression, op, gradient_predivide_factor, process_set), optimizer)
+        compression, op, gradient_predivide_factor, process_set,
+        non_trainable_variables), optimizer)
     if registry.checks_its_own_variables(strategy):
         return opt
     settings = horovod_settings(

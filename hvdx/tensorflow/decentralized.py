@@ -1,0 +1,217 @@
+"""Decentralized SGD over a graph for TensorFlow: local steps, then neighbour averaging.
+
+The spec and the algorithm are :class:`hvdx.Decentralized` (Ying et al., arXiv
+2110.13363); the numpy reference is :func:`hvdx.core.decentralized.simulate_decentralized`.
+The step, the SWA merge, the tape and the Keras optimizer are the parameter-mixing
+strategies' shared part (:mod:`hvdx.tensorflow.mixing`); this module is the graph's
+mixer, :class:`DecentralizedState`. At a mixing step ``t`` it runs inside one
+``tf.py_function`` (eagerly, inside ``tf.function`` and in Keras ``fit`` alike):
+
+1. pack the mixed variables into ONE contiguous buffer per dtype family
+   (:mod:`hvdx.core.fused_layout`);
+2. exchange it with the step's neighbours by mpi4py non-blocking point-to-point on
+   hvdx's duplicated communicator (:mod:`hvdx.mpi.neighbor_exchange`) and combine
+   ``w_ii x_i + sum_j w_ij x_j`` in the buffer's dtype, sources in rank order;
+3. unpack into the variables. With ``global_every``, every ``global_every``-th step
+   averages over all ranks instead (Horovod's allreduce); with ``mix_every=J``, only
+   every J-th step mixes.
+
+Entry points and orders:
+
+- ``hvd.DistributedOptimizer(opt, sync=hvdx.Decentralized(...))`` (Keras):
+  adapt-then-combine (the default) steps locally, then mixes;
+  ``order="combine_then_adapt"`` mixes ``x_t``, then applies the gradients taken at
+  ``x_t``.
+- ``hvd.DistributedGradientTape(tape, sync=hvdx.Decentralized(order="combine_then_adapt"))``:
+  the tape returns the gradients before the optimizer applies them, so it can only mix
+  before the update: combine-then-adapt, ``x_{t+1} = sum_j W_t[i, j] x_j - lr g(x_t)``.
+  Adapt-then-combine on the tape is refused with a ``ValueError`` that says so. The
+  state (step, SWA means, byte counters) belongs to the ``Decentralized`` object,
+  because a script builds a new tape every step: create one object per model, once,
+  outside the step, and use :func:`decentralized_state` to checkpoint it, to call
+  ``synchronize_parameters`` or ``consensus_distance``.
+
+Unlike PyTorch's combine-then-adapt, the TensorFlow exchange completes inside the step
+that starts it (a ``tf.py_function`` cannot leave MPI requests in flight across graph
+executions safely), so it does not overlap with the next forward and backward pass.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional
+
+import horovod.tensorflow as _hvd
+import numpy as np
+import tensorflow as tf
+
+from hvdx.core.fused_layout import FusedLayout
+from hvdx.core.group_averaging import ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT
+from hvdx.decentralized import Decentralized, DecentralizedStats, MixingGraph
+from hvdx.mpi.comm import world
+from hvdx.mpi.neighbor_exchange import NeighborExchange
+from hvdx.tensorflow.mixing import (MixingState, average_over_all_ranks,
+                                    make_mixing_keras_optimizer, make_mixing_tape,
+                                    new_state)
+
+__all__ = ["DecentralizedState", "DecentralizedStats", "decentralized_state",
+           "make_decentralized_keras_optimizer", "make_decentralized_tape"]
+
+#: The attribute that holds the state on the tape and on the Keras optimizer.
+ATTRIBUTE = "hvdx_decentralized"
+# The tape's state is kept on the Decentralized object (the tape is rebuilt every step).
+_TAPE_STATE = "_hvdx_tensorflow_state"
+#: MPI tags of the fused buffers, per family: hvdx's communicator only (torch's are
+#: 0x4876 and 0x4877; one framework runs per process, but distinct tags cost nothing).
+_TAGS = {np.dtype(np.float32): 0x4878, np.dtype(np.float64): 0x4879}
+
+
+class DecentralizedState(MixingState):
+    """The decentralized state of one model: step, SWA running mean, byte counters.
+
+    A ``tf.Module``: put it in a ``tf.train.Checkpoint`` (the Keras optimizer tracks its
+    own), and a restored run continues the same peer sequence.
+
+    Attributes:
+        step, swa_count, swa: see :class:`~hvdx.tensorflow.mixing.MixingState`.
+        graph: this rank's :class:`~hvdx.decentralized.MixingGraph`.
+        hvdx_stats: :class:`DecentralizedStats`.
+    """
+
+    def __init__(self, sync: Decentralized, graph: MixingGraph):
+        super().__init__(sync, name="hvdx_decentralized")
+        self.graph = graph
+        self.hvdx_stats = DecentralizedStats()
+        self._comm = world(_hvd.global_process_set)
+        self._layout: Optional[FusedLayout] = None
+        self._buffers: Dict[np.dtype, np.ndarray] = {}
+        self._exchanges: Dict[np.dtype, NeighborExchange] = {}
+
+    # --- the mixer ----------------------------------------------------------------------
+
+    def _mix_at(self, step: int, values: List[tf.Tensor]) -> List[tf.Tensor]:
+        if self._global_due(step):
+            return self._average_everyone(values)
+        if not self._sync.mixes_at(step):
+            self.hvdx_stats._add(0, 0)
+            return values
+        arrays = [v.numpy() for v in values]
+        layout = self._layout_of(arrays)
+        buffers = layout.pack(arrays, out=self._buffers)
+        neighbours = self.graph.neighbors(step)
+        # Post every family's messages before waiting for any.
+        for family, buffer in buffers.items():
+            self._exchanges[family].start(buffer, neighbours.send_to, neighbours.recv_from)
+        sent = 0
+        for family, buffer in buffers.items():
+            exchange = self._exchanges[family]
+            exchange.finish(neighbours.self_weight, neighbours.recv_weights, out=buffer)
+            sent += exchange.stats.last_bytes_sent
+        self.hvdx_stats._add(sent, len(neighbours.send_to) * len(buffers))
+        return [tf.convert_to_tensor(a) for a in layout.unpack(buffers, arrays)]
+
+    def _average_all(self, values: List[tf.Tensor]) -> List[tf.Tensor]:
+        return average_over_all_ranks(values, "hvdx.decentralized.all")
+
+    def _average_everyone(self, values: List[tf.Tensor]) -> List[tf.Tensor]:
+        """A ``global_every`` step: Horovod's average, counted as its ring allreduce."""
+        n = self.graph.n
+        nbytes = sum(int(v.shape.num_elements()) * v.dtype.size for v in values)
+        self.hvdx_stats._add(2.0 * (n - 1) / n * nbytes, 0, everyone=True)
+        return self._average_all(values)
+
+    def _layout_of(self, arrays: List[np.ndarray]) -> FusedLayout:
+        """The fused layout and buffers (built at the first step; rebuilt if the
+        variables change, e.g. slots joining the mix)."""
+        key = tuple((a.dtype.name, a.size) for a in arrays)
+        if self._layout is None or key != self._layout.key:
+            self._layout = FusedLayout(key)
+            self._buffers = {f: np.empty(count, dtype=f)
+                             for f, count in self._layout.families.items()}
+            for family in self._layout.families:
+                if family not in self._exchanges:
+                    self._exchanges[family] = NeighborExchange(self._comm,
+                                                               tag=_TAGS[family])
+        return self._layout
+
+    # --- diagnostics --------------------------------------------------------------------
+
+    def consensus_distance(self) -> float:
+        """``sqrt(mean_i ||x_i - mean_j x_j||^2)`` over the mixed variables (eager,
+        collective, float64): how far the ranks' models are apart."""
+        if self._bound.variables is None:
+            raise ValueError("consensus_distance: no step taken yet, so Decentralized "
+                             "does not know the variables")
+        x = np.concatenate([np.asarray(v.numpy(), dtype=np.float64).reshape(-1)
+                            for v in self._variables] or [np.zeros(0)])
+        total = np.empty_like(x)
+        self._comm.Allreduce(x, total)
+        x -= total / self.graph.n
+        squared = self._comm.allreduce(float(np.dot(x, x)))
+        return math.sqrt(squared / self.graph.n)
+
+
+def _new_state(sync: Decentralized, compression, process_set, what: str):
+    """Resolve ``sync`` and check it across ranks (collective); raise on every rank."""
+    return new_state(lambda graph: DecentralizedState(sync, graph), sync, compression,
+                     process_set, what)
+
+
+@tf.autograph.experimental.do_not_convert
+def decentralized_state(sync: Decentralized) -> DecentralizedState:
+    """The state ``DistributedGradientTape(tape, sync=sync)`` keeps for ``sync``.
+
+    Created at the first call (collective: every rank calls it, or builds its first
+    tape, at the same point). Put it in a ``tf.train.Checkpoint`` to resume the same
+    peer sequence; ``decentralized_state(sync).synchronize_parameters()`` averages over
+    all ranks.
+    """
+    if not isinstance(sync, Decentralized):
+        raise ValueError(f"sync={sync!r} must be a hvdx.Decentralized")
+    return _tape_state(sync, _hvd.Compression.none, _hvd.global_process_set)
+
+
+def _tape_state(sync: Decentralized, compression, process_set) -> DecentralizedState:
+    state = getattr(sync, _TAPE_STATE, None)
+    if state is None:
+        state = _new_state(sync, compression, process_set, "DistributedGradientTape")
+        setattr(sync, _TAPE_STATE, state)
+    elif compression is not _hvd.Compression.none or \
+            process_set is not _hvd.global_process_set:
+        # Built before: the collective checks ran then; these arguments are this call's.
+        raise ValueError("compression and process_set: decentralized SGD sends no "
+                         "gradients and chooses its own peers; leave "
+                         "compression=Compression.none and "
+                         "process_set=hvd.global_process_set")
+    return state
+
+
+# Often called while a tf.function is traced: AutoGraph has nothing to convert here.
+@tf.autograph.experimental.do_not_convert
+def make_decentralized_tape(gradtape, sync: Decentralized, compression, process_set,
+                            non_trainable_variables=None):
+    """``gradtape`` as a tape whose ``gradient`` mixes after the gradients
+    (combine-then-adapt; :func:`hvdx.tensorflow.mixing.make_mixing_tape`).
+
+    Raises:
+        ValueError: for ``order="adapt_then_combine"`` (module docstring), on every
+            rank: the order is checked across ranks first.
+    """
+    state = _tape_state(sync, compression, process_set)  # collective: checks the order
+    if sync.order == ADAPT_THEN_COMBINE:
+        raise ValueError(
+            "order='adapt_then_combine': DistributedGradientTape returns the gradients "
+            "before the optimizer applies them, so it can only mix before the update; "
+            "pass hvdx.Decentralized(..., order='combine_then_adapt') to the tape, or "
+            "use hvdx.tensorflow.keras.DistributedOptimizer, which runs both orders")
+    return make_mixing_tape(gradtape, state, ATTRIBUTE, non_trainable_variables)
+
+
+def make_decentralized_keras_optimizer(optimizer, sync: Decentralized, compression,
+                                       process_set, non_trainable_variables=None):
+    """A Keras optimizer whose ``apply_gradients`` steps locally and mixes with the
+    graph's neighbours, in ``sync.order`` (collective)."""
+    state = _new_state(sync, compression, process_set, "keras DistributedOptimizer")
+    return make_mixing_keras_optimizer(
+        optimizer, state, ATTRIBUTE, combine_first=sync.order == COMBINE_THEN_ADAPT,
+        extra=non_trainable_variables)

@@ -1,0 +1,369 @@
+"""The parameter-mixing strategies' shared TensorFlow part: local steps, then a mixer.
+
+DS-Sync (:mod:`hvdx.tensorflow.dssync`) and decentralized SGD
+(:mod:`hvdx.tensorflow.decentralized`) send no gradients: every rank steps locally
+and then averages its variables with other ranks. What they share lives here once:
+
+- :class:`MixingState` (a ``tf.Module``, so it checkpoints): the step counter, the SWA
+  running means, the variables it mixes (checked across ranks when first seen),
+  ``synchronize_parameters()``. A strategy subclasses it with its *mixer*:
+  ``_mix_at(step, values)`` (this step's averaging) and ``_average_all(values)``;
+- :func:`make_mixing_tape`: ``DistributedGradientTape``'s ``gradient()`` returns the
+  LOCAL gradients ``g(x_t)`` and, once they are computed, mixes the variables, so the
+  optimizer applies ``g(x_t)`` to the mixed variables (combine-then-adapt: the tape
+  cannot see the optimizer's step);
+- :func:`make_mixing_keras_optimizer`: the Keras optimizer's ``apply_gradients`` steps
+  locally and then mixes (adapt-then-combine), or mixes first (combine-then-adapt);
+- ``non_trainable_variables=`` (Keras' BatchNorm moving statistics) are mixed with the
+  trained variables, so that ranks evaluate alike after ``synchronize_parameters()``.
+
+How one mixing step runs, eagerly, inside ``tf.function`` and in Keras ``fit`` alike:
+the values go through one ``tf.py_function`` whose body (eager Python) picks this
+step's peers from the step variable and runs the strategy's communication; the graph
+then assigns the results. Every rank runs the same steps in the same order, so every
+rank joins the same communication.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Sequence
+
+import horovod.tensorflow as _hvd
+import tensorflow as tf
+
+from hvdx.core.fingerprint import Fingerprint
+from hvdx.mpi import check_consistent, communicator_for
+from hvdx.settings import horovod_settings
+from hvdx.strategy import global_due, resolve
+from hvdx.tensorflow.jobs import job
+
+__all__ = ["MixingState", "extra_variables", "make_mixing_keras_optimizer",
+           "make_mixing_tape", "new_state"]
+
+# Run-time tape classes, one per (user tape class, state attribute).
+_TAPE_CLASSES: Dict[tuple, type] = {}
+
+
+class MixingState(tf.Module):
+    """One model's mixing state: step, SWA running means, the variables it mixes.
+
+    Attributes:
+        step: ``tf.Variable`` (int64), steps taken: the schedule's position.
+        swa_count: ``tf.Variable`` (int64), samples in the SWA running mean.
+        swa: the SWA running means, one variable per mixed variable (empty until the
+            first step binds the variables).
+    """
+
+    def __init__(self, sync, name: str):
+        super().__init__(name=name)
+        self._sync = sync
+        # Built eagerly even when the first tape is made while a tf.function is traced.
+        with tf.init_scope():
+            self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+            self.swa_count = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                         name="swa_count")
+        self.swa: List[tf.Variable] = []
+        self._bound = _Bound()
+
+    @property
+    def _variables(self) -> List[tf.Variable]:
+        return self._bound.variables
+
+    # --- the mixer (subclasses) -------------------------------------------------------
+
+    def _mix_at(self, step: int, values: List[tf.Tensor]) -> List[tf.Tensor]:
+        """Eager: this rank's mixed values at step ``step`` (collective)."""
+        raise NotImplementedError
+
+    def _average_all(self, values: List[tf.Tensor]) -> List[tf.Tensor]:
+        """Eager: the mean of ``values`` over all ranks (collective)."""
+        raise NotImplementedError
+
+    # --- binding ----------------------------------------------------------------------
+
+    # Plain Python at trace time: AutoGraph must not try to convert mpi4py's methods.
+    @tf.autograph.experimental.do_not_convert
+    def bind(self, variables: Sequence[tf.Variable], what: str) -> None:
+        """The variables this state mixes; checked across ranks at the first call.
+
+        Plain Python (mpi4py), so inside ``tf.function`` it runs at trace time, once:
+        every rank traces its first step, whereas a later retrace may be one rank's only.
+        """
+        variables = list(variables)
+        strategy = type(self._sync).__name__
+        if self._bound.variables is not None:
+            if [v.ref() for v in variables] != [v.ref() for v in self._variables]:
+                raise ValueError(f"hvdx {what}: this {strategy} object already mixes "
+                                 f"{len(self._variables)} other variables; use one "
+                                 f"hvdx.{strategy} object per model")
+            return
+        for i, v in enumerate(variables):
+            if not isinstance(v, tf.Variable):
+                raise ValueError(f"hvdx {what}: {strategy} mixes variables, but source "
+                                 f"{i} is a {type(v).__name__}")
+        fingerprint = Fingerprint.build(
+            parameters=[(f"variable[{i}]", v.dtype.name, tuple(v.shape))
+                        for i, v in enumerate(variables)],
+            settings=self._bound.settings, labels=[v.name for v in variables])
+        comm = communicator_for(_hvd.global_process_set, _hvd.global_process_set,
+                                _hvd.size())
+        check_consistent(fingerprint, comm, what)
+        self._bound.variables = variables
+        if self._sync.swa_start is not None:
+            # Created outside any tf.function being traced (like Keras' slots), and
+            # appended to the tracked list, so that a checkpoint read earlier restores
+            # them now (its pending values wait on that list).
+            with tf.init_scope():
+                for i, v in enumerate(variables):
+                    self.swa.append(tf.Variable(tf.zeros(v.shape, v.dtype),
+                                                trainable=False, name=f"swa_{i}"))
+
+    # --- one step -----------------------------------------------------------------------
+
+    @tf.autograph.experimental.do_not_convert
+    def average(self, extra: Sequence[tf.Variable] = ()) -> None:
+        """Mix the variables (and ``extra``, the optimizer's slots), then add the result
+        to the SWA running mean when due, then ``step += 1``; eagerly or in a graph."""
+        variables = list(self._variables) + list(extra)
+        step = self.step.read_value()
+        mixed = tf.py_function(self._mix_at_tensor, [step] + [v.read_value()
+                                                               for v in variables],
+                               [v.dtype for v in variables], name=f"hvdx_{self.name}")
+        for v, value in zip(variables, mixed):
+            if not tf.executing_eagerly():
+                value.set_shape(v.shape)  # py_function outputs have unknown shapes
+            v.assign(value)
+        if self.swa:
+            start, every = self._sync.swa_start, self._sync.swa_every
+            due = tf.logical_and(step >= start, (step - start) % every == 0)
+            count = self.swa_count.read_value()
+            for mean, value in zip(self.swa, mixed):
+                # The reference's running mean: mean + (sample - mean) / (count + 1).
+                updated = mean + (value - mean) / tf.cast(count + 1, mean.dtype)
+                mean.assign(tf.where(due, updated, mean))
+            self.swa_count.assign_add(tf.cast(due, tf.int64))
+        self.step.assign_add(1)
+
+    def _mix_at_tensor(self, step, *values):
+        """Body of the ``tf.py_function``: eager, with this step's peers."""
+        return self._mix_at(int(step.numpy()), list(values))
+
+    def synchronize_parameters(self, swa: bool = False, extra: Sequence[tf.Variable] = ()):
+        """Average the variables over all ranks now (eager, collective); the schedule
+        does not advance.
+
+        Args:
+            swa: first replace every rank's variables by its SWA running mean, so the
+                result is the final SWA-style merge (mean over ranks and samples).
+            extra: more variables to average (the Keras optimizer's slots).
+
+        Raises:
+            ValueError: before the first step, or ``swa=True`` before the first SWA
+                sample, on every rank alike (every rank counts the same steps).
+        """
+        strategy = type(self._sync).__name__
+        if self._bound.variables is None:
+            raise ValueError(f"synchronize_parameters: no step taken yet, so {strategy} "
+                             "does not know the variables")
+        if swa:
+            if int(self.swa_count.numpy()) == 0:
+                raise ValueError(
+                    "synchronize_parameters(swa=True): no SWA sample yet; set "
+                    f"{strategy}(swa_start=...) and train past it (swa_start="
+                    f"{self._sync.swa_start}, step {int(self.step.numpy())})")
+            for v, mean in zip(self._variables, self.swa):
+                v.assign(mean)
+        variables = list(self._variables) + list(extra)
+        averaged = self._average_all([v.read_value() for v in variables])
+        for v, value in zip(variables, averaged):
+            v.assign(value)
+
+    def _global_due(self, step: int) -> bool:
+        """Whether step ``step`` averages over all ranks (``global_every``)."""
+        return global_due(step, self._sync.global_every)
+
+
+class _Bound:
+    """Holds the mixed variables (the model's) and the fingerprint settings out of the
+    checkpoint's reach: a ``tf.Module`` would track them."""
+
+    __slots__ = ("variables", "settings", "adapted")
+
+    def __init__(self):
+        self.variables: Optional[List[tf.Variable]] = None
+        self.settings: list = []
+        self.adapted = ""  # DS-Sync: the JSON in ``DSSyncState.adapted`` as last seen
+
+
+def average_over_all_ranks(values: List[tf.Tensor], name: str) -> List[tf.Tensor]:
+    """Eager: Horovod's grouped average of ``values`` over every rank, one call per dtype."""
+    if _hvd.size() == 1:
+        return list(values)
+    by_dtype: Dict[tf.DType, List[int]] = {}
+    for i, v in enumerate(values):
+        by_dtype.setdefault(v.dtype, []).append(i)
+    out = list(values)
+    for dtype, index in by_dtype.items():
+        averaged = _hvd.grouped_allreduce([values[i] for i in index], op=_hvd.Average,
+                                          name=f"{name}.{dtype.name}")
+        for i, value in zip(index, averaged):
+            out[i] = value
+    return out
+
+
+@tf.autograph.experimental.do_not_convert
+def new_state(factory: Callable, sync, compression, process_set, what: str):
+    """Resolve ``sync``, check it across ranks (collective), raise on every rank, then
+    ``factory(resolved plan)`` with the fingerprint settings attached."""
+    resolved = resolve(sync, job(compression, process_set))
+    settings = horovod_settings(sync=sync) + resolved.settings
+    comm = communicator_for(_hvd.global_process_set, _hvd.global_process_set, _hvd.size())
+    check_consistent(Fingerprint.build(parameters=[], settings=settings), comm, what)
+    resolved.raise_error()
+    state = factory(resolved.plan)
+    state._bound.settings = settings
+    return state
+
+
+def extra_variables(non_trainable_variables, what: str) -> List[tf.Variable]:
+    """The floating-point variables of ``non_trainable_variables=`` (a list, or a
+    callable returning one, such as ``lambda: model.non_trainable_variables``)."""
+    if non_trainable_variables is None:
+        return []
+    if callable(non_trainable_variables):
+        non_trainable_variables = non_trainable_variables()
+    try:
+        variables = list(non_trainable_variables)
+    except TypeError:
+        raise ValueError(f"hvdx {what}: non_trainable_variables="
+                         f"{non_trainable_variables!r} must be a list of tf.Variable "
+                         "(model.non_trainable_variables) or a callable returning "
+                         "one") from None
+    for i, v in enumerate(variables):
+        if not isinstance(v, tf.Variable):
+            raise ValueError(f"hvdx {what}: non_trainable_variables[{i}] is a "
+                             f"{type(v).__name__}, not a tf.Variable")
+    # Integer counters (a step count) are not averaged, as torch's num_batches_tracked.
+    return [v for v in variables if v.dtype.is_floating]
+
+
+# --- the tape ---------------------------------------------------------------------------
+
+# Often called while a tf.function is traced: AutoGraph must not convert (slowly, and
+# uselessly: no tensor decides anything here) the code below.
+@tf.autograph.experimental.do_not_convert
+def make_mixing_tape(gradtape, state: MixingState, attribute: str, extra=None):
+    """``gradtape`` as an instance of a run-time subclass whose ``gradient`` mixes.
+
+    ``isinstance(result, type(gradtape))`` holds; the recorded operations are shared.
+    ``result.<attribute>`` is ``state``; ``extra``: ``non_trainable_variables=``.
+    """
+    base = gradtape.__class__
+    key = (base, attribute)
+    if key not in _TAPE_CLASSES:
+        _TAPE_CLASSES[key] = type(base.__name__, (base,), {
+            "gradient": _tape_gradient, "_hvdx_base": base,
+            attribute: property(lambda self: self._hvdx_state)})
+    tape = _TAPE_CLASSES[key].__new__(_TAPE_CLASSES[key])
+    # Share the recorded tape and its flags (Horovod's own wrapper shares ``_tape`` too).
+    tape.__dict__.update(gradtape.__dict__)
+    tape._hvdx_state = state
+    tape._hvdx_extra = extra
+    return tape
+
+
+@tf.autograph.experimental.do_not_convert
+def _tape_gradient(self, target, sources, output_gradients=None, *args, **kwargs):
+    """Local gradients; then the sources (and buffers) are replaced by their mix."""
+    grads = self._hvdx_base.gradient(self, target, sources, output_gradients, *args,
+                                     **kwargs)
+    state = self._hvdx_state
+    what = "DistributedGradientTape"
+    state.bind(tf.nest.flatten(sources) + extra_variables(self._hvdx_extra, what), what)
+    # The mix must not overtake the gradients (they are taken at x_t).
+    ready = [g.values if isinstance(g, tf.IndexedSlices) else g
+             for g in tf.nest.flatten(grads) if g is not None]
+    with tf.control_dependencies(ready):
+        state.average()
+    return grads
+
+
+# --- the Keras optimizer ----------------------------------------------------------------
+
+def make_mixing_keras_optimizer(optimizer, state: MixingState, attribute: str,
+                                combine_first: bool = False, extra=None):
+    """A Keras optimizer of a run-time subclass of ``optimizer``'s class, rebuilt from its
+    config as Horovod rebuilds it, whose ``apply_gradients`` also mixes.
+
+    ``result.<attribute>`` is ``state`` (tracked: saved with the optimizer);
+    ``combine_first``: mix before the local step (combine-then-adapt); ``extra``:
+    ``non_trainable_variables=``.
+    """
+    base = optimizer.__class__
+    namespace = {name: value for name, value in _KerasMixing.__dict__.items()
+                 if not name.startswith("__")}
+    namespace.update(_hvdx_base=base, _hvdx_attribute=attribute,
+                     _hvdx_combine_first=combine_first)
+    cls = type(base.__name__, (base,), namespace)
+    opt = cls.from_config(optimizer.get_config())
+    setattr(opt, attribute, state)
+    # Not tracked (a list attribute of a Keras object would be wrapped and saved).
+    object.__setattr__(opt, "_hvdx_extra", extra)
+    return opt
+
+
+class _KerasMixing:
+    """Members copied into the run-time optimizer class; ``_hvdx_base`` is the user's."""
+
+    @property
+    def _hvdx_state(self) -> MixingState:
+        return getattr(self, self._hvdx_attribute)
+
+    @property
+    def hvdx_stats(self):
+        return self._hvdx_state.hvdx_stats
+
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        """The local step and the mix, in the strategy's order (module docstring)."""
+        grads_and_vars = list(grads_and_vars)
+        state = self._hvdx_state
+        what = "keras DistributedOptimizer"
+        state.bind([v for _, v in grads_and_vars] +
+                   extra_variables(self._hvdx_extra, what), what)
+        if self._hvdx_combine_first:
+            if state._sync.average_optimizer_state:
+                self._hvdx_build_slots([v for _, v in grads_and_vars])
+            state.average(self._hvdx_slots())
+            return self._hvdx_base.apply_gradients(self, grads_and_vars, *args, **kwargs)
+        result = self._hvdx_base.apply_gradients(self, grads_and_vars, *args, **kwargs)
+        state.average(self._hvdx_slots())
+        return result
+
+    def synchronize_parameters(self, swa: bool = False):
+        """Average the variables (and slots, if configured) over all ranks now.
+
+        See :meth:`MixingState.synchronize_parameters`.
+        """
+        self._hvdx_state.synchronize_parameters(swa=swa, extra=self._hvdx_slots())
+
+    def _hvdx_build_slots(self, variables) -> None:
+        """Create the slots now (Keras creates them in its first ``apply_gradients``,
+        after a combine-then-adapt step has mixed): idempotent, outside any graph."""
+        with tf.init_scope():
+            if hasattr(self, "_create_all_weights"):  # legacy optimizers
+                self._create_all_weights(variables)
+            else:
+                self.build(variables)
+
+    def _hvdx_slots(self) -> List[tf.Variable]:
+        """With ``average_optimizer_state``: the optimizer's variables shaped like a
+        trained one (momenta, Adam moments), in the optimizer's order (the same on every
+        rank); never the iteration count, nor scalars (learning rate)."""
+        state = self._hvdx_state
+        if not state._sync.average_optimizer_state:
+            return []
+        variables = self.variables() if callable(self.variables) else self.variables
+        shapes = {tuple(v.shape) for v in state._variables}
+        return [v for v in variables
+                if v is not self.iterations and v.dtype.is_floating and v.shape.rank
+                and tuple(v.shape) in shapes]
