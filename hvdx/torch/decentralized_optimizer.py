@@ -22,9 +22,9 @@ mpi4py non-blocking point-to-point on hvdx's duplicated communicator
    checkpoint then holds ``x_t`` unmixed and the step ``t``; the resumed run redoes
    that exchange, with the same peers and the same result;
 3. combine: ``w_ii x_i + sum_j w_ij x_j`` in the buffer's dtype, sources in rank order,
-   written back into the tensors (adapt-then-combine: copied; combine-then-adapt: added
-   as ``mixed - sent``, so that a buffer a forward pass updated in the meantime, such as
-   BatchNorm's running mean, keeps that update).
+   written back into the tensors (adapt-then-combine: copied; combine-then-adapt: the
+   change ``sum_j w_ij (x_j - x_i)`` is added, so that a buffer a forward pass updated
+   in the meantime, such as BatchNorm's running mean, keeps that update).
 """
 
 from __future__ import annotations
@@ -208,8 +208,7 @@ class GraphMixer:
         neighbours = self.graph.neighbors(step)
         with torch.no_grad():
             for fused in self._families(tensors):
-                for i, offset, count in fused.slots:
-                    fused.send[offset:offset + count].copy_(tensors[i].reshape(-1))
+                _pack([tensors[i] for i, _, _ in fused.slots], fused.send)
                 fused.exchange.start(fused.send.numpy(), neighbours.send_to,
                                      neighbours.recv_from)
         self._pending = (tensors, neighbours)
@@ -227,8 +226,11 @@ class GraphMixer:
             self._hook.remove()
             self._hook = None
         for fused in self._fused.values():
-            fused.exchange.finish(neighbours.self_weight, neighbours.recv_weights,
-                                  out=fused.mixed)
+            if self._cta:  # the change, added to tensors a forward pass may have moved
+                fused.exchange.finish_change(neighbours.recv_weights, out=fused.mixed)
+            else:
+                fused.exchange.finish(neighbours.self_weight, neighbours.recv_weights,
+                                      out=fused.mixed)
         self.stats._add(sum(f.exchange.stats.last_bytes_sent for f in self._fused.values()),
                         len(neighbours.send_to) * len(self._fused))
         self._received = True
@@ -242,10 +244,7 @@ class GraphMixer:
         if not apply:
             return
         for fused in self._fused.values():
-            mixed = fused.mixed
-            if self._cta:
-                np.subtract(mixed, fused.send.numpy(), out=mixed)
-            source = torch.from_numpy(mixed)
+            source = torch.from_numpy(fused.mixed)
             with torch.no_grad():
                 for i, offset, count in fused.slots:
                     value = source[offset:offset + count].view(tensors[i].shape)
@@ -271,3 +270,15 @@ def _discard_at_exit() -> None:
             mixer.discard()
         except Exception:  # pragma: no cover - MPI may be gone after an abort
             pass
+
+
+def _pack(tensors: Sequence[torch.Tensor], send: torch.Tensor) -> None:
+    """Copy ``tensors`` back to back into the host buffer ``send`` in one kernel: on the
+    host, ``torch.cat`` straight into it; on an accelerator, concatenated there first,
+    so that one device-to-host copy moves the family."""
+    flat = [t.reshape(-1) for t in tensors]
+    device = flat[0].device if flat else send.device
+    if device.type == "cpu" and all(t.device == device for t in flat):
+        torch.cat([t.to(send.dtype) for t in flat], out=send)
+    else:
+        send.copy_(torch.cat([t.to(device, send.dtype) for t in flat]))

@@ -244,3 +244,29 @@ def test_bad_arguments_raise_before_communicating(comm):
     assert nx.pending
     np.testing.assert_array_equal(nx.finish(0.5, [0.25, 0.25]),
                                   expected(r, recv_from, 0.5, [0.25, 0.25]))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_finish_change_is_the_mix_minus_the_sent_buffer(comm, dtype):
+    # sum_j w_j (x_j - x_i): with w_ii = 1 - sum_j w_j, x_i plus it is the mix.
+    r = comm.Get_rank()
+    send_to, recv_from = ring(comm)
+    nx = NeighborExchange(comm)
+    buffer = values(r, dtype=dtype)
+    nx.start(buffer, send_to, recv_from)
+    change = nx.finish_change([0.25, 0.25])
+    mix = expected(r, recv_from, 0.5, [0.25, 0.25], dtype=dtype)
+    np.testing.assert_allclose(buffer + change, mix, rtol=1e-6 if dtype == np.float32 else 0,
+                               atol=1e-3 if dtype == np.float32 else 1e-9)
+    assert not nx.pending
+
+
+def test_finish_change_refuses_the_sent_buffer_as_out_and_stays_pending(comm):
+    r = comm.Get_rank()
+    nx = NeighborExchange(comm)
+    buffer = values(r)
+    nx.start(buffer, [r], [r])
+    with pytest.raises(ValueError, match="out must not be the sent buffer"):
+        nx.finish_change([0.5], out=buffer)
+    assert nx.pending
+    nx.cancel()
