@@ -62,7 +62,9 @@ def _one(mode: str, steps: int, ratio: float, downlink_ratio: float) -> Dict:
         F.cross_entropy(model(x[idx]), y[idx]).backward()
         opt.step()
     phases = opt.hvdx_stats.phases
-    mine = np.array([phases[p][i] for p in ("up", "down", "dense") for i in (0, 1)]) / steps
+    # The downlink's bytes include sharded mode's agreement on the global TopK.
+    down = [phases["down"][i] + phases["agree"][i] for i in (0, 1)]
+    mine = np.array(phases["up"] + down + phases["dense"], dtype=np.float64) / steps
     everyone = np.array(hvd.allgather_object(mine.tolist()))
     mean = everyone.mean(axis=0)
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())

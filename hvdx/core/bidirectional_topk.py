@@ -25,13 +25,15 @@ around them in one of two modes.
   rank: ``(P - 1) k_up`` pairs, growing linearly in ``P``.
 - ``sharded``: ``[0, d)`` is cut into ``P`` contiguous shards (:mod:`hvdx.core.sharding`).
   An alltoall sends each shard's pairs to the rank that owns it; the owner aggregates its
-  shard (rank order), adds its shard of ``e_s`` and keeps the top ``k_s`` entries, ``k_s``
-  being the shard's share of ``k_down`` in proportion to its length; an allgather of the
-  selected shards gives every rank ``u``. Each rank holds only its shard of ``e_s``. The
-  downlink TopK is thus a TopK *per shard*, not the global TopK of ``b``: both keep
-  ``k_down`` entries and the same bookkeeping identities hold, but a shard where large
-  entries cluster keeps only its share. Unidirectional sharded allgathers every non-zero of
-  each shard of ``m``. Bytes per rank: ``(P - 1)/P (k_up + k_down)`` pairs, flat in ``P``.
+  shard (rank order) and adds its shard of ``e_s``; the owners agree, with a few small
+  collectives, how many of the global top ``k_down`` of ``b`` lie in each shard
+  (:mod:`hvdx.core.global_topk`), and each keeps that many; an allgather of the selected
+  shards gives every rank ``u``. Each rank holds only its shard of ``e_s``. With the
+  exact selector ``u`` is the global TopK of ``b``, bitwise what gathered mode computes
+  (zero entries are never sent), even where the large entries cluster in one shard.
+  Unidirectional sharded allgathers every non-zero of each shard of ``m``. Bytes per
+  rank: ``(P - 1)/P (k_up + k_down)`` pairs plus ``O(P)`` numbers per round of the
+  agreement, flat in ``P``.
 
 :func:`simulate_step` runs all ``P`` ranks in one process: the numpy reference that the
 MPI layer and the framework adapters are tested against.
@@ -45,7 +47,8 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 
 from hvdx.core.error_feedback import ResidualMemory
-from hvdx.core.sharding import shard_bounds, shard_k, split_by_shard
+from hvdx.core import global_topk
+from hvdx.core.sharding import shard_bounds, split_by_shard
 from hvdx.core.topk_selection import (
     DEFAULT_SAMPLE_SIZE,
     check_ratio,
@@ -62,8 +65,10 @@ __all__ = [
     "TopKConfig",
     "Traffic",
     "aggregate",
+    "compensate_server",
     "dense_allreduce_bytes",
     "downlink",
+    "downlink_from",
     "gathered_bytes",
     "select",
     "selection_rng",
@@ -196,13 +201,24 @@ def downlink(m: np.ndarray, server_residual: Optional[np.ndarray], k_down: int,
     Returns:
         ``(u_indices, u_values, new_server_residual)``; the inputs are not modified.
     """
+    return downlink_from(compensate_server(m, server_residual), k_down, config, rng)
+
+
+def compensate_server(m: np.ndarray, server_residual: Optional[np.ndarray]) -> np.ndarray:
+    """``b = e_s + m``, a new array (``None``: a zero residual)."""
     if server_residual is None:
-        b = m.copy()
-    else:
-        if server_residual.shape != m.shape or server_residual.dtype != m.dtype:
-            raise ValueError(f"server residual is {server_residual.dtype}"
-                             f"{list(server_residual.shape)} but m is {m.dtype}{list(m.shape)}")
-        b = server_residual + m
+        return m.copy()
+    if server_residual.shape != m.shape or server_residual.dtype != m.dtype:
+        raise ValueError(f"server residual is {server_residual.dtype}"
+                         f"{list(server_residual.shape)} but m is {m.dtype}{list(m.shape)}")
+    return server_residual + m
+
+
+def downlink_from(b: np.ndarray, k_down: int, config: Optional[TopKConfig] = None,
+                  rng: Optional[np.random.Generator] = None
+                  ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The selection half of :func:`downlink`: ``u = TopK(b, k_down)``; ``b`` itself
+    becomes the new residual ``b - u`` and is returned as the third element."""
     indices, values = select(b, k_down, config, rng)
     b[indices] -= values  # b becomes the new residual: the entries sent are exactly 0
     return indices, values, b
@@ -306,8 +322,9 @@ def simulate_step(grads_per_rank: Sequence[np.ndarray],
     3. gathered: each rank ``r`` aggregates the rank-ordered list and, if bidirectional,
        runs :func:`downlink` with its own replica ``server_state[r]`` of ``e_s``.
        sharded: rank ``s`` aggregates shard ``s`` from the pieces every rank sent it and,
-       if bidirectional, selects ``k_s`` entries with ``server_state[s]`` holding its
-       shard of ``e_s``; every rank assembles ``u`` from all shards.
+       if bidirectional, adds its shard of ``e_s`` (``server_state[s]``) and keeps its
+       share of the global top ``k_down`` (:func:`hvdx.core.global_topk.shares`); every
+       rank assembles ``u`` from all shards.
     4. Return ``u`` (rank 0's), every rank's copy, ``m``, the pairs sent and
        :class:`StepStats`.
 
@@ -369,23 +386,23 @@ def simulate_step(grads_per_rank: Sequence[np.ndarray],
 
     bounds = shard_bounds(size, n_ranks)
     pieces = [split_by_shard(indices, values, bounds) for indices, values in sent]
-    shares = None if k_down is None else shard_k(k_down, bounds)
     selected: List[Sparse] = []
-    shards_of_m = []
-    for s in range(n_ranks):  # rank s owns shard s
-        lo, hi = int(bounds[s]), int(bounds[s + 1])
-        m_s = aggregate([pieces[i][s] for i in range(n_ranks)], hi - lo, n_ranks, offset=lo,
-                        dtype=grads[0].dtype)
-        shards_of_m.append(m_s)
-        if shares is None:
+    shards_of_m = [aggregate([pieces[i][s] for i in range(n_ranks)],
+                             int(bounds[s + 1] - bounds[s]), n_ranks, offset=int(bounds[s]),
+                             dtype=grads[0].dtype)
+                   for s in range(n_ranks)]  # rank s owns shard s
+    if k_down is None:
+        for s, m_s in enumerate(shards_of_m):
             local = np.flatnonzero(m_s)
-            selected.append((local + lo, m_s[local]))
-            continue
-        memory = server_state[s]
-        local, values, residual = downlink(m_s, memory.get(name), int(shares[s]), config,
-                                           rng("down", s))
-        memory.set(name, residual)
-        selected.append((local + lo, values))
+            selected.append((local + int(bounds[s]), m_s[local]))
+    else:
+        b = [compensate_server(m_s, server_state[s].get(name))
+             for s, m_s in enumerate(shards_of_m)]
+        for s, share in enumerate(global_topk.shares(b, k_down)):  # the global top k_down
+            local, values, residual = downlink_from(b[s], int(share), config,
+                                                    rng("down", s))
+            server_state[s].set(name, residual)
+            selected.append((local + int(bounds[s]), values))
     u = to_dense(np.concatenate([i for i, _ in selected]),
                  np.concatenate([v for _, v in selected]), size)
     down = [len(indices) for indices, _ in selected]

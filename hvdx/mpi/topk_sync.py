@@ -62,10 +62,12 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 
 from hvdx.compression import TopKCompression
-from hvdx.core.bidirectional_topk import (aggregate, downlink, select, selection_rng,
+from hvdx.core.bidirectional_topk import (aggregate, compensate_server, downlink,
+                                          downlink_from, select, selection_rng,
                                           to_dense, uplink)
 from hvdx.core.error_feedback import ResidualMemory
-from hvdx.core.sharding import shard_bounds, shard_k, split_by_shard
+from hvdx.core.global_topk import agree_shares
+from hvdx.core.sharding import shard_bounds, split_by_shard
 from hvdx.core.sparsity_warmup import config_at
 from hvdx.mpi.sparse import allgather_int, allgatherv_pairs, alltoallv_pairs, wait
 
@@ -118,7 +120,8 @@ class TopKStats:
     ``phases`` splits the totals by the path the bytes took: ``"up"`` (the workers'
     pairs: the allgather of gathered mode, the alltoall of sharded mode), ``"down"``
     (sharded mode's allgather of the selected shards; gathered mode computes the
-    downlink on every rank and sends nothing) and ``"dense"`` (Horovod's allreduce of
+    downlink on every rank and sends nothing), ``"agree"`` (sharded mode's agreement on
+    each shard's share of the global downlink TopK, :mod:`hvdx.core.global_topk`) and ``"dense"`` (Horovod's allreduce of
     the small tensors), each ``[sent, received]``; the dry runs of ``autotune_steps``
     travel too and are counted.
 
@@ -135,7 +138,8 @@ class TopKStats:
         self.total_sent = self.total_received = 0.0
         self.last_sparse_tensors = self.last_dense_tensors = 0
         self.steps = 0
-        self.phases = {"up": [0.0, 0.0], "down": [0.0, 0.0], "dense": [0.0, 0.0]}
+        self.phases = {"up": [0.0, 0.0], "down": [0.0, 0.0], "agree": [0.0, 0.0],
+                       "dense": [0.0, 0.0]}
         self.autotune: Optional[Dict] = None
 
     def _begin(self):
@@ -217,6 +221,7 @@ class TopKSynchronizer:
         #: the decision (``None`` before it, ``"topk"`` or ``"dense"`` after).
         self.timings: List[Tuple[float, float]] = []
         self.choice: Optional[str] = None
+        self._timing_target = False  # inside an autotune dry run (see _config)
         #: ``{position: indices}``: the entries of each compressed tensor this rank sent
         #: in the last step (DGC's momentum factor masking zeroes them).
         self.last_sent: Dict[int, np.ndarray] = {}
@@ -402,10 +407,19 @@ class TopKSynchronizer:
         leaves the wrapped optimizer as it was too.
 
         Raises:
-            ValueError: the server residuals were saved for another mode or number of
-                ranks (a shard means nothing in another layout), or the residuals for
-                another ``selection``.
+            ValueError: the residuals were saved by another rank (naming both), the
+                server residuals for another mode or number of ranks (a shard means
+                nothing in another layout), or the residuals for another ``selection``.
         """
+        saved = state.get("rank")
+        if saved is not None and int(saved) != self.rank and \
+                (state["worker"] or state["server"]):
+            raise ValueError(
+                f"this TopK checkpoint holds the residuals of rank {int(saved)} and this is "
+                f"rank {self.rank}: TopK's residuals belong to the rank that accumulated "
+                "them. Save the optimizer's state_dict() on every rank, one file per rank "
+                "(e.g. named after hvd.rank()), and load each rank's own; loading rank 0's "
+                "file everywhere would give every rank rank 0's residuals")
         if state["server"] and (state["mode"], state["size"]) != (self.mode, self.size):
             raise ValueError(
                 f"the checkpoint's TopK server residuals are for mode={state['mode']} on "
@@ -561,6 +575,11 @@ class TopKSynchronizer:
         """The core settings of this step: the ratios of the sparsity warm-up, whose clock
         starts when compression does (after ``warmup_steps`` and ``autotune_steps``)."""
         c = self.compression
+        if self._timing_target:
+            # An autotune dry run times what the run would send once compressing for
+            # good: the target ratios, not the sparsity warm-up's first (0.25), which
+            # would make TopK look slow and choose dense for the rest of the run.
+            return c.config
         return config_at(c.config, self.step - c.warmup_steps - c.autotune_steps,
                          c.sparsity_warmup_steps)
 
@@ -570,6 +589,7 @@ class TopKSynchronizer:
         saved = self.worker, self.server, self.layout
         keys = self.worker.names
         self.worker, self.server = ResidualMemory(keys), ResidualMemory(keys)
+        self._timing_target = True
         started = time.perf_counter()
         try:
             for update in self._exchange_all(tensors, flat, joined).values():
@@ -577,6 +597,7 @@ class TopKSynchronizer:
         finally:
             self.worker, self.server, self.layout = saved
             self.last_sent = {}
+            self._timing_target = False
         return time.perf_counter() - started
 
     def _rng(self, role, index, position):
@@ -584,6 +605,30 @@ class TopKSynchronizer:
         if config.selector != "threshold":
             return None
         return selection_rng(config.seed, self.step, role, index, position)
+
+    def _agree_shares(self, compensated, ks) -> np.ndarray:
+        """This shard's share of each tensor's global top ``k_down``
+        (:func:`hvdx.core.global_topk.agree_shares`), its bytes counted as ``"agree"``."""
+        comm, others = self.comm, self.size - 1
+        moved = [0, 0]
+
+        def allgather(array):
+            everyone = comm.allgather(np.ascontiguousarray(array, np.float64))
+            moved[0] += others * everyone[self.rank].nbytes
+            moved[1] += sum(a.nbytes for r, a in enumerate(everyone) if r != self.rank)
+            return everyone
+
+        def allreduce(array):
+            array = np.ascontiguousarray(array, np.int64)
+            total = np.empty_like(array)
+            wait(comm.Iallreduce(array, total))
+            moved[0] += 2 * others * array.nbytes // max(self.size, 1)
+            moved[1] += 2 * others * array.nbytes // max(self.size, 1)
+            return total
+
+        shares = agree_shares(compensated, ks, self.rank, allgather, allreduce)
+        self.stats._add(moved[0], moved[1], "agree")
+        return shares
 
     def _exchange_group(self, group, flat) -> Dict[int, object]:
         config = self._config()
@@ -659,24 +704,31 @@ class TopKSynchronizer:
         incoming, sent, received = alltoallv_pairs(self.comm, pieces)
         self.stats._add(sent, received, "up")
         cuts = [np.searchsorted(i, offsets) for i, _ in incoming]
-        chosen = []
+        chosen, compensated = [], {}
         for t, ((position, d), bounds) in enumerate(zip(group, all_bounds)):
-            name = self._name(position)
             lo, hi = int(bounds[rank]), int(bounds[rank + 1])
             mine = [(i[c[t]:c[t + 1]], v[c[t]:c[t + 1]]) for (i, v), c in zip(incoming, cuts)]
             m_s = aggregate(mine, hi - lo, size, offset=offsets[t] + lo, dtype=np.float32)
-            k_down = config.k_down(d)
-            if k_down is None:
+            if config.k_down(d) is None:
                 local = np.flatnonzero(m_s)
                 chosen.append((local + (offsets[t] + lo), m_s[local]))
-                continue
-            share = int(shard_k(k_down, bounds)[rank])
-            server = self.server.get(name) if feedback else None
-            local, values, residual = downlink(m_s, server, share, config,
-                                               self._rng("down", rank, position))
-            if feedback:
-                self.server.set(name, residual, copy=False)  # downlink's own array
-            chosen.append((local + (offsets[t] + lo), values))
+            else:
+                server = self.server.get(self._name(position)) if feedback else None
+                compensated[t] = compensate_server(m_s, server)
+                chosen.append(None)  # selected below, once the shares are agreed
+        if compensated:
+            # The global top k_down of every tensor's b: this shard's share of each.
+            order = sorted(compensated)
+            shares = self._agree_shares([compensated[t] for t in order],
+                                        [config.k_down(group[t][1]) for t in order])
+            for t, share in zip(order, shares):
+                position = group[t][0]
+                lo = int(all_bounds[t][rank])
+                local, values, residual = downlink_from(
+                    compensated[t], int(share), config, self._rng("down", rank, position))
+                if feedback:
+                    self.server.set(self._name(position), residual, copy=False)
+                chosen[t] = (local + (offsets[t] + lo), values)
         selected, sent, received = allgatherv_pairs(
             self.comm, np.concatenate([i for i, _ in chosen]),
             np.concatenate([v for _, v in chosen]))

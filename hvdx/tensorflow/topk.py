@@ -178,6 +178,16 @@ class TopKState(tf.Module):
                 state[side] = {n: data[f"{side}{i}"].copy()
                                for i, n in enumerate(header[side])}
         if self._synchronizer is None:
+            # Checked now, while the checkpoint is read: found at the first step, it
+            # would stop some ranks and leave the others waiting in the exchange.
+            saved = state.get("rank")
+            if saved is not None and int(saved) != _hvd.rank() and \
+                    (state["worker"] or state["server"]):
+                raise ValueError(
+                    f"this TopK checkpoint holds the residuals of rank {int(saved)} and "
+                    f"this is rank {_hvd.rank()}: TopK's residuals belong to the rank that "
+                    "accumulated them. Write a checkpoint on every rank, one file per rank "
+                    "(e.g. named after hvd.rank()), and read each rank's own")
             self._pending = state
         else:
             self._synchronizer.load_state_dict(state)

@@ -81,6 +81,8 @@ class _MixingOptimizer:
                               if torch.is_tensor(b) and b.is_floating_point()]
         #: SWA running mean of the parameters (created at the first sample).
         self._hvdx_swa: Optional[List[torch.Tensor]] = None
+        #: Per parameter, whether every rank holds its optimizer state (agreed).
+        self._hvdx_everywhere: Optional[List[bool]] = None
 
     # --- the public surface of Horovod's optimizer -----------------------------------
 
@@ -96,8 +98,25 @@ class _MixingOptimizer:
 
     def synchronize(self):
         """Complete a mixing step still in flight (it completes by itself before the
-        parameters are next read by a module's forward)."""
+        parameters are next read by a module's forward), and agree on overflow.
+
+        Mixed precision: ``GradScaler`` skips ``step()`` on a rank whose gradients
+        overflowed, and a group or a neighbour would wait for that rank forever. Horovod's
+        AMP recipe calls ``optimizer.synchronize()`` before ``scaler.step(optimizer)``
+        (inside ``optimizer.skip_synchronize()``); here that call agrees across ranks
+        (one small allreduce): if any rank's gradients hold an inf or NaN, every rank's
+        do (one entry is set to inf), so every rank's scaler skips the same step and
+        lowers its scale alike.
+        """
         self._hvdx_mixer.finish()
+        grads = [p.grad for p in self._hvdx_params() if p.grad is not None]
+        overflow = any(not bool(torch.isfinite(g).all()) for g in grads)
+        flag = torch.tensor([int(overflow)], dtype=torch.int32)
+        anyone = int(_hvd.allreduce(flag, op=_hvd.Max,
+                                    name=f"hvdx.{self._hvdx_sync.name}.overflow")[0])
+        if anyone and not overflow and grads:
+            with torch.no_grad():
+                grads[0].view(-1)[0] = float("inf")
 
     def step(self, closure=None):
         """Local step, then mixing (module docstring)."""
@@ -162,6 +181,7 @@ class _MixingOptimizer:
         state_dict = dict(state_dict)
         entry = state_dict.pop(self._hvdx_state_key, None)
         self._hvdx_mixer.discard()
+        self._hvdx_everywhere = None  # the loaded state may differ: agree again
         self._hvdx_base.load_state_dict(self, state_dict)
         if entry is not None:
             self._hvdx_mixer.load_state(entry)
@@ -189,24 +209,45 @@ class _MixingOptimizer:
     def _hvdx_tensors(self) -> List[torch.Tensor]:
         """Step 2 of the module docstring."""
         params = self._hvdx_params()
-        return mixed_tensors(params, self.state, self._hvdx_sync.average_optimizer_state,
-                             self._hvdx_buffers)
+        with_state = self._hvdx_sync.average_optimizer_state
+        return mixed_tensors(params, self.state, with_state, self._hvdx_buffers,
+                             self._hvdx_state_everywhere(params) if with_state else None)
+
+    def _hvdx_state_everywhere(self, params) -> List[bool]:
+        """Per parameter, whether every rank holds its optimizer state (collective until
+        all do). A parameter without a gradient on one rank has no state there yet (SGD
+        creates its momentum at its first update); mixing it only where it exists would
+        give the ranks different tensor lists, and the exchange would wait forever."""
+        known = getattr(self, "_hvdx_everywhere", None)
+        if known is not None and len(known) == len(params) and all(known):
+            return known  # state is never dropped: no more agreement needed
+        mine = torch.tensor([int(bool(_state_tensors(p, self.state.get(p, {}))))
+                             for p in params], dtype=torch.int32)
+        agreed = _hvd.allreduce(mine, op=_hvd.Min,
+                                name=f"hvdx.{self._hvdx_sync.name}.state_present")
+        self._hvdx_everywhere = [bool(v) for v in agreed.tolist()]
+        return self._hvdx_everywhere
 
 
 def mixed_tensors(params: Sequence[torch.Tensor], optimizer_state,
-                  with_state: bool, buffers: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+                  with_state: bool, buffers: Sequence[torch.Tensor],
+                  everywhere: Optional[Sequence[bool]] = None) -> List[torch.Tensor]:
     """Parameters, then (optionally) their state tensors, then buffers, in a fixed
-    order (the optimizer's parameter order, the state's keys sorted)."""
+    order (the optimizer's parameter order, the state's keys sorted). ``everywhere``:
+    per parameter, whether to take its state (every rank holds it); all when None."""
     tensors = [p.data for p in params]
     if with_state:
-        for p in params:
-            state = optimizer_state.get(p, {})
-            for key in sorted(state):
-                value = state[key]
-                if key != "step" and torch.is_tensor(value) and \
-                        value.is_floating_point() and value.shape == p.shape:
-                    tensors.append(value)
+        for i, p in enumerate(params):
+            if everywhere is None or everywhere[i]:
+                tensors += _state_tensors(p, optimizer_state.get(p, {}))
     return tensors + [b.data for b in buffers]
+
+
+def _state_tensors(p: torch.Tensor, state) -> List[torch.Tensor]:
+    """``p``'s state tensors shaped like it (momentum, Adam's moments), keys sorted."""
+    return [state[key] for key in sorted(state)
+            if key != "step" and torch.is_tensor(state[key]) and
+            state[key].is_floating_point() and state[key].shape == p.shape]
 
 
 def average_over_all_ranks(tensors: Sequence[torch.Tensor], name: str,

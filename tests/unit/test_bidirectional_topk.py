@@ -295,14 +295,91 @@ def test_shard_shares_sum_to_k_in_proportion_and_fit_their_shards(k, d, p):
         shard_k(d + 1, bounds)
 
 
-def test_sharded_downlink_is_a_top_k_per_shard_not_a_global_top_k():
-    # All large entries in shard 0: the global top-2 would take both, each shard takes one.
+def test_sharded_downlink_is_the_global_top_k_where_large_entries_cluster():
+    # All large entries in shard 0: the global top-2 takes both (a TopK per shard, as
+    # before issue 14, took one per shard: [9, 0, 0, 0, 0, 0, 0, 1]).
     g = np.array([9.0, 8.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0])
     config = TopKConfig(1.0, 0.25)
-    sharded = simulate_step([g, g], memories(2), memories(2), config, "sharded")
-    gathered = simulate_step([g, g], memories(2), memories(2), config, "gathered")
-    np.testing.assert_array_equal(gathered.u, [9.0, 8.0, 0, 0, 0, 0, 0, 0])
-    np.testing.assert_array_equal(sharded.u, [9.0, 0, 0, 0, 0, 0, 0, 1.0])
+    for mode in MODES:
+        result = simulate_step([g, g], memories(2), memories(2), config, mode)
+        np.testing.assert_array_equal(result.u, [9.0, 8.0, 0, 0, 0, 0, 0, 0])
+
+
+def top_k_from_scratch(x, k):
+    """Keep the k largest |x| (ties to the smaller index: a stable argsort), zero the rest."""
+    keep = np.argsort(-np.abs(x), kind="stable")[:k]
+    kept = np.zeros_like(x)
+    kept[keep] = x[keep]
+    return kept
+
+
+def bidirectional_from_scratch(stream, k_up, k_down):
+    """Steps 1-3 of the paper with error feedback, dense numpy, written out here."""
+    n, d = len(stream[0]), stream[0][0].size
+    worker = [np.zeros(d) for _ in range(n)]
+    server = np.zeros(d)
+    updates = []
+    for grads in stream:
+        sent = []
+        for i, g in enumerate(grads):
+            a = worker[i] + g
+            sent.append(top_k_from_scratch(a, k_up))
+            worker[i] = a - sent[-1]
+        m = np.zeros(d)
+        for s in sent:  # rank order
+            m = m + s
+        m = m / n
+        if k_down is None:
+            updates.append(m)
+            continue
+        b = server + m
+        updates.append(top_k_from_scratch(b, k_down))
+        server = b - updates[-1]
+    return updates
+
+
+def clustered_stream(steps, n, d, seed):
+    """Gradients whose large entries all lie in the last shard."""
+    stream = gradient_stream(steps, n, d, seed=seed)
+    last = shard_bounds(d, n)[-2]
+    for grads in stream:
+        for g in grads:
+            g[last:] *= 1e3
+    return stream
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("down", [0.01, 0.04, 0.1, None])
+def test_several_steps_match_a_from_scratch_reference_with_clustered_entries(mode, n, down):
+    d = 400
+    config = TopKConfig(0.01, down)  # k_up = 4; k_down = 4, 16, 40 or unidirectional
+    k_up, k_down = config.k_up(d), config.k_down(d)
+    assert (k_up, k_down) == (4, None if down is None else round(down * d))
+    stream = clustered_stream(6, n, d, seed=n)
+    results, _, _ = run(config, mode, stream)
+    for result, expected in zip(results, bidirectional_from_scratch(stream, k_up, k_down)):
+        np.testing.assert_array_equal(result.u, expected)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_k_down_at_least_p_k_up_is_unidirectional_topk_bitwise_with_clustered_entries(mode):
+    n, d = 4, 400
+    stream = clustered_stream(6, n, d, seed=11)
+    bidirectional, _, server = run(TopKConfig(0.01, 0.04), mode, stream)  # 16 >= 4 * 4
+    unidirectional, _, _ = run(TopKConfig(0.01), mode, stream)
+    for b, u in zip(bidirectional, unidirectional):
+        np.testing.assert_array_equal(b.u, u.u)
+    assert not np.any(server_residual(server, mode, d))
+
+
+def test_sharded_sends_no_zero_valued_pairs_down():
+    n, d = 4, 400
+    stream = clustered_stream(1, n, d, seed=12)
+    result = simulate_step(stream[0], memories(n), memories(n), TopKConfig(0.01, 0.1),
+                           "sharded")
+    # 16 distinct nonzeros at most (4 ranks x k_up = 4) although k_down = 40.
+    assert result.stats.nnz_down == np.count_nonzero(result.u) <= 16
 
 
 def test_sharded_ranks_hold_only_their_shard_of_the_server_residual():

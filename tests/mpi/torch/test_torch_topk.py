@@ -78,7 +78,9 @@ def test_update_equals_the_numpy_reference_bitwise(mode, direction, selector):
     for step in range(3):
         grads = grads_of_all_ranks(step)
         model.w.grad = torch.from_numpy(grads[rank].copy())
+        agreed = opt.hvdx_stats.phases["agree"][1]
         opt.step()
+        agreed = opt.hvdx_stats.phases["agree"][1] - agreed  # sharded: the global TopK's
         ref = simulate_step(grads, workers, servers, config, mode, step=step, name="w")
         u = model.w.grad.numpy()
         assert u.dtype == np.float32
@@ -89,7 +91,9 @@ def test_update_equals_the_numpy_reference_bitwise(mode, direction, selector):
         # and collective (gathered: one allgatherv; sharded: alltoallv + allgatherv).
         collectives = 1 if mode == "gathered" else 2
         stats = opt.hvdx_stats
-        assert stats.last_received == ref.stats.recv_bytes[rank] + collectives * 8 * (size - 1)
+        assert stats.last_received - agreed == \
+            ref.stats.recv_bytes[rank] + collectives * 8 * (size - 1)
+        assert (agreed > 0) == (mode == "sharded" and downlink_ratio is not None and size > 1)
         if mode == "gathered":
             assert stats.last_sent == (size - 1) * 8 * (ref.stats.nnz_up[rank] + 1)
         if downlink_ratio is not None:
@@ -182,6 +186,51 @@ def test_state_dict_round_trip_continues_bitwise():
     for (name, a), b in zip(model.named_parameters(), resumed.parameters()):
         assert torch.equal(a, b), f"{name} differs after resuming"
     assert same_everywhere(model.fc1.weight)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_residuals_hold_gradients_so_a_learning_rate_change_does_not_rescale_them():
+    spec = hvd.Compression.topk(0.02, 0.01, min_size=0)
+    rank = hvd.rank()
+
+    def residuals_after(lrs):
+        model = Flat(dtype=torch.float64)
+        opt = topk_optimizer(model, spec, torch.optim.SGD(model.parameters(), lr=lrs[0]))
+        for step, lr in enumerate(lrs):
+            for group in opt.param_groups:
+                group["lr"] = lr
+            model.w.grad = torch.from_numpy(grads_of_all_ranks(step)[rank].astype(np.float64))
+            opt.step()
+        return [residual(opt, side).copy() for side in ("worker", "server")], model.w
+
+    (worker_a, server_a), w_a = residuals_after([0.1, 0.1, 0.1])
+    (worker_b, server_b), w_b = residuals_after([0.1, 10.0, 0.001])
+    np.testing.assert_array_equal(worker_a, worker_b)
+    np.testing.assert_array_equal(server_a, server_b)
+    assert not torch.equal(w_a, w_b)  # the learning rates did change the parameters
+
+
+@pytest.mark.mpi(min_size=2)
+def test_loading_another_ranks_residuals_fails_naming_both_ranks_and_changes_nothing():
+    # The Horovod habit, save on rank 0 and load everywhere, would give every rank rank
+    # 0's residuals: every other rank refuses, before anything is loaded.
+    spec = hvd.Compression.topk(0.05, 0.02, min_size=256)
+    model = initial_model()
+    opt = topk_optimizer(model, spec, torch.optim.SGD(model.parameters(), lr=0.05,
+                                                      momentum=0.9))
+    train(model, opt, batches(hvd.rank(), 2))
+    mine = copy.deepcopy(opt.state_dict())
+    rank0 = hvd.broadcast_object(mine, root_rank=0, name="check.rank0_state")
+    if hvd.rank() == 0:
+        opt.load_state_dict(rank0)
+        return
+    with pytest.raises(ValueError, match=f"residuals of rank 0 and this is rank {hvd.rank()}"):
+        opt.load_state_dict(rank0)
+    after = opt.state_dict()
+    for side in ("worker", "server"):
+        for name, e in mine["hvdx_topk"][side].items():
+            assert torch.equal(after["hvdx_topk"][side][name], e), name
+    assert after["state"].keys() == mine["state"].keys()
 
 
 @pytest.mark.mpi(min_size=1)
@@ -406,6 +455,23 @@ def test_autotune_steps_train_dense_and_their_dry_runs_leave_no_residual(mode):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode", MODES)
+def test_autotune_times_topk_at_the_target_ratio_not_the_sparsity_warmups_first(mode):
+    # With sparsity_warmup_steps the first compressed steps send 25% of the entries; the
+    # dry runs must time what the run sends afterwards: 1%, as without the warm-up.
+    sent = []
+    for warmup in (0, 50):
+        model = Flat()
+        opt = topk_optimizer(model, hvd.Compression.topk(
+            0.01, 0.01, mode=mode, min_size=0, autotune_steps=1,
+            sparsity_warmup_steps=warmup))
+        step_with(opt, model, 0)
+        sent.append(opt.hvdx_stats.phases["up"][0])
+    assert sent[0] == sent[1] > 0
+    assert sent[1] < 2 * (hvd.size() - 1) * 8 * 0.01 * D + 64 * hvd.size()  # not 25%
+
+
+@pytest.mark.mpi(min_size=2)
 def test_autotune_decides_on_the_slowest_rank_and_stays_dense_when_topk_lost():
     model = Flat()
     opt = topk_optimizer(model, hvd.Compression.topk(0.01, 0.01, min_size=0,
@@ -594,12 +660,19 @@ def test_several_tensors_fused_equal_the_per_tensor_reference_bitwise(mode, dire
         for n in names:
             getattr(model, n).grad = torch.from_numpy(grads[n][rank].copy())
         counting.calls.clear()
+        agreed = opt.hvdx_stats.phases["agree"][1]
         opt.step()
+        agreed = opt.hvdx_stats.phases["agree"][1] - agreed
         # A fixed number of collectives, whatever the number of tensors: the NaN check,
-        # then (counts, pairs) once (gathered) or twice (sharded).
+        # then (counts, pairs) once (gathered) or twice (sharded); sharded bidirectional
+        # agrees on the global TopK in between, all tensors at once, in a few rounds.
         expected = ["Allgather", "Allgather", "Allgatherv"] if mode == "gathered" else \
             ["Allgather", "Alltoall", "Alltoallv", "Allgather", "Allgatherv"]
-        assert counting.calls == expected
+        calls = counting.calls
+        if mode == "sharded" and downlink_ratio is not None:
+            agreement, calls = calls[3:-2], calls[:3] + calls[-2:]
+            assert set(agreement) == {"allgather"} and 1 <= len(agreement) <= 9
+        assert calls == expected
         received, nnz_up = 0, 0
         for n in names:
             ref = simulate_step(grads[n], workers, servers, config, mode, step=step, name=n)
@@ -612,7 +685,7 @@ def test_several_tensors_fused_equal_the_per_tensor_reference_bitwise(mode, dire
         collectives = 1 if mode == "gathered" else 2
         stats = opt.hvdx_stats
         assert stats.last_sparse_tensors == len(SIZES)
-        assert stats.last_received == received + collectives * 8 * (size - 1)
+        assert stats.last_received - agreed == received + collectives * 8 * (size - 1)
         if mode == "gathered":
             assert stats.last_sent == (size - 1) * 8 * (nnz_up + 1)
         for n in names:
@@ -738,8 +811,10 @@ def test_byte_counters_split_into_uplink_downlink_and_dense(mode):
     assert phases["dense"][0] == pytest.approx(2 * (hvd.size() - 1) / hvd.size() * 4 * (1 + 3))
     if mode == "gathered" or hvd.size() == 1:
         assert phases["down"] == [0.0, 0.0]  # every rank computes the downlink itself
+        assert phases["agree"] == [0.0, 0.0]
     else:
         assert phases["down"][1] > 0
+        assert phases["agree"][1] > 0  # the shards agree on the global downlink TopK
 
 
 def horovod_sgd(model, momentum, weight_decay):
