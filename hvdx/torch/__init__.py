@@ -1,7 +1,7 @@
 """Drop-in replacement for ``horovod.torch``.
 
 ``import hvdx.torch as hvd`` gives every public name of ``horovod.torch`` unchanged,
-except three that hvdx extends without changing their behaviour:
+except the ones hvdx extends without changing their behaviour:
 
 - :func:`init` also makes an uncaught exception on one rank abort the whole job;
 - :func:`DistributedOptimizer` accepts every Horovod argument plus ``sync=``, and checks
@@ -10,7 +10,11 @@ except three that hvdx extends without changing their behaviour:
   TopK with error feedback, run by hvdx's own optimizer);
 - ``sync=hvdx.DSSync(...)`` replaces the gradient allreduce by DS-Sync group averaging
   through Horovod process sets (``hvd.init(process_sets="dynamic")``, or static sets
-  from :func:`dssync_process_sets`).
+  from :func:`dssync_process_sets`); ``sync=hvdx.Decentralized(...)`` by neighbour
+  averaging over a graph;
+- :func:`save_checkpoint` / :func:`load_checkpoint`: every rank's state (residuals,
+  local parameters and momenta, step counters) in one file on rank 0, written
+  atomically (:mod:`hvdx.torch.checkpoint`).
 
 With no hvdx feature switched on, :func:`DistributedOptimizer` returns Horovod's own
 optimizer, so training is bitwise identical to Horovod's.
@@ -27,5 +31,6 @@ from hvdx.torch.compression import Compression  # noqa: E402,F401
 from hvdx.torch.runtime import init  # noqa: E402,F401
 from hvdx.torch.optimizer import DistributedOptimizer  # noqa: E402,F401
 from hvdx.torch.dssync_optimizer import dssync_process_sets  # noqa: E402,F401
+from hvdx.torch.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402,F401
 from hvdx.decentralized import Decentralized  # noqa: E402,F401
 from hvdx.dssync import DSSync  # noqa: E402,F401

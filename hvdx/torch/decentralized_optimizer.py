@@ -19,8 +19,9 @@ mpi4py non-blocking point-to-point on hvdx's duplicated communicator
    completes in step ``t``'s ``step()``, so it runs during the forward and backward
    pass (forward pre-hooks poll it, because MPICH moves large messages only while some
    MPI call polls; ``MPIR_CVAR_ASYNC_PROGRESS=1`` gives MPICH a progress thread). A
-   checkpoint then holds ``x_t`` unmixed and the step ``t``; the resumed run redoes
-   that exchange, with the same peers and the same result;
+   checkpoint then holds ``x_t`` unmixed, the step ``t`` and the change that
+   exchange brings (received while the checkpoint is taken); the resumed step ``t``
+   applies that change, as the uninterrupted run does;
 3. combine: ``w_ii x_i + sum_j w_ij x_j`` in the buffer's dtype, sources in rank order,
    written back into the tensors (adapt-then-combine: copied; combine-then-adapt: the
    change ``sum_j w_ij (x_j - x_i)`` is added, so that a buffer a forward pass updated
@@ -110,6 +111,8 @@ class GraphMixer:
         self._pending: Optional[Tuple[List[torch.Tensor], object]] = None
         self._received = False
         self._hook = None
+        #: ``(step, (layout, change))`` of a checkpoint taken with an exchange in flight.
+        self._loaded_change = None
         # A combine-then-adapt run ends with its last exchange in flight: complete it
         # before MPI finalizes (every rank has the matching one in flight).
         _ALIVE.add(self)
@@ -124,6 +127,10 @@ class GraphMixer:
             self.discard()
             self._average_all(tensors)
         elif self.sync.mixes_at(step):
+            loaded, self._loaded_change = self._loaded_change, None
+            if self._pending is None and loaded is not None and loaded[0] == step:
+                self._apply_loaded_change(tensors, loaded[1])
+                return True
             if self._pending is None:  # first step, or after loading or synchronizing
                 self._start(tensors, step)
             self._complete(apply=True)
@@ -162,16 +169,31 @@ class GraphMixer:
         n = self.graph.n
         self.stats._add(2.0 * (n - 1) / n * tensor_bytes(tensors), 0, everyone=True)
 
-    def state(self) -> Dict[str, int]:
+    def state(self) -> Dict[str, object]:
         state = {"step": self.step}
         if self.sync.swa_start is not None:
             state["swa_count"] = self.swa_count
+        if self._cta and self._pending is not None:
+            # Combine-then-adapt: the exchange of x_t is in flight and step t applies
+            # its change. A resumed run cannot redo it: the forward pass that ran before
+            # step() has moved the buffers (BatchNorm's running mean) since x_t was
+            # sent. Save the change itself, so that the resumed step applies the same.
+            self._wait()
+            state["change"] = {str(d): torch.from_numpy(f.mixed.copy())
+                               for d, f in self._fused.items()}
+            state["layout"] = [list(entry) for entry in self._layout.key]
         return state
 
     def load_state(self, state) -> None:
         self.discard()
         self.step = int(state["step"])
         self.swa_count = int(state.get("swa_count", 0))
+        self._loaded_change = None
+        if state.get("change") is not None:
+            layout = tuple((str(name), int(count)) for name, count in state["layout"])
+            change = {name: np.asarray(t.numpy() if torch.is_tensor(t) else t)
+                      for name, t in state["change"].items()}
+            self._loaded_change = (self.step, (layout, change))
 
     def consensus_distance(self, params: Sequence[torch.Tensor]) -> float:
         """Collective over hvdx's communicator (float64 on the host)."""
@@ -252,6 +274,22 @@ class GraphMixer:
                         tensors[i].add_(value.to(tensors[i].device, tensors[i].dtype))
                     else:
                         tensors[i].copy_(value)
+
+    def _apply_loaded_change(self, tensors, loaded) -> None:
+        """Add the change saved by :meth:`state` to the tensors (step 3, as
+        :meth:`_complete` adds a received one)."""
+        layout, change = loaded
+        self._families(tensors)
+        if layout != self._layout.key:
+            raise ValueError("the checkpoint's decentralized exchange was saved for "
+                             f"other tensors ({len(layout)} of them) than this optimizer "
+                             f"mixes ({len(self._layout.key)})")
+        for dtype, fused in self._fused.items():
+            source = torch.from_numpy(change[str(dtype)])
+            with torch.no_grad():
+                for i, offset, count in fused.slots:
+                    value = source[offset:offset + count].view(tensors[i].shape)
+                    tensors[i].add_(value.to(tensors[i].device, tensors[i].dtype))
 
     def _poll(self, module, inputs):
         """Combine-then-adapt: let MPI move the exchange while the forward pass runs."""
