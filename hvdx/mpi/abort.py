@@ -11,11 +11,14 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 import traceback
 
 __all__ = ["install_abort_on_error", "wrap_init"]
 
 _installed = False
+#: Seconds between writing the traceback and aborting (see the hook).
+_FORWARD_S = 0.5
 
 
 def install_abort_on_error() -> None:
@@ -36,9 +39,16 @@ def install_abort_on_error() -> None:
             return
         rank = MPI.COMM_WORLD.Get_rank()
         text = "".join(traceback.format_exception(exc_type, exc, tb))
-        sys.stderr.write("".join(f"[hvdx rank {rank}] {line}\n" for line in text.splitlines()))
-        sys.stderr.write(f"[hvdx rank {rank}] uncaught exception: aborting all ranks\n")
-        sys.stderr.flush()
+        lines = "".join(f"[hvdx rank {rank}] {line}\n" for line in text.splitlines())
+        lines += f"[hvdx rank {rank}] uncaught exception: aborting all ranks\n"
+        try:
+            sys.stderr.flush()
+            os.write(2, lines.encode(errors="replace"))  # unbuffered, in one piece
+        except OSError:
+            pass
+        # The launcher forwards this rank's output asynchronously and stops forwarding
+        # once the abort kills the job: without a pause the traceback was sometimes lost.
+        time.sleep(_FORWARD_S)
         MPI.COMM_WORLD.Abort(1)
 
     sys.excepthook = hook

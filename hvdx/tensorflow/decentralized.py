@@ -52,15 +52,13 @@ from hvdx.mpi.comm import world
 from hvdx.mpi.neighbor_exchange import NeighborExchange
 from hvdx.tensorflow.mixing import (MixingState, average_over_all_ranks,
                                     make_mixing_keras_optimizer, make_mixing_tape,
-                                    new_state)
+                                    new_state, tape_state)
 
 __all__ = ["DecentralizedState", "DecentralizedStats", "decentralized_state",
            "make_decentralized_keras_optimizer", "make_decentralized_tape"]
 
 #: The attribute that holds the state on the tape and on the Keras optimizer.
 ATTRIBUTE = "hvdx_decentralized"
-# The tape's state is kept on the Decentralized object (the tape is rebuilt every step).
-_TAPE_STATE = "_hvdx_tensorflow_state"
 #: MPI tags of the fused buffers, per family: hvdx's communicator only (torch's are
 #: 0x4876 and 0x4877; one framework runs per process, but distinct tags cost nothing).
 _TAGS = {np.dtype(np.float32): 0x4878, np.dtype(np.float64): 0x4879}
@@ -151,10 +149,13 @@ class DecentralizedState(MixingState):
         return math.sqrt(squared / self.graph.n)
 
 
-def _new_state(sync: Decentralized, compression, process_set, what: str):
+def _new_state(sync, compression, process_set, what: str) -> DecentralizedState:
     """Resolve ``sync`` and check it across ranks (collective); raise on every rank."""
-    return new_state(lambda graph: DecentralizedState(sync, graph), sync, compression,
-                     process_set, what)
+    return new_state(_factory(sync), sync, compression, process_set, what)
+
+
+def _factory(sync):
+    return lambda graph: DecentralizedState(sync, graph)
 
 
 @tf.autograph.experimental.do_not_convert
@@ -171,19 +172,8 @@ def decentralized_state(sync: Decentralized) -> DecentralizedState:
     return _tape_state(sync, _hvd.Compression.none, _hvd.global_process_set)
 
 
-def _tape_state(sync: Decentralized, compression, process_set) -> DecentralizedState:
-    state = getattr(sync, _TAPE_STATE, None)
-    if state is None:
-        state = _new_state(sync, compression, process_set, "DistributedGradientTape")
-        setattr(sync, _TAPE_STATE, state)
-    elif compression is not _hvd.Compression.none or \
-            process_set is not _hvd.global_process_set:
-        # Built before: the collective checks ran then; these arguments are this call's.
-        raise ValueError("compression and process_set: decentralized SGD sends no "
-                         "gradients and chooses its own peers; leave "
-                         "compression=Compression.none and "
-                         "process_set=hvd.global_process_set")
-    return state
+def _tape_state(sync, compression, process_set) -> DecentralizedState:
+    return tape_state(sync, _factory(sync), compression, process_set)
 
 
 # Often called while a tf.function is traced: AutoGraph has nothing to convert here.

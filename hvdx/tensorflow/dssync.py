@@ -49,13 +49,11 @@ import tensorflow as tf
 from hvdx.dssync import DSSync
 from hvdx.mpi.dssync_groups import DSSyncGroups, static_groups
 from hvdx.tensorflow.mixing import (MixingState, make_mixing_keras_optimizer,
-                                    make_mixing_tape, new_state)
+                                    make_mixing_tape, new_state, tape_state)
 
 __all__ = ["DSSyncState", "dssync_process_sets", "dssync_state",
            "make_dssync_keras_optimizer", "make_dssync_tape"]
 
-# The tape's state is kept on the DSSync object (the tape itself is rebuilt every step).
-_TAPE_STATE = "_hvdx_tensorflow_state"
 #: The attribute that holds the state on the tape and on the Keras optimizer.
 ATTRIBUTE = "hvdx_dssync"
 
@@ -141,10 +139,13 @@ class DSSyncState(MixingState):
 
 
 
-def _new_state(sync: DSSync, compression, process_set, what: str) -> DSSyncState:
+def _new_state(sync, compression, process_set, what: str) -> DSSyncState:
     """Resolve ``sync`` and check it across ranks (collective); raise on every rank."""
-    return new_state(lambda plan: DSSyncState(sync, plan.schedule), sync, compression,
-                     process_set, what)
+    return new_state(_factory(sync), sync, compression, process_set, what)
+
+
+def _factory(sync):
+    return lambda plan: DSSyncState(sync, plan.schedule)
 
 
 @tf.autograph.experimental.do_not_convert
@@ -160,18 +161,8 @@ def dssync_state(sync: DSSync) -> DSSyncState:
     return _tape_state(sync, _hvd.Compression.none, _hvd.global_process_set)
 
 
-def _tape_state(sync: DSSync, compression, process_set) -> DSSyncState:
-    state = getattr(sync, _TAPE_STATE, None)
-    if state is None:
-        state = _new_state(sync, compression, process_set, "DistributedGradientTape")
-        setattr(sync, _TAPE_STATE, state)
-    elif compression is not _hvd.Compression.none or \
-            process_set is not _hvd.global_process_set:
-        # Built before: the collective checks ran then; these arguments are this call's.
-        raise ValueError("compression and process_set: DS-Sync sends no gradients and "
-                         "chooses its own groups; leave compression=Compression.none and "
-                         "process_set=hvd.global_process_set")
-    return state
+def _tape_state(sync, compression, process_set) -> DSSyncState:
+    return tape_state(sync, _factory(sync), compression, process_set)
 
 
 # --- the entry points -------------------------------------------------------------------

@@ -38,7 +38,7 @@ from hvdx.strategy import global_due, resolve
 from hvdx.tensorflow.jobs import job
 
 __all__ = ["MixingState", "extra_variables", "make_mixing_keras_optimizer",
-           "make_mixing_tape", "new_state"]
+           "make_mixing_tape", "new_state", "tape_state"]
 
 # Run-time tape classes, one per (user tape class, state attribute).
 _TAPE_CLASSES: Dict[tuple, type] = {}
@@ -222,6 +222,28 @@ def new_state(factory: Callable, sync, compression, process_set, what: str):
     resolved.raise_error()
     state = factory(resolved.plan)
     state._bound.settings = settings
+    return state
+
+
+# A tape lives one step: its state is kept on the strategy object instead.
+_TAPE_STATE = "_hvdx_tensorflow_state"
+
+
+@tf.autograph.experimental.do_not_convert
+def tape_state(sync, factory: Callable, compression, process_set):
+    """The state every tape given ``sync`` shares, made by :func:`new_state` at the
+    first call (collective: every rank builds its first tape at the same point)."""
+    state = getattr(sync, _TAPE_STATE, None)
+    if state is None:
+        state = new_state(factory, sync, compression, process_set, "DistributedGradientTape")
+        setattr(sync, _TAPE_STATE, state)
+    elif compression is not _hvd.Compression.none or \
+            process_set is not _hvd.global_process_set:
+        # Built before: the collective checks ran then; these arguments are this call's.
+        raise ValueError(f"compression and process_set: hvdx.{type(sync).__name__} sends "
+                         "no gradients and chooses its own peers; leave "
+                         "compression=Compression.none and "
+                         "process_set=hvd.global_process_set")
     return state
 
 
