@@ -129,6 +129,39 @@ def test_matches_the_numpy_reference(kind):
     np.testing.assert_allclose(x.detach().numpy(), expected[rank], rtol=0, atol=1e-12)
 
 
+def explicit_partitions(n):
+    """Partitions written out by hand, cycled through step by step."""
+    if n == 4:
+        return [[[0, 1], [2, 3]], [[0, 2], [1, 3]], [[0, 3], [1], [2]], [[0, 1, 2, 3]]]
+    if n == 2:
+        return [[[0, 1]], [[0], [1]]]
+    return [[list(range(n))]]
+
+
+@pytest.mark.mpi(min_size=1)
+def test_matches_explicit_partitions_averaged_in_numpy():
+    # Independent of the schedule objects: the groups are the lists above, and each
+    # step is "local SGD step, then every group's mean", written as loops here.
+    n, rank = hvd.size(), hvd.rank()
+    if n not in (1, 2, 4):
+        pytest.skip("partitions are written out for 1, 2 and 4 ranks")
+    partitions = explicit_partitions(n)
+    centres = np.stack([np.random.default_rng(r).normal(size=4) for r in range(n)])
+    x_all = np.stack([np.random.default_rng(100 + r).normal(size=4) for r in range(n)])
+    x = nn.Parameter(torch.tensor(x_all[rank]))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([x], lr=0.3),
+                                   sync=hvdx.DSSync(schedule=partitions))
+    for step in range(6):
+        opt.zero_grad()
+        (0.5 * ((x - torch.tensor(centres[rank])) ** 2).sum()).backward()
+        opt.step()
+        local = x_all - 0.3 * (x_all - centres)
+        for group in partitions[step % len(partitions)]:
+            local[group] = local[group].mean(axis=0)
+        x_all = local
+    np.testing.assert_allclose(x.detach().numpy(), x_all[rank], rtol=0, atol=1e-12)
+
+
 # --- identities -----------------------------------------------------------------------
 
 @pytest.mark.mpi(min_size=4)
