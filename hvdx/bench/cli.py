@@ -3,7 +3,7 @@
 :func:`add_arguments` adds every ``hvdx bench`` flag to a parser; :func:`run` runs what
 they ask for: the comparison against Horovod (:mod:`hvdx.bench.harness`), or one of the
 focused measurements (``--selection``, ``--topk-bytes``, ``--process-sets``,
-``--overlap``). ``hvdx bench`` (:mod:`hvdx.cli`) hands its subparser to these two;
+``--overlap``, ``--soak``). ``hvdx bench`` (:mod:`hvdx.cli`) hands its subparser to these two;
 ``python -m hvdx.bench.cli`` is the same command as a program of its own.
 
 Examples::
@@ -14,6 +14,7 @@ Examples::
         --strategies horovod,decentralized,decentralized_static \\
         --placement blocked,interleaved
     hvdx bench --overlap --workloads digits_vgg
+    hvdx bench --soak --ranks 4 --steps 2000
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
                             "graph, adapt-then-combine and combine-then-adapt) against the "
                             "same loop with the local optimizer only, on localhost "
                             "(--ranks; --steps per mode, default 60; --workloads)")
+    bench.add_argument("--soak", action="store_true",
+                       help="only run every strategy for --steps steps (default 2000) on "
+                            "localhost at --ranks ranks and report memory growth and the "
+                            "drift between ranks, for Horovod, TopK, DS-Sync and "
+                            "decentralized SGD")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,6 +98,13 @@ def run(args: argparse.Namespace) -> int:
                            steps=args.steps or 60, say=say, timeout=args.timeout)
         print(f"\nDecentralized SGD's exchange against no exchange (localhost, "
               f"{args.ranks} ranks, modes interleaved in one job):")
+        print(render(rows))
+        return 0
+    if args.soak:
+        from hvdx.bench.soak import render, run as run_soak
+
+        rows = run_soak(ranks=args.ranks, steps=args.steps or 2000, say=say)
+        print(f"\nSoak: {args.ranks} ranks on localhost, digits_cnn:")
         print(render(rows))
         return 0
     placements = check_placements(args.placement.split(","))

@@ -1,6 +1,7 @@
 """A rank that fails ends the whole job, promptly, under mpirun and under horovodrun,
 for every strategy: an uncaught exception within 10 s (non-zero exit, that rank's
-traceback in the output), a SIGKILL within 30 s. The times are measured from the moment
+traceback in the output), a SIGKILL within 30 s (every strategy under mpirun, one
+under horovodrun). The times are measured from the moment
 the failing rank fails (it writes the time to a file first)."""
 
 import os
@@ -33,9 +34,16 @@ def launch(launcher, strategy, how, stamp):
     return proc, time.time()
 
 
-@pytest.mark.parametrize("how", sorted(LIMITS))
-@pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
+# Every strategy under both launchers for an exception; a SIGKILL is the launcher's to
+# notice whatever the survivors wait in: every strategy under mpirun, one under
+# horovodrun (the suite's time is shared with everything else).
+CASES = [(launcher, strategy, "raise") for launcher in ("mpirun", "horovodrun")
+         for strategy in STRATEGIES] + \
+    [("mpirun", strategy, "kill") for strategy in STRATEGIES] + \
+    [("horovodrun", "decentralized", "kill")]
+
+
+@pytest.mark.parametrize("launcher,strategy,how", CASES)
 def test_a_failing_rank_ends_the_whole_job_promptly(launcher, strategy, how, tmp_path):
     stamp = tmp_path / "failed_at"
     proc, ended = launch(launcher, strategy, how, stamp)
