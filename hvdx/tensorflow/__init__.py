@@ -17,7 +17,10 @@ unchanged, except:
 - ``sync=hvdx.Decentralized(..., order="combine_then_adapt")``: decentralized SGD over a
   graph, mixing with neighbours by MPI point-to-point
   (:mod:`hvdx.tensorflow.decentralized`); :func:`decentralized_state` gives the tape's
-  state (checkpoint, ``synchronize_parameters``, ``consensus_distance``).
+  state (checkpoint, ``synchronize_parameters``, ``consensus_distance``);
+- :func:`save_checkpoint` / :func:`load_checkpoint`: every rank's
+  ``tf.train.Checkpoint`` in one file on rank 0, written atomically
+  (:mod:`hvdx.tensorflow.checkpoint`).
 
 With no hvdx feature switched on, the tape is Horovod's own, so training is bitwise
 identical to Horovod's. Keras users import :mod:`hvdx.tensorflow.keras`.
@@ -36,5 +39,6 @@ from hvdx.tensorflow.gradient_tape import DistributedGradientTape  # noqa: E402,
 from hvdx.tensorflow.topk import TopKState, topk_state  # noqa: E402,F401
 from hvdx.tensorflow.dssync import dssync_process_sets, dssync_state  # noqa: E402,F401
 from hvdx.tensorflow.decentralized import decentralized_state  # noqa: E402,F401
+from hvdx.tensorflow.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402,F401
 from hvdx.decentralized import Decentralized  # noqa: E402,F401
 from hvdx.dssync import DSSync  # noqa: E402,F401

@@ -12,10 +12,10 @@ These two collective helpers keep each rank's own:
    step counters, adapted topologies, autotune's choice) and ``extra``, moved to host
    memory;
 2. they are gathered to rank 0 (mpi4py, pickled);
-3. rank 0 writes them with ``torch.save`` to a temporary file next to ``path``, flushes
-   and fsyncs it, then renames it over ``path`` (``os.replace``: atomic on POSIX) and
-   fsyncs the directory: a reader, or a run killed mid-write, finds the previous
-   checkpoint or the new one, never a part of one;
+3. rank 0 serializes them with ``torch.save`` and writes the bytes atomically
+   (:mod:`hvdx.atomic_file`: a temporary file, fsync, rename over ``path``): a reader,
+   or a run killed mid-write, finds the previous checkpoint or the new one, never a
+   part of one;
 4. rank 0's outcome is broadcast, so every rank returns, or raises the same error.
 
 ``load_checkpoint(path, model, optimizer)``: rank 0 reads the file and checks it
@@ -33,14 +33,15 @@ The file lives where rank 0 writes it; loading needs it on rank 0 only.
 
 from __future__ import annotations
 
+import io
 import os
-import tempfile
 from collections import OrderedDict
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import horovod.torch as _hvd
 import torch
 
+from hvdx.atomic_file import write_atomically
 from hvdx.mpi.comm import world
 
 __all__ = ["FORMAT", "load_checkpoint", "save_checkpoint"]
@@ -68,9 +69,10 @@ def save_checkpoint(path, model, optimizer=None, **extra: Any) -> None:
     everyone = comm.gather(state, root=0)
     error = None
     if comm.Get_rank() == 0:
+        buffer = io.BytesIO()
+        torch.save({"format": FORMAT, "size": comm.Get_size(), "ranks": everyone}, buffer)
         try:
-            _write_atomically(os.fspath(path), {"format": FORMAT, "size": comm.Get_size(),
-                                                "ranks": everyone})
+            write_atomically(os.fspath(path), buffer.getvalue())
         except OSError as exc:
             error = f"save_checkpoint: rank 0 could not write {os.fspath(path)!r}: {exc}"
     error = comm.bcast(error, root=0)
@@ -131,31 +133,3 @@ def _to_host(value):
         return type(value)(converted) if not hasattr(value, "_fields") else \
             type(value)(*converted)
     return value
-
-
-def _write_atomically(path: str, content) -> None:
-    """Step 3 of the module docstring."""
-    directory = os.path.dirname(os.path.abspath(path))
-    handle, temporary = tempfile.mkstemp(prefix=os.path.basename(path) + ".",
-                                         suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(handle, "wb") as f:
-            torch.save(content, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
-    fd: Optional[int] = None
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-        os.fsync(fd)
-    except OSError:  # some file systems cannot fsync a directory; the rename stands
-        pass
-    finally:
-        if fd is not None:
-            os.close(fd)

@@ -22,5 +22,6 @@ from hvdx.tensorflow.compression import Compression  # noqa: E402,F401
 from hvdx.tensorflow.runtime import init  # noqa: E402,F401
 from hvdx.tensorflow.keras.optimizer import DistributedOptimizer  # noqa: E402,F401
 from hvdx.tensorflow.dssync import dssync_process_sets  # noqa: E402,F401
+from hvdx.tensorflow.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402,F401
 from hvdx.decentralized import Decentralized  # noqa: E402,F401
 from hvdx.dssync import DSSync  # noqa: E402,F401
