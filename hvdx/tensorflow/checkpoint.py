@@ -9,10 +9,9 @@ and step counters), so rank 0's is not everyone's. The helpers take the objects 
 
 1. every rank writes ``tf.train.Checkpoint(**objects)`` into a private temporary
    directory and reads the files back as bytes;
-2. the bytes are gathered to rank 0 (mpi4py);
-3. rank 0 writes one file (``numpy.savez``: the format, the number of ranks, each
-   rank's files) atomically (:mod:`hvdx.atomic_file`);
-4. rank 0's outcome is broadcast: every rank returns, or raises the same error.
+2. the bytes are gathered to rank 0, which writes one file (pickled: the format, the
+   number of ranks, each rank's files) atomically; every rank returns, or raises the
+   same error (:func:`hvdx.mpi.job_checkpoint.gather_to_file`).
 
 ``load_checkpoint(path, model=model, optimizer=opt, hvdx=state)`` (collective): rank 0
 reads and checks the file, broadcasts the verdict, scatters each rank its own files;
@@ -29,19 +28,17 @@ Example::
 from __future__ import annotations
 
 import atexit
-import io
-import json
 import os
+import pickle
 import shutil
 import tempfile
 from typing import Dict
 
 import horovod.tensorflow as _hvd
-import numpy as np
 import tensorflow as tf
 
 from hvdx.mpi.comm import world
-from hvdx.atomic_file import write_atomically
+from hvdx.mpi.job_checkpoint import gather_to_file, scatter_from_file
 
 __all__ = ["FORMAT", "load_checkpoint", "save_checkpoint"]
 
@@ -57,7 +54,6 @@ def save_checkpoint(path, **objects) -> None:
     Raises:
         OSError: on every rank, if rank 0 could not write the file.
     """
-    comm = world(_hvd.global_process_set)
     directory = tempfile.mkdtemp(prefix="hvdx-ckpt-")
     try:
         tf.train.Checkpoint(**objects).write(os.path.join(directory, _PREFIX))
@@ -65,23 +61,7 @@ def save_checkpoint(path, **objects) -> None:
                  for name in sorted(os.listdir(directory))}
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    everyone = comm.gather(files, root=0)
-    error = None
-    if comm.Get_rank() == 0:
-        arrays = {"header": _encode({"format": FORMAT, "size": comm.Get_size(),
-                                     "files": [sorted(f) for f in everyone]})}
-        for rank, rank_files in enumerate(everyone):
-            for i, name in enumerate(sorted(rank_files)):
-                arrays[f"r{rank}_{i}"] = np.frombuffer(rank_files[name], np.uint8)
-        buffer = io.BytesIO()
-        np.savez(buffer, **arrays)
-        try:
-            write_atomically(os.fspath(path), buffer.getvalue())
-        except OSError as exc:
-            error = f"save_checkpoint: rank 0 could not write {os.fspath(path)!r}: {exc}"
-    error = comm.bcast(error, root=0)
-    if error is not None:
-        raise OSError(error)
+    gather_to_file(world(_hvd.global_process_set), path, files, FORMAT, pickle.dumps)
 
 
 def load_checkpoint(path, **objects):
@@ -95,33 +75,8 @@ def load_checkpoint(path, **objects):
             TensorFlow checkpoint, or holds another number of ranks; nothing is
             restored then.
     """
-    comm = world(_hvd.global_process_set)
-    size, rank = comm.Get_size(), comm.Get_rank()
-    per_rank, error = None, None
-    if rank == 0:
-        try:
-            with np.load(os.fspath(path)) as data:
-                header = json.loads(data["header"].tobytes().decode())
-                if header.get("format") != FORMAT:
-                    raise ValueError("format")
-                per_rank = [{name: data[f"r{r}_{i}"].tobytes()
-                             for i, name in enumerate(names)}
-                            for r, names in enumerate(header["files"])]
-        except (OSError, ValueError, KeyError) as exc:
-            if isinstance(exc, ValueError) and str(exc) == "format":
-                error = (f"load_checkpoint: {os.fspath(path)!r} is not a checkpoint "
-                         "written by hvdx.tensorflow.save_checkpoint")
-            else:
-                error = f"load_checkpoint: cannot read {os.fspath(path)!r} on rank 0: {exc}"
-        else:
-            if header["size"] != size:
-                error = (f"load_checkpoint: {os.fspath(path)!r} holds {header['size']} "
-                         f"ranks' state and this job has {size} ranks; resume with "
-                         f"{header['size']} ranks")
-    error = comm.bcast(error, root=0)
-    if error is not None:
-        raise ValueError(error)
-    mine: Dict[str, bytes] = comm.scatter(per_rank if rank == 0 else None, root=0)
+    mine: Dict[str, bytes] = scatter_from_file(world(_hvd.global_process_set), path,
+                                               FORMAT, pickle.loads)
     # Kept until the process ends: TensorFlow restores variables created later (Keras'
     # slots, hvdx's SWA means) from these files, when they are created.
     directory = tempfile.mkdtemp(prefix="hvdx-ckpt-")
@@ -135,7 +90,3 @@ def load_checkpoint(path, **objects):
 def _read(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
-
-
-def _encode(header: Dict) -> np.ndarray:
-    return np.frombuffer(json.dumps(header).encode(), np.uint8)

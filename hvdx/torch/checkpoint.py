@@ -11,12 +11,11 @@ These two collective helpers keep each rank's own:
    entries: residuals, server residuals, velocities, the schedule's and the peers'
    step counters, adapted topologies, autotune's choice) and ``extra``, moved to host
    memory;
-2. they are gathered to rank 0 (mpi4py, pickled);
-3. rank 0 serializes them with ``torch.save`` and writes the bytes atomically
-   (:mod:`hvdx.atomic_file`: a temporary file, fsync, rename over ``path``): a reader,
-   or a run killed mid-write, finds the previous checkpoint or the new one, never a
-   part of one;
-4. rank 0's outcome is broadcast, so every rank returns, or raises the same error.
+2. they are gathered to rank 0, which serializes them with ``torch.save`` and writes
+   the bytes atomically (a temporary file, fsync, rename over ``path``): a reader, or a
+   run killed mid-write, finds the previous checkpoint or the new one, never a part of
+   one; every rank returns, or raises the same error
+   (:func:`hvdx.mpi.job_checkpoint.gather_to_file`).
 
 ``load_checkpoint(path, model, optimizer)``: rank 0 reads the file and checks it
 (format, number of ranks), broadcasts the verdict (every rank raises the same error
@@ -34,15 +33,14 @@ The file lives where rank 0 writes it; loading needs it on rank 0 only.
 from __future__ import annotations
 
 import io
-import os
 from collections import OrderedDict
 from typing import Any, Dict
 
 import horovod.torch as _hvd
 import torch
 
-from hvdx.atomic_file import write_atomically
 from hvdx.mpi.comm import world
+from hvdx.mpi.job_checkpoint import gather_to_file, scatter_from_file
 
 __all__ = ["FORMAT", "load_checkpoint", "save_checkpoint"]
 
@@ -62,22 +60,10 @@ def save_checkpoint(path, model, optimizer=None, **extra: Any) -> None:
     Raises:
         OSError: on every rank, if rank 0 could not write the file.
     """
-    comm = world(_hvd.global_process_set)
     state = {"model": None if model is None else _to_host(model.state_dict()),
              "optimizer": None if optimizer is None else _to_host(optimizer.state_dict()),
              "extra": _to_host(extra)}
-    everyone = comm.gather(state, root=0)
-    error = None
-    if comm.Get_rank() == 0:
-        buffer = io.BytesIO()
-        torch.save({"format": FORMAT, "size": comm.Get_size(), "ranks": everyone}, buffer)
-        try:
-            write_atomically(os.fspath(path), buffer.getvalue())
-        except OSError as exc:
-            error = f"save_checkpoint: rank 0 could not write {os.fspath(path)!r}: {exc}"
-    error = comm.bcast(error, root=0)
-    if error is not None:
-        raise OSError(error)
+    gather_to_file(world(_hvd.global_process_set), path, state, FORMAT, _serialize)
 
 
 def load_checkpoint(path, model, optimizer=None) -> Dict[str, Any]:
@@ -90,31 +76,22 @@ def load_checkpoint(path, model, optimizer=None) -> Dict[str, Any]:
         ValueError: on every rank, if the file is missing, unreadable, not an hvdx
             checkpoint, or holds another number of ranks; nothing is loaded then.
     """
-    comm = world(_hvd.global_process_set)
-    size, rank = comm.Get_size(), comm.Get_rank()
-    content, error = None, None
-    if rank == 0:
-        try:
-            content = torch.load(os.fspath(path), map_location="cpu", weights_only=False)
-        except (OSError, RuntimeError, EOFError, ValueError) as exc:
-            error = f"load_checkpoint: cannot read {os.fspath(path)!r} on rank 0: {exc}"
-        else:
-            if not isinstance(content, dict) or content.get("format") != FORMAT:
-                error = (f"load_checkpoint: {os.fspath(path)!r} is not a checkpoint written "
-                         "by hvdx's save_checkpoint")
-            elif content["size"] != size:
-                error = (f"load_checkpoint: {os.fspath(path)!r} holds {content['size']} "
-                         f"ranks' state and this job has {size} ranks; resume with "
-                         f"{content['size']} ranks")
-    error = comm.bcast(error, root=0)
-    if error is not None:
-        raise ValueError(error)
-    mine = comm.scatter(content["ranks"] if rank == 0 else None, root=0)
+    mine = scatter_from_file(world(_hvd.global_process_set), path, FORMAT, _deserialize)
     if model is not None and mine["model"] is not None:
         model.load_state_dict(mine["model"])
     if optimizer is not None and mine["optimizer"] is not None:
         optimizer.load_state_dict(mine["optimizer"])
     return mine["extra"]
+
+
+def _serialize(content) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(content, buffer)
+    return buffer.getvalue()
+
+
+def _deserialize(data: bytes):
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
 
 
 def _to_host(value):
