@@ -71,7 +71,7 @@ from hvdx.core.sharding import shard_bounds, split_by_shard
 from hvdx.core.sparsity_warmup import config_at
 from hvdx.mpi.sparse import allgather_int, allgatherv_pairs, alltoallv_pairs, wait
 
-__all__ = ["TopKStats", "TopKSynchronizer", "first_nonfinite"]
+__all__ = ["TopKStats", "TopKSynchronizer", "check_saved_rank", "first_nonfinite"]
 
 #: The most entries one fused exchange covers: its indices must fit in int32.
 _GROUP_LIMIT = 2 ** 31
@@ -167,6 +167,18 @@ def first_nonfinite(arrays: Sequence[np.ndarray]) -> int:
         if not np.isfinite(a).all():
             return position
     return len(arrays)
+
+
+def check_saved_rank(state, rank: int) -> None:
+    """Refuse TopK state holding another rank's residuals (``ValueError`` naming both)."""
+    saved = state.get("rank")
+    if saved is not None and int(saved) != rank and (state["worker"] or state["server"]):
+        raise ValueError(
+            f"this TopK checkpoint holds the residuals of rank {int(saved)} and this is "
+            f"rank {rank}: TopK's residuals belong to the rank that accumulated them. "
+            "Save a checkpoint on every rank, one file per rank (e.g. named after "
+            "hvd.rank()), and load each rank's own, or use hvd.save_checkpoint / "
+            "hvd.load_checkpoint, which keep every rank's state in one file")
 
 
 class TopKSynchronizer:
@@ -411,15 +423,7 @@ class TopKSynchronizer:
                 server residuals for another mode or number of ranks (a shard means
                 nothing in another layout), or the residuals for another ``selection``.
         """
-        saved = state.get("rank")
-        if saved is not None and int(saved) != self.rank and \
-                (state["worker"] or state["server"]):
-            raise ValueError(
-                f"this TopK checkpoint holds the residuals of rank {int(saved)} and this is "
-                f"rank {self.rank}: TopK's residuals belong to the rank that accumulated "
-                "them. Save the optimizer's state_dict() on every rank, one file per rank "
-                "(e.g. named after hvd.rank()), and load each rank's own; loading rank 0's "
-                "file everywhere would give every rank rank 0's residuals")
+        check_saved_rank(state, self.rank)
         if state["server"] and (state["mode"], state["size"]) != (self.mode, self.size):
             raise ValueError(
                 f"the checkpoint's TopK server residuals are for mode={state['mode']} on "

@@ -65,7 +65,8 @@ import horovod.tensorflow as _hvd
 
 from hvdx.compression import TopKCompression
 from hvdx.mpi import communicator_for
-from hvdx.mpi.topk_sync import TopKStats, TopKSynchronizer, first_nonfinite
+from hvdx.mpi.topk_sync import (TopKStats, TopKSynchronizer, check_saved_rank,
+                                 first_nonfinite)
 
 __all__ = ["TopKState", "check_topk_arguments", "install_on_keras_optimizer",
            "install_on_tape", "make_allreduce_grads", "topk_state"]
@@ -180,14 +181,7 @@ class TopKState(tf.Module):
         if self._synchronizer is None:
             # Checked now, while the checkpoint is read: found at the first step, it
             # would stop some ranks and leave the others waiting in the exchange.
-            saved = state.get("rank")
-            if saved is not None and int(saved) != _hvd.rank() and \
-                    (state["worker"] or state["server"]):
-                raise ValueError(
-                    f"this TopK checkpoint holds the residuals of rank {int(saved)} and "
-                    f"this is rank {_hvd.rank()}: TopK's residuals belong to the rank that "
-                    "accumulated them. Write a checkpoint on every rank, one file per rank "
-                    "(e.g. named after hvd.rank()), and read each rank's own")
+            check_saved_rank(state, _hvd.rank())
             self._pending = state
         else:
             self._synchronizer.load_state_dict(state)
