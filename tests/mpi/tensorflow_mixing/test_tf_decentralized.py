@@ -22,6 +22,7 @@ import hvdx.tensorflow.keras as hvd_keras
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "unit"))
 from explicit_graphs import explicit, tau  # noqa: E402
+import quadratic_steps  # noqa: E402
 
 LR = 0.25  # exact in float32, so Keras' learning-rate variable holds it exactly
 ATC, CTA = "adapt_then_combine", "combine_then_adapt"
@@ -40,22 +41,8 @@ def quadratic(n, d=4):
 
 def trainer(entry, sync, x, centre, lr=LR):
     """A step function for one variable ``x``, and the object holding the state."""
-    optimizer = tf.keras.optimizers.SGD(lr)
-    centre = tf.constant(centre)
-    if entry.startswith("keras"):
-        optimizer = hvd_keras.DistributedOptimizer(optimizer, sync=sync)
-
-    def step():
-        with tf.GradientTape() as tape:
-            loss = 0.5 * tf.reduce_sum((x - centre) ** 2)
-        if entry.startswith("tape"):
-            tape = hvd.DistributedGradientTape(tape, sync=sync)
-        grads = tape.gradient(loss, [x])
-        optimizer.apply_gradients(zip(grads, [x]))
-
-    if entry.endswith("function"):
-        step = tf.function(step)
-    if entry.startswith("keras"):
+    step, optimizer = quadratic_steps.trainer(entry, sync, x, centre, lr)
+    if optimizer is not None:
         return step, lambda: optimizer.hvdx_decentralized
     return step, lambda: hvd.decentralized_state(sync)
 

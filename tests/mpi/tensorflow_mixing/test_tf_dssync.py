@@ -20,6 +20,8 @@ import hvdx.tensorflow.keras as hvd_keras
 from hvdx.core.group_averaging import COMBINE_THEN_ADAPT, simulate_dssync
 from hvdx.core.topology import Topology
 
+import quadratic_steps  # noqa: E402
+
 LR = 0.25  # exact in float32, so Keras' learning-rate variable holds it exactly
 # Every variant runs at 1 and 2 ranks; at 4 ranks (on 2 cores, where a TensorFlow step
 # costs most) the compiled ones, with groups that need registered process sets, and
@@ -38,25 +40,7 @@ def quadratic(n, d=4):
 
 
 def trainer(entry, sync, x, centre, lr=LR, optimizer=None):
-    """A step function for one variable ``x``, and the Keras DS-Sync optimizer (None for
-    the tape, whose state :func:`hvd.dssync_state` gives)."""
-    optimizer = optimizer or tf.keras.optimizers.SGD(lr)
-    centre = tf.constant(centre)
-    if entry.startswith("keras"):
-        optimizer = hvd_keras.DistributedOptimizer(optimizer, sync=sync)
-
-    def step():
-        with tf.GradientTape() as tape:
-            loss = 0.5 * tf.reduce_sum((x - centre) ** 2)
-        if entry.startswith("tape"):
-            tape = hvd.DistributedGradientTape(tape, sync=sync)
-        grads = tape.gradient(loss, [x])
-        optimizer.apply_gradients(zip(grads, [x]))
-
-    if entry.endswith("function"):
-        step = tf.function(step)
-    owner = optimizer if entry.startswith("keras") else None
-    return step, owner
+    return quadratic_steps.trainer(entry, sync, x, centre, lr, optimizer)
 
 
 def state_of(owner, sync):
