@@ -17,7 +17,7 @@ from typing import ClassVar, List, Optional
 
 from hvdx.core.bidirectional_topk import MODES, TopKConfig
 from hvdx.core.topk_selection import DEFAULT_SAMPLE_SIZE
-from hvdx.strategy import Strategy
+from hvdx.strategy import Strategy, several_ranks, validating
 
 __all__ = ["MODES_AUTO", "SELECTIONS", "SMALL_TENSORS", "TopKCompression", "topk"]
 
@@ -95,6 +95,7 @@ class TopKCompression(Strategy):
     momentum_masking: bool = True
     autotune_steps: int = 0
 
+    @validating
     def __post_init__(self):
         if not isinstance(self.config, TopKConfig):
             raise TypeError(f"config={self.config!r} must be a TopKConfig")
@@ -137,6 +138,8 @@ class TopKCompression(Strategy):
 
     def describe(self) -> str:
         """One rank-independent line for the fingerprint and for logs."""
+        if self.error is not None:
+            return self.invalid_repr()
         c = self.config
         downlink = "none" if c.downlink_ratio is None else repr(c.downlink_ratio)
         return (f"topk ratio={c.ratio!r} downlink={downlink} mode={self.mode} "
@@ -193,10 +196,19 @@ def topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,
             them only if it was faster (0: always compress).
 
     Raises:
-        ValueError: an argument is out of range, named with its value (``ratio=2.0``).
+        ValueError: an argument is out of range, named with its value (``ratio=2.0``);
+            in a job of several ranks, raised by the optimizer or tape that takes the
+            spec, on every rank (:func:`hvdx.strategy.validating`).
     """
-    config = TopKConfig(ratio=ratio, downlink_ratio=downlink_ratio, selector=selector,
-                        sample_size=sample_size, seed=seed)
+    try:
+        config = TopKConfig(ratio=ratio, downlink_ratio=downlink_ratio,
+                            selector=selector, sample_size=sample_size, seed=seed)
+    except ValueError as error:
+        if not several_ranks():
+            raise
+        invalid = TopKCompression(TopKConfig(ratio=1.0))  # a placeholder: never used
+        object.__setattr__(invalid, "error", error)
+        return invalid
     return TopKCompression(config, mode=mode, min_size=min_size,
                            small_tensors=small_tensors, warmup_steps=warmup_steps,
                            error_feedback=error_feedback, selection=selection,

@@ -44,7 +44,7 @@ from typing import Dict, List, Tuple
 
 from hvdx.core import mixing_graphs
 from hvdx.core.group_averaging import ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT
-from hvdx.strategy import Job, MixingStrategy, check_integer
+from hvdx.strategy import Job, MixingStrategy, check_integer, validating
 
 __all__ = ["ORDERS", "Decentralized", "DecentralizedStats", "MixingGraph"]
 
@@ -75,6 +75,7 @@ class Decentralized(MixingStrategy):
 
     name = "decentralized"
 
+    @validating
     def __init__(self, topology="one-peer-exp", order: str = ADAPT_THEN_COMBINE,
                  mix_every: int = 1, global_every: int = 0, swa_start=None,
                  swa_every: int = 1, average_optimizer_state: bool = False):
@@ -129,6 +130,8 @@ class Decentralized(MixingStrategy):
         return (step + 1) % self.mix_every == 0
 
     def __repr__(self) -> str:
+        if self.error is not None:
+            return self.invalid_repr()
         topology = self.topology if isinstance(self.topology, str) else \
             mixing_graphs.topology_name(self.topology)
         return (f"Decentralized(topology={topology!r}, order={self.order!r}, "

@@ -31,7 +31,7 @@ from hvdx.core.dssync_schedule import (ListSchedule, RotationSchedule, ShuffleSc
                                        default_rotation_parameters)
 from hvdx.core.topology import Topology
 from hvdx.core.units import parse_rate
-from hvdx.strategy import Job, MixingStrategy
+from hvdx.strategy import Job, MixingStrategy, validating
 from hvdx.strategy import check_integer as _integer
 
 __all__ = ["DSSync", "DSSyncPlan", "LINK_RATES_VARIABLES", "link_rates_from_environment",
@@ -99,6 +99,7 @@ class DSSync(MixingStrategy):
             broadcast, instead of the probe's transfers.
     """
 
+    @validating
     def __init__(self, schedule="rotation", group_size: Optional[int] = None,
                  seed: int = 0, intra_phases: Optional[int] = None,
                  cross_ranks: Optional[int] = None, topology: Optional[Topology] = None,
@@ -257,6 +258,8 @@ class DSSync(MixingStrategy):
         return entries + [(name, value) for name, value in extra if name not in seen]
 
     def __repr__(self) -> str:
+        if self.error is not None:
+            return self.invalid_repr()
         schedule = repr(self.kind) if self.partitions is None else \
             f"<{self.partitions.period} partitions>"
         return (f"DSSync(schedule={schedule}, group_size={self.group_size}, "

@@ -21,10 +21,15 @@ def horovod_settings(**settings) -> List[Tuple[str, object]]:
 
     Classes (Horovod compressors) are rendered by qualified name, process sets by their
     ranks, hvdx strategies by :meth:`~hvdx.strategy.Strategy.describe`, so that the
-    same settings give the same text on every rank.
+    same settings give the same text on every rank. A strategy whose constructor failed
+    (:func:`hvdx.strategy.validating`) adds its error as ``<strategy>.error``, which
+    :func:`hvdx.mpi.check_consistent` reports on every rank.
     """
     entries: List[Tuple[str, object]] = [("hvdx.version", __version__)]
     for name, value in settings.items():
+        if isinstance(value, Strategy) and value.error is not None:
+            entries += [(name, value.name), (f"{value.name}.error", str(value.error))]
+            continue
         if isinstance(value, Strategy):
             value = value.describe()
         elif isinstance(value, type):

@@ -12,7 +12,9 @@ never name a concrete strategy. They:
    depends on the job (the world size, the other arguments) and builds the run-time
    plan (a schedule, a graph); :meth:`Strategy.fingerprint_settings` lists the
    fingerprint entries.
-   A ``ValueError`` there does not raise yet: it becomes a fingerprint entry;
+   A ``ValueError`` there does not raise yet: it becomes a fingerprint entry. So does
+   one from the spec's constructor in a job of several ranks (:func:`validating`): a
+   wrong value on one rank only must fail on every rank, not end that rank alone;
 3. check the fingerprint across ranks (:mod:`hvdx.mpi.consistency`), so a rank that
    failed, or resolved differently, makes every rank raise the same error instead of
    leaving the others waiting in a collective; then raise the resolution's error;
@@ -29,14 +31,16 @@ holds the options that wrapper implements once: ``global_every``, the SWA merge.
 from __future__ import annotations
 
 import abc
+import functools
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple
 
 import numpy as np
 
 __all__ = ["Job", "MixingStrategy", "Resolved", "Strategy", "adapter_for", "global_due",
-           "resolve", "strategy_of"]
+           "resolve", "several_ranks", "strategy_of", "strategy_or_error", "validating"]
 
 #: A fingerprint entry: ``(name, value)``, rendered with ``repr``.
 Setting = Tuple[str, object]
@@ -81,6 +85,14 @@ class Strategy(abc.ABC):
     name: ClassVar[str] = ""
     #: ``"compression"`` or ``"sync"``.
     argument: ClassVar[str] = "sync"
+    #: The constructor's ``ValueError``, kept for the entry point in a job of several
+    #: ranks (:func:`validating`); ``None`` for a valid spec.
+    error: Optional[ValueError] = None
+
+    def invalid_repr(self) -> str:
+        """What ``repr`` shows of a spec whose constructor failed (its fields may be
+        missing)."""
+        return f"{type(self).__name__}(<invalid: {self.error}>)"
 
     def prepare(self, job: Job) -> Any:
         """Validate against ``job`` and return the run-time plan (collective only where
@@ -157,9 +169,15 @@ class Resolved:
 
 
 def resolve(strategy: Optional[Strategy], job: Job) -> Resolved:
-    """Prepare ``strategy`` for ``job``; a ``ValueError`` becomes a fingerprint entry."""
+    """Prepare ``strategy`` for ``job``; a ``ValueError`` becomes a fingerprint entry.
+
+    A spec whose constructor failed is not prepared: its error is already an entry of
+    the entry point's settings (:func:`hvdx.settings.horovod_settings`).
+    """
     if strategy is None:
         return Resolved([])
+    if strategy.error is not None:
+        return Resolved([], None, strategy.error)
     try:
         plan = strategy.prepare(job)
         return Resolved(list(strategy.fingerprint_settings(job, plan)), plan)
@@ -188,6 +206,18 @@ def strategy_of(compression, sync) -> Optional[Strategy]:
     return None
 
 
+def strategy_or_error(compression, sync) -> Tuple[Optional[Strategy], Optional[Exception]]:
+    """:func:`strategy_of`, with its ``TypeError`` returned instead of raised in a job
+    of several ranks: the entry point raises it on every rank after the cross-rank
+    check (a wrong ``sync=`` on one rank only must not end that rank alone)."""
+    try:
+        return strategy_of(compression, sync), None
+    except TypeError as error:
+        if not several_ranks():
+            raise
+        return None, error
+
+
 def adapter_for(table: Dict[str, Callable], strategy: Strategy, what: str) -> Callable:
     """``strategy``'s adapter in a framework registry ``table`` (keyed by name).
 
@@ -199,6 +229,39 @@ def adapter_for(table: Dict[str, Callable], strategy: Strategy, what: str) -> Ca
     except KeyError:
         raise TypeError(f"{strategy.argument}={strategy!r}: {what} has no adapter for "
                         f"strategy {strategy.name!r}") from None
+
+
+def several_ranks() -> bool:
+    """Whether this process is one of several MPI ranks (MPI initialised, world > 1).
+
+    Only looks: MPI is not initialised here (a spec may be built before ``hvd.init``;
+    importing ``hvdx.torch`` or ``hvdx.tensorflow`` initialises it).
+    """
+    mpi = sys.modules.get("mpi4py.MPI")
+    return (mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized()
+            and mpi.COMM_WORLD.Get_size() > 1)
+
+
+def validating(method):
+    """Decorate a spec's constructor: its ``ValueError`` names the bad argument.
+
+    In a job of one rank (or without MPI) the error is raised at once, where the spec
+    is built. In a job of several ranks it is kept in :attr:`Strategy.error` instead,
+    and the entry point that takes the spec raises it on *every* rank after the
+    cross-rank check (:mod:`hvdx.mpi.consistency`), with the same message naming the
+    rank: raised here, a wrong value on one rank only would end that rank and leave
+    the others waiting in their next collective (or be ended by ``MPI_Abort``,
+    without the reason).
+    """
+    @functools.wraps(method)
+    def checked(self, *args, **kwargs):
+        try:
+            method(self, *args, **kwargs)
+        except ValueError as error:
+            if not several_ranks():
+                raise
+            object.__setattr__(self, "error", error)  # frozen dataclasses too
+    return checked
 
 
 def global_due(step: int, every: int) -> bool:

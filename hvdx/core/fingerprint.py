@@ -11,18 +11,21 @@ hvdx therefore compares a fingerprint when an optimizer is built:
    optimizer iterates them (``value`` is dtype and shape), then one per setting;
 2. the ranks exchange a short digest of their list (one small allgather);
 3. only if the digests differ, they exchange the full lists and every rank computes the
-   same :func:`first_difference`, so every rank raises the same ``ValueError``.
+   same message, so every rank raises the same ``ValueError``: the first rank's error
+   where a rank could not build its settings (:func:`first_error`: a setting whose
+   key ends in ``.error``), else the :func:`first_difference`.
 
 The functions here are pure; the exchange is in :mod:`hvdx.mpi.consistency`.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence, Tuple
 
-__all__ = ["Entry", "Fingerprint", "first_difference"]
+__all__ = ["Entry", "Fingerprint", "first_difference", "first_error"]
 
 #: ``(kind, key, value)``: kind is ``"parameter"`` or ``"setting"``.
 Entry = Tuple[str, str, str]
@@ -63,6 +66,24 @@ class Fingerprint:
         for kind, key, value in self.entries:
             h.update(f"{kind}\x1f{key}\x1f{value}\x1e".encode())
         return h.hexdigest()[:32]
+
+
+def first_error(fingerprints: Sequence[Fingerprint]) -> Optional[str]:
+    """The error of the lowest rank that could not build its settings, or ``None``.
+
+    A rank records such an error as a setting ``<what>.error`` whose value is the
+    message (a ``ValueError`` kept for the cross-rank check instead of raised on that
+    rank alone).
+    """
+    for rank, fingerprint in enumerate(fingerprints):
+        for kind, key, value in fingerprint.entries:
+            if kind == "setting" and key.endswith(".error"):
+                try:
+                    message = ast.literal_eval(value)
+                except (ValueError, SyntaxError):
+                    message = value
+                return f"rank {rank} cannot use its {key[:-len('.error')]}: {message}"
+    return None
 
 
 def first_difference(fingerprints: Sequence[Fingerprint]) -> Optional[str]:

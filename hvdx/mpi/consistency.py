@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
-from hvdx.core.fingerprint import Fingerprint, first_difference
+from hvdx.core.fingerprint import Fingerprint, first_difference, first_error
 
 __all__ = ["check_consistent"]
 
@@ -26,6 +26,10 @@ def check_consistent(fingerprint: Fingerprint, comm: MPI.Comm, what: str) -> Non
     if len(set(digests)) == 1:
         return
     everyone = comm.allgather(fingerprint)
+    error = first_error(everyone)
+    if error is not None:
+        raise ValueError(f"hvdx {what}: {error} (every rank must pass the same, valid "
+                         "settings)")
     detail = first_difference(everyone) or "fingerprints differ"
     raise ValueError(
         f"hvdx {what}: ranks disagree: {detail}. Every rank must build the same model "

@@ -31,10 +31,14 @@ import atexit
 import os
 from typing import Dict, List, Sequence, Tuple
 
+from mpi4py import MPI
+
 from hvdx.core.dssync_schedule import ShuffleSchedule
+from hvdx.core.fingerprint import Fingerprint
 from hvdx.core.group_averaging import swa_due
 from hvdx.dssync import DSSync, link_rates_from_environment
 from hvdx.mpi.comm import world
+from hvdx.mpi.consistency import check_consistent
 from hvdx.mpi.dssync_adapt import DSSyncAdaptation
 from hvdx.strategy import global_due
 
@@ -278,13 +282,26 @@ def static_groups(sync: DSSync, size: int) -> List[Tuple[int, ...]]:
 
     Raises:
         ValueError: for ``schedule="shuffle"``, whose groups are too many to register
-            statically: use ``hvd.init(process_sets="dynamic")``.
+            statically: use ``hvd.init(process_sets="dynamic")``; for an invalid
+            ``sync`` (:func:`hvdx.strategy.validating`). Raised on every rank, with the
+            same message, after the ranks compared their arguments over
+            ``MPI.COMM_WORLD`` (collective): ``hvd.init`` would hang otherwise.
     """
+    problem = None
     if not isinstance(sync, DSSync):
-        raise ValueError(f"sync={sync!r} must be a hvdx.DSSync")
-    if sync.kind == "shuffle":
-        raise ValueError("dssync_process_sets: schedule='shuffle' draws new groups every "
-                         "step; call hvd.init(process_sets=\"dynamic\") instead")
+        problem = ValueError(f"sync={sync!r} must be a hvdx.DSSync")
+    elif sync.error is not None:
+        problem = sync.error
+    elif sync.kind == "shuffle":
+        problem = ValueError("dssync_process_sets: schedule='shuffle' draws new groups "
+                             "every step; call hvd.init(process_sets=\"dynamic\") instead")
+    settings = [("sync", repr(sync)), ("size", size)]
+    if problem is not None:
+        settings.append(("dssync.error", str(problem)))
+    check_consistent(Fingerprint.build(settings=settings), MPI.COMM_WORLD,
+                     "dssync_process_sets")
+    if problem is not None:
+        raise problem
     topology = None
     if sync.needs_topology and sync.topology is None:
         from hvdx.mpi.topology import detect_topology

@@ -4,7 +4,7 @@ import horovod.tensorflow as _hvd
 import tensorflow as tf
 
 from hvdx.settings import group_sizes, horovod_settings
-from hvdx.strategy import strategy_of
+from hvdx.strategy import strategy_or_error
 from hvdx.tensorflow import registry
 from hvdx.tensorflow.runtime import check_variables_once, flat_variables
 
@@ -39,7 +39,7 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     synchronized by hvdx (see :mod:`hvdx.tensorflow.topk`); ``op`` must be ``Average``
     or ``Sum``, and :func:`hvdx.tensorflow.topk_state` gives the residuals to checkpoint.
     """
-    strategy = strategy_of(compression, sync)
+    strategy, problem = strategy_or_error(compression, sync)
 
     def horovod():
         return _hvd.DistributedGradientTape(
@@ -49,9 +49,11 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
             groups=groups, process_set=process_set,
             scale_local_gradients=scale_local_gradients)
 
-    tape = registry.tape(horovod, strategy, registry.GradientArguments(
-        compression, op, gradient_predivide_factor, process_set,
-        non_trainable_variables), gradtape)
+    arguments = registry.GradientArguments(compression, op, gradient_predivide_factor,
+                                           process_set, non_trainable_variables)
+    tape, error = registry.with_deferred_error(
+        lambda: registry.tape(horovod, strategy, arguments, gradtape), horovod, strategy)
+    error = error or problem
     if registry.checks_its_own_variables(strategy):
         return tape
     settings = horovod_settings(
@@ -62,4 +64,4 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     return check_variables_once(
         tape, "gradient",
         lambda args, kwargs: flat_variables(kwargs.get("sources", args[1] if len(args) > 1 else None)),
-        settings, "DistributedGradientTape")
+        settings, "DistributedGradientTape", error)

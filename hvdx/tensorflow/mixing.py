@@ -215,9 +215,12 @@ def average_over_all_ranks(values: List[tf.Tensor], name: str) -> List[tf.Tensor
 def new_state(factory: Callable, sync, compression, process_set, what: str):
     """Resolve ``sync``, check it across ranks (collective), raise on every rank, then
     ``factory(resolved plan)`` with the fingerprint settings attached."""
-    resolved = resolve(sync, job(compression, process_set))
-    settings = horovod_settings(sync=sync) + resolved.settings
+    settings = horovod_settings(sync=sync)
     comm = communicator_for(_hvd.global_process_set, _hvd.global_process_set, _hvd.size())
+    # The spec first: preparing it may be collective (DS-Sync detects the topology).
+    check_consistent(Fingerprint.build(settings=settings), comm, what)
+    resolved = resolve(sync, job(compression, process_set))
+    settings += resolved.settings
     check_consistent(Fingerprint.build(parameters=[], settings=settings), comm, what)
     resolved.raise_error()
     state = factory(resolved.plan)

@@ -11,12 +11,12 @@ ranks itself, when it first sees them.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, NamedTuple, Optional
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
-from hvdx.strategy import Strategy, adapter_for
+from hvdx.strategy import Strategy, adapter_for, several_ranks
 
 __all__ = ["GradientArguments", "KERAS_ADAPTERS", "TAPE_ADAPTERS",
-           "checks_its_own_variables", "keras", "tape"]
+           "checks_its_own_variables", "keras", "tape", "with_deferred_error"]
 
 
 class GradientArguments(NamedTuple):
@@ -87,6 +87,30 @@ def _build(table: Dict[str, Callable], what: str, horovod: Callable,
     if strategy is None:
         return horovod()
     return adapter_for(table, strategy, what)(horovod, strategy, args, user)
+
+
+def with_deferred_error(build: Callable[[], Any], stand_in: Callable,
+                        strategy: Optional[Strategy]) -> Tuple[Any, Optional[ValueError]]:
+    """``(build(), None)``, or ``stand_in()`` (Horovod's own object) and the
+    ``ValueError`` to raise later.
+
+    A compression strategy's tape or optimizer checks its variables across ranks only
+    when it first sees them (:func:`hvdx.tensorflow.runtime.check_variables_once`). A
+    ``ValueError`` of its spec's constructor or of its arguments (``op=Adasum``) is
+    therefore kept, in a job of several ranks, for that check: it then fails on every
+    rank with the same message, where raising at once would end this rank alone.
+    Synchronization strategies check at construction, collectively, and raise there.
+    """
+    if strategy is None or strategy.argument == "sync":
+        return build(), None  # (None: Horovod's; or a TypeError kept by the caller)
+    try:
+        if strategy.error is not None:
+            raise strategy.error
+        return build(), None
+    except ValueError as error:
+        if not several_ranks():
+            raise
+        return stand_in(), error
 
 
 def checks_its_own_variables(strategy: Optional[Strategy]) -> bool:

@@ -14,7 +14,8 @@ __all__ = ["init", "check_variables_once"]
 init = wrap_init(_hvd.init)
 
 
-def check_variables_once(owner, method_name: str, variables_of, settings, what: str):
+def check_variables_once(owner, method_name: str, variables_of, settings, what: str,
+                         error=None):
     """Check consistency on the first call of ``owner.<method_name>``, then step aside.
 
     TensorFlow only tells which variables are trained when gradients are first taken,
@@ -30,7 +31,12 @@ def check_variables_once(owner, method_name: str, variables_of, settings, what: 
         variables_of: ``(args, kwargs) -> list of tf.Variable``.
         settings: fingerprint settings (from :func:`hvdx.settings.horovod_settings`).
         what: the object's name for error messages.
+        error: a ``ValueError`` this rank kept for the check
+            (:func:`hvdx.tensorflow.registry.with_deferred_error`): added to the
+            fingerprint, and raised after the check if every rank kept the same.
     """
+    if error is not None and not any(k.endswith(".error") for k, _ in settings):
+        settings = list(settings) + [(f"{what}.error", str(error))]
     original = getattr(owner, method_name)
     process_set = owner.process_set if hasattr(owner, "process_set") else None
 
@@ -49,6 +55,8 @@ def check_variables_once(owner, method_name: str, variables_of, settings, what: 
         if ps.included():
             comm = communicator_for(ps, _hvd.global_process_set, _hvd.size())
             check_consistent(fingerprint, comm, what)
+        if error is not None:
+            raise error
         # From now on the instance resolves the method on its class again.
         if method_name in owner.__dict__:
             object.__delattr__(owner, method_name)

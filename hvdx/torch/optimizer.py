@@ -8,7 +8,7 @@ import horovod.torch as _hvd
 from hvdx.core.fingerprint import Fingerprint
 from hvdx.mpi import check_consistent, communicator_for
 from hvdx.settings import group_sizes, horovod_settings
-from hvdx.strategy import resolve, strategy_of
+from hvdx.strategy import resolve, strategy_or_error
 from hvdx.torch import registry
 
 __all__ = ["DistributedOptimizer"]
@@ -56,25 +56,32 @@ def DistributedOptimizer(optimizer, named_parameters=None,
         strategy, an instance of a class made from the optimizer's class
         (``isinstance`` holds).
     """
-    strategy = strategy_of(compression, sync)
+    strategy, problem = strategy_or_error(compression, sync)
     if named_parameters is not None:
         # Often a generator (model.named_parameters()): read it once, hand Horovod a list.
         named_parameters = list(named_parameters)
     if named_buffers is not None:
         named_buffers = list(named_buffers)
-    resolved = resolve(strategy, registry.job(compression, process_set))
-    fingerprint = Fingerprint.build(
-        parameters=_parameter_entries(optimizer, named_parameters),
-        settings=horovod_settings(
-            compression=compression,
-            backward_passes_per_step=backward_passes_per_step,
-            op=op, gradient_predivide_factor=gradient_predivide_factor,
-            num_groups=num_groups, groups=group_sizes(groups),
-            sparse_as_dense=sparse_as_dense, process_set=process_set,
-            sync=sync) + resolved.settings + _buffer_entries(sync, named_buffers))
+    settings = horovod_settings(
+        compression=compression, backward_passes_per_step=backward_passes_per_step,
+        op=op, gradient_predivide_factor=gradient_predivide_factor,
+        num_groups=num_groups, groups=group_sizes(groups),
+        sparse_as_dense=sparse_as_dense, process_set=process_set, sync=sync)
+    if problem is not None:
+        settings.append(("DistributedOptimizer.error", str(problem)))
     comm = None
     if process_set.included():
         comm = communicator_for(process_set, _hvd.global_process_set, _hvd.size())
+        # The settings first: preparing a strategy may be collective (DS-Sync detects
+        # the topology), so every rank must know that all hold the same, valid spec.
+        check_consistent(Fingerprint.build(settings=settings), comm, "DistributedOptimizer")
+    if problem is not None:
+        raise problem
+    resolved = resolve(strategy, registry.job(compression, process_set))
+    fingerprint = Fingerprint.build(
+        parameters=_parameter_entries(optimizer, named_parameters),
+        settings=settings + resolved.settings + _buffer_entries(sync, named_buffers))
+    if comm is not None:
         check_consistent(fingerprint, comm, "DistributedOptimizer")
     resolved.raise_error()
     if strategy is None:

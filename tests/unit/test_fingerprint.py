@@ -1,6 +1,6 @@
 """Fingerprints find the first thing ranks disagree on, identically on every rank."""
 
-from hvdx.core.fingerprint import Fingerprint, first_difference
+from hvdx.core.fingerprint import Fingerprint, first_difference, first_error
 
 
 def fp(params, settings=(("op", "Average"),), labels=()):
@@ -55,3 +55,12 @@ def test_labels_name_positional_entries_but_are_not_compared():
 def test_every_rank_computes_the_same_message():
     views = [fp(MODEL), fp(MODEL[:1]), fp(MODEL)]
     assert len({first_difference(list(views)) for _ in range(4)}) == 1
+
+
+def test_the_first_rank_that_could_not_build_its_settings_is_reported_first():
+    ok = Fingerprint.build(settings=[("sync", "dssync")])
+    bad = Fingerprint.build(settings=[("sync", "dssync"),
+                                      ("dssync.error", "schedule='x' must be 'rotation'")])
+    assert first_error([ok, ok]) is None
+    assert first_error([ok, bad, bad]) == \
+        "rank 1 cannot use its dssync: schedule='x' must be 'rotation'"

@@ -4,7 +4,7 @@ import horovod.tensorflow.keras as _hvd_keras
 from horovod.tensorflow import Average, Compression, global_process_set
 
 from hvdx.settings import group_sizes, horovod_settings
-from hvdx.strategy import strategy_of
+from hvdx.strategy import strategy_or_error
 from hvdx.tensorflow import registry
 from hvdx.tensorflow.runtime import check_variables_once
 
@@ -40,9 +40,10 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     hands the summed gradients to TopK every N passes). The residuals are the tracked
     ``optimizer.hvdx_topk`` (saved with the optimizer), the bytes ``optimizer.hvdx_stats``.
     """
-    strategy = strategy_of(compression, sync)
+    strategy, problem = strategy_or_error(compression, sync)
 
-    def horovod():
+    def horovod(compression=compression, gradient_predivide_factor=gradient_predivide_factor,
+                op=op):
         return _hvd_keras.DistributedOptimizer(
             optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
             compression=compression, sparse_as_dense=sparse_as_dense,
@@ -52,9 +53,14 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
             num_groups=num_groups, groups=groups, process_set=process_set,
             scale_local_gradients=scale_local_gradients)
 
-    opt = registry.keras(horovod, strategy, registry.GradientArguments(
-        compression, op, gradient_predivide_factor, process_set,
-        non_trainable_variables), optimizer)
+    arguments = registry.GradientArguments(compression, op, gradient_predivide_factor,
+                                           process_set, non_trainable_variables)
+    # The stand-in for a rank whose arguments were refused only carries the check (it
+    # raises before synchronizing): Horovod's defaults, which its constructor accepts.
+    opt, error = registry.with_deferred_error(
+        lambda: registry.keras(horovod, strategy, arguments, optimizer),
+        lambda: horovod(Compression.none, 1.0, Average), strategy)
+    error = error or problem
     if registry.checks_its_own_variables(strategy):
         return opt
     settings = horovod_settings(
@@ -69,4 +75,4 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     # funnels the gradients through _allreduce(grads, vars) before any collective.
     return check_variables_once(
         opt, "_allreduce", lambda args, kwargs: list(args[1]), settings,
-        "keras DistributedOptimizer")
+        "keras DistributedOptimizer", error)

@@ -117,12 +117,16 @@ def assert_trained_identically(ours, theirs, initial):
 
 
 def test_an_unknown_sync_strategy_is_rejected():
-    with tf.GradientTape() as tape:
-        pass
+    """At once in a job of one rank; at the first step, on every rank, in a job of
+    several (where it may be wrong on one rank only)."""
+    x = tf.Variable(tf.ones([4]))
     with pytest.raises(TypeError, match="sync='gossip'"):
-        hvd.DistributedGradientTape(tape, sync="gossip")
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(x ** 2)
+        hvd.DistributedGradientTape(tape, sync="gossip").gradient(loss, [x])
     with pytest.raises(TypeError, match="sync='gossip'"):
-        hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(), sync="gossip")
+        hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(), sync="gossip").minimize(
+            lambda: tf.reduce_sum(x ** 2), [x])
 
 
 @pytest.mark.mpi(min_size=2)

@@ -78,7 +78,7 @@ def test_with_no_hvdx_feature_the_optimizer_is_horovods_own():
     assert type(opt).__module__ == "horovod.torch.optimizer"
 
 
-def test_an_unknown_sync_strategy_is_rejected_before_any_collective():
+def test_an_unknown_sync_strategy_is_rejected():
     model = SmallCNN()
     with pytest.raises(TypeError, match="sync='gossip'"):
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), sync="gossip")
