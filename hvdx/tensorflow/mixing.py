@@ -315,6 +315,36 @@ def _tape_gradient(self, target, sources, output_gradients=None, *args, **kwargs
 
 # --- the Keras optimizer ----------------------------------------------------------------
 
+def loss_scaling(optimizer) -> bool:
+    """Whether a loss scale may skip ``optimizer``'s steps on some ranks only: under
+    Keras' ``mixed_float16`` policy (``compile`` then wraps it in a LossScaleOptimizer),
+    or if it is one."""
+    mixed_precision = tf.keras.mixed_precision
+    scaled = isinstance(optimizer, mixed_precision.LossScaleOptimizer)
+    return scaled or mixed_precision.global_policy().compute_dtype == "float16"
+
+
+def _agree_on_overflow(optimizer, grads_and_vars):
+    """``grads_and_vars`` with the first gradient made infinite on every rank if any
+    rank's gradients are not all finite (collective, under :func:`loss_scaling`)."""
+    grads_and_vars = list(grads_and_vars)
+    present = [i for i, (g, _) in enumerate(grads_and_vars) if g is not None]
+    if _hvd.size() == 1 or not present or not loss_scaling(optimizer):
+        return grads_and_vars
+    values = [grads_and_vars[i][0] for i in present]
+    values = [v.values if isinstance(v, tf.IndexedSlices) else v for v in values]
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in values])
+    overflows = _hvd.allreduce(1.0 - tf.cast(finite, tf.float32), op=_hvd.Sum,
+                               name=f"hvdx.{optimizer._hvdx_state._sync.name}.overflow")
+    first = present[0]
+    g, v = grads_and_vars[first]
+    dense = tf.convert_to_tensor(g)
+    poisoned = tf.where(overflows > 0, tf.fill(tf.shape(dense), tf.constant(
+        float("inf"), dense.dtype)), dense)
+    grads_and_vars[first] = (poisoned, v)
+    return grads_and_vars
+
+
 def make_mixing_keras_optimizer(optimizer, state: MixingState, attribute: str,
                                 combine_first: bool = False, extra=None):
     """A Keras optimizer of a run-time subclass of ``optimizer``'s class, rebuilt from its
@@ -327,6 +357,10 @@ def make_mixing_keras_optimizer(optimizer, state: MixingState, attribute: str,
     base = optimizer.__class__
     namespace = {name: value for name, value in _KerasMixing.__dict__.items()
                  if not name.startswith("__")}
+    # compute_gradients: the new Keras optimizers'; _compute_gradients: the legacy ones'.
+    for name in ("compute_gradients", "_compute_gradients"):
+        if not hasattr(base, name):
+            del namespace[name]
     namespace.update(_hvdx_base=base, _hvdx_attribute=attribute,
                      _hvdx_combine_first=combine_first)
     cls = type(base.__name__, (base,), namespace)
@@ -347,6 +381,22 @@ class _KerasMixing:
     @property
     def hvdx_stats(self):
         return self._hvdx_state.hvdx_stats
+
+    # --- mixed precision: one decision to skip a step, on every rank ------------------
+    #
+    # A LossScaleOptimizer (Keras wraps the optimizer in one under the mixed_float16
+    # policy) applies a step only if this rank's gradients are finite; the mix inside
+    # that step would then wait for a rank that skipped it. So the gradients are made
+    # non-finite on every rank as soon as they are on one (Horovod's allreduce of one
+    # flag), and every rank skips, and halves its loss scale, together.
+
+    def compute_gradients(self, loss, var_list, tape=None):
+        return _agree_on_overflow(self, self._hvdx_base.compute_gradients(
+            self, loss, var_list, tape=tape))
+
+    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):  # legacy
+        return _agree_on_overflow(self, self._hvdx_base._compute_gradients(
+            self, loss, var_list, grad_loss, tape=tape))
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         """The local step and the mix, in the strategy's order (module docstring)."""
