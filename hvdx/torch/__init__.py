@@ -32,5 +32,6 @@ from hvdx.torch.runtime import init  # noqa: E402,F401
 from hvdx.torch.optimizer import DistributedOptimizer  # noqa: E402,F401
 from hvdx.torch.dssync_optimizer import dssync_process_sets  # noqa: E402,F401
 from hvdx.torch.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402,F401
+from hvdx.torch.stanza import Stanza  # noqa: E402,F401
 from hvdx.decentralized import Decentralized  # noqa: E402,F401
 from hvdx.dssync import DSSync  # noqa: E402,F401

@@ -1,0 +1,138 @@
+"""Stanza's roles: which ranks train the feature extractor, which the head, who serves whom.
+
+Stanza (Wu, Xu, Li, Xiong, "Layer Separation for Distributed Training in Deep
+Learning", arXiv 1812.10624) gives most ranks, the *conv workers*, the feature
+extractor only and the remaining ``F`` ranks, the *FC workers*, the head only:
+
+1. the FC workers are the last ``F`` ranks, the conv workers the first ``S = size - F``
+   (rank 0, which usually logs and checkpoints, is always a conv worker);
+2. conv worker ``c`` (its position among the conv workers) sends its activations to FC
+   worker ``k`` when ``bounds[k] <= c < bounds[k + 1]``, ``bounds[k] = k * S // F``:
+   contiguous groups whose sizes differ by at most one; ``F <= S``, so that no FC worker
+   is idle;
+3. scaling, so that one step equals single-process SGD on the concatenated global batch
+   of ``B = sum_i b_i`` samples when the loss is a mean over samples: the FC worker
+   weighs the mean loss over conv worker ``i``'s ``b_i`` samples by ``b_i / B``
+   (:func:`loss_weights`); its head gradient is then ``(1 / B) * sum over its samples``
+   and the activation gradient it returns already carries ``1 / B``. Both the conv
+   gradients (among conv workers) and the head gradients (among FC workers) are then
+   *summed* (:data:`CONV_REDUCTION`, :data:`FC_REDUCTION`); averaging either would
+   scale it by ``1 / S`` or ``1 / F``, the pitfall of section 4 in
+   ``algorithms.md``.
+
+Pure functions of ``(size, fc_workers)``: every rank computes the same roles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence, Tuple
+
+import numpy as np
+
+__all__ = ["CONV", "CONV_REDUCTION", "FC", "FC_REDUCTION", "StanzaRoles", "loss_weights",
+           "stanza_roles"]
+
+CONV = "conv"
+FC = "fc"
+#: How the ranks of a role combine their gradients (step 3): summed, never averaged.
+CONV_REDUCTION = "sum"
+FC_REDUCTION = "sum"
+
+
+@dataclass(frozen=True)
+class StanzaRoles:
+    """The role layout of a world of ``size`` ranks with ``fc_workers`` FC workers.
+
+    Attributes:
+        size: ranks in the world.
+        fc_workers: ``F``.
+        conv_ranks: the conv workers, ascending (``0 .. S - 1``).
+        fc_ranks: the FC workers, ascending (``S .. size - 1``).
+        groups: ``groups[k]``: the conv ranks that FC worker ``fc_ranks[k]`` serves,
+            ascending (the order in which it concatenates their samples).
+    """
+
+    size: int
+    fc_workers: int
+    conv_ranks: Tuple[int, ...]
+    fc_ranks: Tuple[int, ...]
+    groups: Tuple[Tuple[int, ...], ...]
+
+    def role(self, rank: int) -> str:
+        """:data:`CONV` or :data:`FC`."""
+        return FC if self._check(rank) >= len(self.conv_ranks) else CONV
+
+    def fc_worker(self, rank: int) -> int:
+        """The FC worker that conv rank ``rank`` sends its activations to."""
+        if self.role(rank) != CONV:
+            raise ValueError(f"rank {rank} is an FC worker, not a conv worker")
+        for fc_rank, group in zip(self.fc_ranks, self.groups):
+            if rank in group:
+                return fc_rank
+        raise AssertionError("unreachable: every conv rank is in a group")
+
+    def conv_workers(self, rank: int) -> Tuple[int, ...]:
+        """The conv ranks that FC rank ``rank`` serves, ascending."""
+        if self.role(rank) != FC:
+            raise ValueError(f"rank {rank} is a conv worker, not an FC worker")
+        return self.groups[rank - len(self.conv_ranks)]
+
+    def layout(self) -> dict:
+        """What a checkpoint records to refuse a world of another layout."""
+        return {"size": self.size, "fc_workers": self.fc_workers}
+
+    def _check(self, rank: int) -> int:
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or \
+                not 0 <= rank < self.size:
+            raise ValueError(f"rank={rank!r} is not a rank of a world of {self.size}")
+        return int(rank)
+
+
+def stanza_roles(size: int, fc_workers: int) -> StanzaRoles:
+    """The roles of steps 1-2 of the module docstring.
+
+    Raises:
+        ValueError: naming ``fc_workers=`` and its value and the world size, unless
+            ``fc_workers`` is an integer from 1 to ``size // 2`` (at least one FC
+            worker, and at least as many conv workers as FC workers).
+    """
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+        raise ValueError(f"size={size!r} must be an integer of at least 1")
+    size = int(size)
+    limit = size // 2
+    allowed = (f"an integer from 1 to {limit}" if limit >= 1 else
+               "impossible: Stanza needs at least 2 ranks, one conv worker and one FC "
+               "worker")
+    base = f"fc_workers={fc_workers!r} in a world of {size} ranks: must be {allowed}"
+    if isinstance(fc_workers, bool) or not isinstance(fc_workers, (int, np.integer)):
+        raise ValueError(f"{base} (the number of FC workers)")
+    f = int(fc_workers)
+    if f < 1:
+        raise ValueError(f"{base} (at least one FC worker trains the head)")
+    if f >= size:
+        raise ValueError(f"{base} (it leaves no conv worker)")
+    s = size - f
+    if f > s:
+        raise ValueError(f"{base} ({s} conv workers cannot feed {f} FC workers: every FC "
+                         "worker needs at least one)")
+    bounds = [k * s // f for k in range(f + 1)]
+    groups = tuple(tuple(range(bounds[k], bounds[k + 1])) for k in range(f))
+    return StanzaRoles(size, f, tuple(range(s)), tuple(range(s, size)), groups)
+
+
+def loss_weights(batch_sizes: Sequence[int], global_batch: int) -> np.ndarray:
+    """``b_i / B`` for each conv worker's mean loss (step 3), float64.
+
+    Args:
+        batch_sizes: ``b_i`` of the conv workers one FC worker serves.
+        global_batch: ``B``, the samples of all conv workers this step.
+    """
+    sizes = np.asarray(batch_sizes, dtype=np.int64)
+    if sizes.ndim != 1 or (sizes < 0).any():
+        raise ValueError(f"batch_sizes={list(batch_sizes)!r} must be counts of samples")
+    if isinstance(global_batch, bool) or not isinstance(global_batch, (int, np.integer)) \
+            or global_batch < max(1, int(sizes.sum())):
+        raise ValueError(f"global_batch={global_batch!r} must be an integer of at least "
+                         f"{max(1, int(sizes.sum()))} (this FC worker's samples)")
+    return sizes.astype(np.float64) / float(global_batch)
