@@ -11,9 +11,54 @@ import json
 import os
 import subprocess
 import sys
-from typing import Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional
 
-__all__ = ["report", "run_job"]
+__all__ = ["DigitsJob", "digits_job", "report", "run_job"]
+
+
+class DigitsJob(NamedTuple):
+    """What :func:`digits_job` set up on this rank."""
+
+    hvd: Any        # hvdx.torch, initialised
+    workload: Any   # hvdx.bench.workloads.Workload
+    data: Any       # this rank's shard of the digits (hvdx.datasets)
+    x: Any          # its training inputs and labels, as tensors
+    y: Any
+    model: Any
+    opt: Any        # hvdx's DistributedOptimizer
+    rank: int
+    size: int
+
+
+def digits_job(workload: str, options: Callable[[Any], Dict], seed: int = 0,
+               process_sets=None) -> DigitsJob:
+    """The set-up the measurement jobs share (on every rank, collective).
+
+    1. ``hvd.init(process_sets=process_sets)`` (hvdx.torch), one torch thread,
+       ``torch.manual_seed(seed)``;
+    2. this rank's shard of the digits and the workload's model, broadcast from rank 0;
+    3. SGD with momentum 0.9 at the workload's rate times the ranks, wrapped by
+       ``hvd.DistributedOptimizer(..., **options(hvd))``.
+    """
+    import torch
+
+    import hvdx.torch as hvd
+    from hvdx.bench.workloads import WORKLOADS
+    from hvdx.datasets import digits
+
+    hvd.init(process_sets=process_sets)
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    rank, size = hvd.rank(), hvd.size()
+    spec = WORKLOADS[workload]
+    data = digits().shard(rank, size)
+    x, y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
+    model = spec.make_model()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=spec.lr * size, momentum=0.9),
+        named_parameters=model.named_parameters(), **options(hvd))
+    return DigitsJob(hvd, spec, data, x, y, model, opt, rank, size)
 
 
 def report(result: Dict) -> None:

@@ -27,7 +27,7 @@ from typing import Callable, Dict, List, Sequence
 
 import numpy as np
 
-from hvdx.bench.jobs import report, run_job
+from hvdx.bench.jobs import digits_job, report, run_job
 
 __all__ = ["STRATEGIES", "render", "run"]
 
@@ -64,22 +64,10 @@ def _one(strategy: str, steps: int, seed: int = 0) -> Dict:
     import torch.nn.functional as F
 
     import hvdx
-    import hvdx.torch as hvd
-    from hvdx.bench.workloads import WORKLOADS
-    from hvdx.datasets import digits
 
-    hvd.init(process_sets="dynamic")
-    torch.set_num_threads(1)
-    torch.manual_seed(seed)
-    rank, size = hvd.rank(), hvd.size()
-    workload = WORKLOADS["digits_cnn"]
-    data = digits().shard(rank, size)
-    x, y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
-    model = workload.make_model()
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    opt = hvd.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=workload.lr * size, momentum=0.9),
-        named_parameters=model.named_parameters(), **_options(strategy, hvd, hvdx))
+    hvd, workload, data, x, y, model, opt, rank, size = digits_job(
+        "digits_cnn", lambda hvd: _options(strategy, hvd, hvdx), seed,
+        process_sets="dynamic")
     process = psutil.Process()
     warm = max(1, steps // 10)
     rng = np.random.default_rng(seed + rank)

@@ -29,7 +29,7 @@ from typing import Callable, Dict, List, Sequence
 
 import numpy as np
 
-from hvdx.bench.jobs import report, run_job
+from hvdx.bench.jobs import digits_job, report, run_job
 
 __all__ = ["run", "render"]
 
@@ -38,23 +38,9 @@ def _one(mode: str, steps: int, ratio: float, downlink_ratio: float) -> Dict:
     import torch
     import torch.nn.functional as F
 
-    import hvdx.torch as hvd
-    from hvdx.bench.workloads import WORKLOADS
-    from hvdx.datasets import digits
-
-    hvd.init()
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    rank, size = hvd.rank(), hvd.size()
-    workload = WORKLOADS["digits_vgg"]
-    data = digits().shard(rank, size)
-    x, y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
-    model = workload.make_model()
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    opt = hvd.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=workload.lr * size, momentum=0.9),
-        named_parameters=model.named_parameters(),
-        compression=hvd.Compression.topk(ratio, downlink_ratio, mode=mode))
+    hvd, workload, _, x, y, model, opt, _, size = digits_job(
+        "digits_vgg",
+        lambda hvd: {"compression": hvd.Compression.topk(ratio, downlink_ratio, mode=mode)})
     batch = workload.batch_size
     for step in range(steps):
         idx = torch.arange(step * batch, (step + 1) * batch) % len(x)
