@@ -17,7 +17,7 @@ from typing import ClassVar, List, Optional
 
 from hvdx.core.bidirectional_topk import MODES, TopKConfig
 from hvdx.core.topk_selection import DEFAULT_SAMPLE_SIZE
-from hvdx.strategy import Strategy, several_ranks, validating
+from hvdx.strategy import Strategy, kept_for_every_rank, validating
 
 __all__ = ["MODES_AUTO", "SELECTIONS", "SMALL_TENSORS", "TopKCompression", "topk"]
 
@@ -204,8 +204,7 @@ def topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,
         config = TopKConfig(ratio=ratio, downlink_ratio=downlink_ratio,
                             selector=selector, sample_size=sample_size, seed=seed)
     except ValueError as error:
-        if not several_ranks():
-            raise
+        error = kept_for_every_rank(error)
         invalid = TopKCompression(TopKConfig(ratio=1.0))  # a placeholder: never used
         object.__setattr__(invalid, "error", error)
         return invalid

@@ -40,7 +40,8 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple
 import numpy as np
 
 __all__ = ["Job", "MixingStrategy", "Resolved", "Strategy", "adapter_for", "global_due",
-           "resolve", "several_ranks", "strategy_of", "strategy_or_error", "validating"]
+           "kept_for_every_rank", "resolve", "several_ranks", "strategy_of",
+           "strategy_or_error", "validating"]
 
 #: A fingerprint entry: ``(name, value)``, rendered with ``repr``.
 Setting = Tuple[str, object]
@@ -213,9 +214,7 @@ def strategy_or_error(compression, sync) -> Tuple[Optional[Strategy], Optional[E
     try:
         return strategy_of(compression, sync), None
     except TypeError as error:
-        if not several_ranks():
-            raise
-        return None, error
+        return None, kept_for_every_rank(error)
 
 
 def adapter_for(table: Dict[str, Callable], strategy: Strategy, what: str) -> Callable:
@@ -242,6 +241,14 @@ def several_ranks() -> bool:
             and mpi.COMM_WORLD.Get_size() > 1)
 
 
+def kept_for_every_rank(error: Exception) -> Exception:
+    """Raise ``error`` in a job of one rank (or without MPI); return it, to be raised
+    on every rank after the cross-rank check, in a job of several (:func:`validating`)."""
+    if not several_ranks():
+        raise error
+    return error
+
+
 def validating(method):
     """Decorate a spec's constructor: its ``ValueError`` names the bad argument.
 
@@ -258,9 +265,8 @@ def validating(method):
         try:
             method(self, *args, **kwargs)
         except ValueError as error:
-            if not several_ranks():
-                raise
-            object.__setattr__(self, "error", error)  # frozen dataclasses too
+            # (setattr on the object: frozen dataclasses too)
+            object.__setattr__(self, "error", kept_for_every_rank(error))
     return checked
 
 

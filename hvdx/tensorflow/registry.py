@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
-from hvdx.strategy import Strategy, adapter_for, several_ranks
+from hvdx.strategy import Strategy, adapter_for, kept_for_every_rank
 
 __all__ = ["GradientArguments", "KERAS_ADAPTERS", "TAPE_ADAPTERS",
            "checks_its_own_variables", "keras", "tape", "with_deferred_error"]
@@ -108,8 +108,7 @@ def with_deferred_error(build: Callable[[], Any], stand_in: Callable,
             raise strategy.error
         return build(), None
     except ValueError as error:
-        if not several_ranks():
-            raise
+        error = kept_for_every_rank(error)
         return stand_in(), error
 
 
