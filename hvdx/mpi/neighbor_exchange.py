@@ -55,8 +55,6 @@ Example::
 from __future__ import annotations
 
 import operator
-import os
-import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -65,11 +63,6 @@ from mpi4py import MPI
 from hvdx.mpi import sparse
 
 __all__ = ["DEFAULT_TAG", "ExchangeStats", "NeighborExchange", "exchange"]
-
-#: How long a wait tests without sleeping (yielding the core between tests) before it
-#: sleeps ``HVDX_MPI_POLL_US`` between tests: a 5.5 MB exchange between two ranks on
-#: one host took 5.2 ms to finish with sleeps alone and 1.9 ms with this spin.
-_SPIN_S = 0.002
 
 #: Tag of an exchange when none is given ("NX"); hvdx's own communicator only.
 DEFAULT_TAG = 0x4E58
@@ -304,21 +297,8 @@ class NeighborExchange:
     def _wait(self) -> None:
         if self._complete:
             return
-        poll = sparse._POLL_S  # one setting for all of hvdx's waits (HVDX_MPI_POLL_US)
         try:
-            if poll <= 0:
-                MPI.Request.Waitall(self._requests, self._statuses)
-            else:
-                # Spin-then-sleep: a large message moves in chunks, each needing a test
-                # on both ends, so the first milliseconds are spent testing (yielding the
-                # core to a rank that shares it); a longer wait is for a late peer,
-                # which sleeping between tests must not slow down.
-                spin_until = time.perf_counter() + _SPIN_S
-                while not MPI.Request.Testall(self._requests, self._statuses):
-                    if time.perf_counter() < spin_until:
-                        os.sched_yield()
-                    else:
-                        time.sleep(poll)
+            sparse.wait_all(self._requests, self._statuses)  # spin-then-sleep
         except MPI.Exception:
             # An MPI error (e.g. a truncated message) leaves nothing to wait for here.
             self._clear()

@@ -39,7 +39,6 @@ waiting for a late peer must not take the core from it.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -48,7 +47,6 @@ from mpi4py import MPI
 
 from hvdx.core.stanza_roles import CONV, StanzaRoles
 from hvdx.mpi import sparse
-from hvdx.mpi.neighbor_exchange import _SPIN_S
 
 __all__ = ["KINDS", "StanzaExchange", "StanzaStats", "role_communicators"]
 
@@ -172,7 +170,7 @@ class StanzaExchange:
         pending = list(range(len(self.sources)))
         messages: List[Optional[MPI.Message]] = [None] * len(self.sources)
         sizes = [0] * len(self.sources)
-        spin_until = time.perf_counter() + _SPIN_S
+        spin_until = time.perf_counter() + sparse.SPIN_S
         while pending:
             for k in list(pending):
                 status = MPI.Status()
@@ -189,7 +187,7 @@ class StanzaExchange:
                 messages[k], sizes[k] = message, count // sample_bytes
                 pending.remove(k)
             if pending:
-                _pause(spin_until)
+                sparse.pause(spin_until)
         self._messages = messages
         return sizes
 
@@ -243,7 +241,7 @@ class StanzaExchange:
         self._requests, self._checks = [], []
         statuses = [MPI.Status() for _ in requests]
         if requests:
-            _wait_all(requests, statuses)
+            sparse.wait_all(requests, statuses)
         self._keep = None
         for status, check in zip(statuses, checks):
             if check is None:
@@ -282,7 +280,7 @@ class StanzaExchange:
     def recv(self, buffer: np.ndarray, source: int) -> None:
         status = MPI.Status()
         request = self.comm.Irecv([buffer, MPI.BYTE], source, _SETUP)
-        _wait_all([request], [status])
+        sparse.wait_all([request], [status])
         if status.Get_count(MPI.BYTE) != buffer.nbytes:
             raise RuntimeError(f"hvdx.Stanza: rank {source} sent "
                                f"{status.Get_count(MPI.BYTE)} bytes of parameters, this "
@@ -299,20 +297,3 @@ class StanzaExchange:
         self._requests.append(self.comm.Isend(spec, dest, tag))
         self._checks.append(None)
 
-
-def _pause(spin_until: float) -> None:
-    """Between two tests: yield the core first, sleep once the wait is long."""
-    if time.perf_counter() < spin_until:
-        os.sched_yield()
-    else:
-        time.sleep(max(sparse._POLL_S, 1e-6))
-
-
-def _wait_all(requests: List[MPI.Request], statuses: List[MPI.Status]) -> None:
-    """``MPI_Waitall``, testing and pausing in between (module docstring)."""
-    if sparse._POLL_S <= 0:
-        MPI.Request.Waitall(requests, statuses)
-        return
-    spin_until = time.perf_counter() + _SPIN_S
-    while not MPI.Request.Testall(requests, statuses):
-        _pause(spin_until)
