@@ -45,6 +45,7 @@ from hvdx.decentralized import Decentralized, DecentralizedStats, MixingGraph
 from hvdx.mpi.comm import world
 from hvdx.mpi.neighbor_exchange import NeighborExchange
 from hvdx.strategy import global_due
+from hvdx.torch.host_buffers import family_dtype, pack, unpack
 from hvdx.torch.mixing_optimizer import (average_over_all_ranks, make_mixing_optimizer,
                                          tensor_bytes)
 
@@ -218,7 +219,7 @@ class GraphMixer:
             self._layout = FusedLayout(key)
             self._fused = {}
             for family, count in self._layout.families.items():
-                dtype = torch.float64 if family == np.float64 else torch.float32
+                dtype = family_dtype(family)
                 self._fused[dtype] = _Fused(dtype, self.comm, count)
                 self._fused[dtype].slots = [tuple(slot)
                                             for slot in self._layout.slots[family]]
@@ -230,7 +231,7 @@ class GraphMixer:
         neighbours = self.graph.neighbors(step)
         with torch.no_grad():
             for fused in self._families(tensors):
-                _pack([tensors[i] for i, _, _ in fused.slots], fused.send)
+                pack([tensors[i] for i, _, _ in fused.slots], fused.send)
                 fused.exchange.start(fused.send.numpy(), neighbours.send_to,
                                      neighbours.recv_from)
         self._pending = (tensors, neighbours)
@@ -266,14 +267,7 @@ class GraphMixer:
         if not apply:
             return
         for fused in self._fused.values():
-            source = torch.from_numpy(fused.mixed)
-            with torch.no_grad():
-                for i, offset, count in fused.slots:
-                    value = source[offset:offset + count].view(tensors[i].shape)
-                    if self._cta:
-                        tensors[i].add_(value.to(tensors[i].device, tensors[i].dtype))
-                    else:
-                        tensors[i].copy_(value)
+            unpack(torch.from_numpy(fused.mixed), tensors, fused.slots, add=self._cta)
 
     def _apply_loaded_change(self, tensors, loaded) -> None:
         """Add the change saved by :meth:`state` to the tensors (step 3, as
@@ -285,11 +279,7 @@ class GraphMixer:
                              f"other tensors ({len(layout)} of them) than this optimizer "
                              f"mixes ({len(self._layout.key)})")
         for dtype, fused in self._fused.items():
-            source = torch.from_numpy(change[str(dtype)])
-            with torch.no_grad():
-                for i, offset, count in fused.slots:
-                    value = source[offset:offset + count].view(tensors[i].shape)
-                    tensors[i].add_(value.to(tensors[i].device, tensors[i].dtype))
+            unpack(torch.from_numpy(change[str(dtype)]), tensors, fused.slots, add=True)
 
     def _poll(self, module, inputs):
         """Combine-then-adapt: let MPI move the exchange while the forward pass runs."""
@@ -309,14 +299,3 @@ def _discard_at_exit() -> None:
         except Exception:  # pragma: no cover - MPI may be gone after an abort
             pass
 
-
-def _pack(tensors: Sequence[torch.Tensor], send: torch.Tensor) -> None:
-    """Copy ``tensors`` back to back into the host buffer ``send`` in one kernel: on the
-    host, ``torch.cat`` straight into it; on an accelerator, concatenated there first,
-    so that one device-to-host copy moves the family."""
-    flat = [t.reshape(-1) for t in tensors]
-    device = flat[0].device if flat else send.device
-    if device.type == "cpu" and all(t.device == device for t in flat):
-        torch.cat([t.to(send.dtype) for t in flat], out=send)
-    else:
-        send.copy_(torch.cat([t.to(device, send.dtype) for t in flat]))

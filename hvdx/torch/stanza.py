@@ -69,6 +69,7 @@ from hvdx.core.fused_layout import FusedLayout
 from hvdx.core.stanza_roles import CONV, FC, loss_weights, stanza_roles
 from hvdx.mpi import check_consistent, communicator_for
 from hvdx.mpi.stanza_exchange import StanzaExchange, StanzaStats, role_communicators
+from hvdx.torch.host_buffers import family_dtype, pack, unpack
 
 __all__ = ["FORMAT", "Stanza", "StanzaStats"]
 
@@ -153,7 +154,9 @@ class Stanza:
         self._samples: Optional[_Samples] = None
         world, role_comm = role_communicators(comm, roles)
         self._exchange = StanzaExchange(world, role_comm, roles, self.stats)
-        self._fused: Dict[str, FusedLayout] = {}
+        # Step 5's host buffers, one per dtype family (the role's gradients).
+        self._layout: Optional[FusedLayout] = None
+        self._buffers: Dict[np.dtype, torch.Tensor] = {}
         self._broadcast_initial()
 
     # --- training ---------------------------------------------------------------------
@@ -312,29 +315,30 @@ class Stanza:
         self._samples = agreed
 
     def _sum_gradients(self, module: nn.Module, kind: str) -> None:
-        """Step 5: sum this role's gradients over its ranks (one buffer per dtype)."""
+        """Step 5: sum this role's gradients over its ranks (one host buffer per dtype
+        family, reused; a parameter without a gradient is summed as zeros)."""
         if self._exchange.role_comm.Get_size() == 1:
             return
         params = _trainable(module)
-        layout = self._fused.get(kind)
-        if layout is None:
-            layout = self._fused[kind] = FusedLayout([(str(p.dtype), p.numel()) for p in params])
         with torch.no_grad():
-            for family, slots in layout.slots.items():
-                dtype = torch.float64 if family == np.float64 else torch.float32
-                buffer = torch.cat([
-                    (params[s.index].grad if params[s.index].grad is not None
-                     else torch.zeros_like(params[s.index])).reshape(-1).to("cpu", dtype)
-                    for s in slots])
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            grads = [p.grad for p in params]
+            for buffer, slots in self._gradient_buffers(grads):
+                pack([grads[s.index] for s in slots], buffer)
                 self._exchange.allreduce_sum(buffer.numpy(), kind)
-                for s in slots:
-                    p = params[s.index]
-                    value = buffer[s.offset:s.offset + s.count].view(p.shape).to(p.device,
-                                                                                  p.dtype)
-                    if p.grad is None:
-                        p.grad = value.clone()
-                    else:
-                        p.grad.copy_(value)
+                unpack(buffer, grads, slots)
+
+    def _gradient_buffers(self, grads: List[torch.Tensor]):
+        """``(host buffer, slots)`` per family (built once; rebuilt if the tensors change)."""
+        key = tuple((str(g.dtype), g.numel()) for g in grads)
+        if self._layout is None or key != self._layout.key:
+            self._layout = FusedLayout(key)
+            self._buffers = {family: torch.empty(count, dtype=family_dtype(family))
+                             for family, count in self._layout.families.items()}
+        return [(self._buffers[family], slots)
+                for family, slots in self._layout.slots.items()]
 
     # --- the whole model, checkpoints ---------------------------------------------------
 
@@ -371,12 +375,12 @@ class Stanza:
                     copies[name] = copy.deepcopy(module)  # its own part is current
                 continue
             if self.rank == root:
-                ex.send(_pack(module), target)
+                ex.send(_state_bytes(module), target)
             elif self.rank == target:
                 received = copy.deepcopy(module)
-                buffer = np.empty(_pack_size(received), np.uint8)
+                buffer = np.empty(_state_size(received), np.uint8)
                 ex.recv(buffer, root)
-                _unpack(received, buffer)
+                _load_state_bytes(received, buffer)
                 copies[name] = received
         if self.rank != target:
             return None
@@ -429,20 +433,20 @@ class Stanza:
         """The conv workers take rank 0's features, the FC workers rank 0's head."""
         ex = self._exchange
         if self.role == CONV:
-            buffer = _pack(self.features) if self.rank == 0 else \
-                np.empty(_pack_size(self.features), np.uint8)
+            buffer = _state_bytes(self.features) if self.rank == 0 else \
+                np.empty(_state_size(self.features), np.uint8)
             ex.broadcast_role(buffer, root=0)
             if self.rank != 0:
-                _unpack(self.features, buffer)
+                _load_state_bytes(self.features, buffer)
         fc_root = self.roles.fc_ranks[0]
         if self.rank == 0:
-            ex.send(_pack(self.head), fc_root)
+            ex.send(_state_bytes(self.head), fc_root)
         if self.role == FC:
-            buffer = np.empty(_pack_size(self.head), np.uint8)
+            buffer = np.empty(_state_size(self.head), np.uint8)
             if self.rank == fc_root:
                 ex.recv(buffer, 0)
             ex.broadcast_role(buffer, root=0)
-            _unpack(self.head, buffer)
+            _load_state_bytes(self.head, buffer)
 
 
 # --- helpers -----------------------------------------------------------------------------
@@ -524,11 +528,11 @@ def _state(module: nn.Module) -> List[torch.Tensor]:
     return list(module.state_dict(keep_vars=True).values())
 
 
-def _pack_size(module: nn.Module) -> int:
+def _state_size(module: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in _state(module))
 
 
-def _pack(module: nn.Module) -> np.ndarray:
+def _state_bytes(module: nn.Module) -> np.ndarray:
     """Every parameter and buffer of ``module``, back to back, as host bytes."""
     with torch.no_grad():
         parts = [t.detach().contiguous().reshape(-1).view(torch.uint8).cpu()
@@ -536,8 +540,8 @@ def _pack(module: nn.Module) -> np.ndarray:
     return torch.cat(parts).numpy() if parts else np.empty(0, np.uint8)
 
 
-def _unpack(module: nn.Module, buffer: np.ndarray) -> None:
-    """Inverse of :func:`_pack`, into ``module``'s own tensors (on their devices)."""
+def _load_state_bytes(module: nn.Module, buffer: np.ndarray) -> None:
+    """Inverse of :func:`_state_bytes`, into ``module``'s own tensors (on their devices)."""
     source = torch.from_numpy(buffer)
     offset = 0
     with torch.no_grad():
