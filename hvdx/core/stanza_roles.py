@@ -16,9 +16,8 @@ extractor only and the remaining ``F`` ranks, the *FC workers*, the head only:
    (:func:`loss_weights`); its head gradient is then ``(1 / B) * sum over its samples``
    and the activation gradient it returns already carries ``1 / B``. Both the conv
    gradients (among conv workers) and the head gradients (among FC workers) are then
-   *summed* (:data:`CONV_REDUCTION`, :data:`FC_REDUCTION`); averaging either would
-   scale it by ``1 / S`` or ``1 / F``, the pitfall of section 4 in
-   ``algorithms.md``.
+   *summed*; averaging either would scale it by ``1 / S`` or ``1 / F``, the pitfall
+   of section 4 in ``algorithms.md``.
 
 Pure functions of ``(size, fc_workers)``: every rank computes the same roles.
 """
@@ -30,14 +29,10 @@ from typing import Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["CONV", "CONV_REDUCTION", "FC", "FC_REDUCTION", "StanzaRoles", "loss_weights",
-           "stanza_roles"]
+__all__ = ["CONV", "FC", "StanzaRoles", "loss_weights", "stanza_roles"]
 
 CONV = "conv"
 FC = "fc"
-#: How the ranks of a role combine their gradients (step 3): summed, never averaged.
-CONV_REDUCTION = "sum"
-FC_REDUCTION = "sum"
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,7 @@ the global mean."""
 import numpy as np
 import pytest
 
-from hvdx.core.stanza_roles import (CONV, CONV_REDUCTION, FC, FC_REDUCTION, loss_weights,
-                                    stanza_roles)
+from hvdx.core.stanza_roles import CONV, FC, loss_weights, stanza_roles
 
 LAYOUTS = [(2, 1), (3, 1), (4, 1), (4, 2), (5, 2), (7, 3), (8, 4), (10, 3), (16, 5)]
 
@@ -87,7 +86,6 @@ def test_weighted_mean_losses_sum_to_the_global_mean_and_gradients_are_summed():
     second = loss_weights(sizes[2:], 9) @ [parts[2].mean()]
     # Summed over FC workers (not averaged), the weighted means are the global mean.
     assert first + second == pytest.approx(losses.mean(), rel=1e-15)
-    assert CONV_REDUCTION == FC_REDUCTION == "sum"
     np.testing.assert_array_equal(loss_weights([2, 3], 9), [2 / 9, 3 / 9])
 
 
