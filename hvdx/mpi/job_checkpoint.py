@@ -21,7 +21,6 @@ Reading (:func:`scatter_from_file`):
 from __future__ import annotations
 
 import os
-import pickle
 from typing import Any, Callable
 
 from hvdx.atomic_file import write_atomically
@@ -32,14 +31,15 @@ __all__ = ["gather_to_file", "scatter_from_file"]
 def gather_to_file(comm, path, mine: Any, fmt: str,
                    serialize: Callable[[dict], bytes]) -> None:
     """Writing, steps 1-3 of the module docstring (collective)."""
+    path = os.fspath(path)
     everyone = comm.gather(mine, root=0)
     error = None
     if comm.Get_rank() == 0:
         try:
-            write_atomically(os.fspath(path), serialize(
+            write_atomically(path, serialize(
                 {"format": fmt, "size": comm.Get_size(), "ranks": everyone}))
-        except OSError as exc:
-            error = f"save_checkpoint: rank 0 could not write {os.fspath(path)!r}: {exc}"
+        except Exception as exc:  # whatever: raised here alone, the others would wait
+            error = f"save_checkpoint: rank 0 could not write {path!r}: {exc}"
     error = comm.bcast(error, root=0)
     if error is not None:
         raise OSError(error)
@@ -47,20 +47,21 @@ def gather_to_file(comm, path, mine: Any, fmt: str,
 
 def scatter_from_file(comm, path, fmt: str, deserialize: Callable[[bytes], Any]) -> Any:
     """Reading, steps 1-3 of the module docstring (collective): this rank's state."""
+    path = os.fspath(path)
     size, rank = comm.Get_size(), comm.Get_rank()
     content, error = None, None
     if rank == 0:
         try:
-            with open(os.fspath(path), "rb") as f:
+            with open(path, "rb") as f:
                 content = deserialize(f.read())
-        except (OSError, EOFError, ValueError, RuntimeError, pickle.UnpicklingError) as exc:
-            error = f"load_checkpoint: cannot read {os.fspath(path)!r} on rank 0: {exc}"
+        except Exception as exc:  # a foreign pickle raises anything (AttributeError, ...)
+            error = f"load_checkpoint: cannot read {path!r} on rank 0: {exc}"
         else:
             if not isinstance(content, dict) or content.get("format") != fmt:
-                error = (f"load_checkpoint: {os.fspath(path)!r} is not a checkpoint written "
+                error = (f"load_checkpoint: {path!r} is not a checkpoint written "
                          "by hvdx's save_checkpoint for this framework")
             elif content["size"] != size:
-                error = (f"load_checkpoint: {os.fspath(path)!r} holds {content['size']} "
+                error = (f"load_checkpoint: {path!r} holds {content['size']} "
                          f"ranks' state and this job has {size} ranks; resume with "
                          f"{content['size']} ranks")
     error = comm.bcast(error, root=0)

@@ -107,4 +107,9 @@ def test_a_missing_or_foreign_file_fails_on_every_rank_and_loads_nothing(tmp_pat
     with pytest.raises(ValueError, match=f"holds {hvd.size() + 1} ranks' state and this "
                                          f"job has {hvd.size()} ranks"):
         hvd.load_checkpoint(path, model, opt)
+    if hvd.rank() == 0:  # a pickle of a name that does not exist: AttributeError on load
+        with open(path, "wb") as f:
+            f.write(b"chvdx\nno_such_name\n.")
+    with pytest.raises(ValueError, match="cannot read"):
+        hvd.load_checkpoint(path, model, opt)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
