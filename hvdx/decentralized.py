@@ -186,6 +186,11 @@ class DecentralizedStats:
         self.total_messages += messages
         self.global_steps += int(everyone)
 
+    def add_everyone(self, nbytes: float, n: int) -> None:
+        """A step that averaged ``nbytes`` over all ``n`` ranks (``global_every``,
+        ``synchronize_parameters``), counted as a ring allreduce: ``2 (n - 1) / n``."""
+        self._add(2.0 * (n - 1) / n * nbytes, 0, everyone=True)
+
     def as_dict(self) -> Dict[str, float]:
         return {name: getattr(self, name) for name in self.__slots__}
 

@@ -54,6 +54,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -62,7 +63,8 @@ from mpi4py import MPI
 
 from hvdx.mpi import sparse
 
-__all__ = ["DEFAULT_TAG", "ExchangeStats", "NeighborExchange", "exchange"]
+__all__ = ["DEFAULT_TAG", "ExchangeStats", "NeighborExchange", "consensus_distance",
+           "exchange"]
 
 #: Tag of an exchange when none is given ("NX"); hvdx's own communicator only.
 DEFAULT_TAG = 0x4E58
@@ -390,3 +392,14 @@ def _describe(value) -> str:
         layout = "contiguous" if value.flags.c_contiguous else "non-contiguous"
         return f"{value.dtype} array of shape {value.shape} ({layout})"
     return type(value).__name__
+
+
+def consensus_distance(comm: MPI.Comm, x: np.ndarray) -> float:
+    """``sqrt(mean_i ||x_i - mean_j x_j||^2)`` over the ranks of ``comm`` (collective):
+    how far their models ``x`` (this rank's, flat float64) are apart."""
+    n = comm.Get_size()
+    x = np.ascontiguousarray(x, dtype=np.float64).reshape(-1)
+    total = np.empty_like(x)
+    comm.Allreduce(x, total)
+    deviation = x - total / n
+    return math.sqrt(comm.allreduce(float(np.dot(deviation, deviation))) / n)

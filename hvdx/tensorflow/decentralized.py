@@ -38,7 +38,6 @@ executions safely), so it does not overlap with the next forward and backward pa
 
 from __future__ import annotations
 
-import math
 from typing import Dict, List, Optional
 
 import horovod.tensorflow as _hvd
@@ -49,7 +48,7 @@ from hvdx.core.fused_layout import FusedLayout
 from hvdx.core.group_averaging import ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT
 from hvdx.decentralized import Decentralized, DecentralizedStats, MixingGraph
 from hvdx.mpi.comm import world
-from hvdx.mpi.neighbor_exchange import NeighborExchange
+from hvdx.mpi.neighbor_exchange import NeighborExchange, consensus_distance
 from hvdx.tensorflow.mixing import (MixingState, average_over_all_ranks,
                                     make_mixing_keras_optimizer, make_mixing_tape,
                                     new_state, tape_state)
@@ -113,9 +112,8 @@ class DecentralizedState(MixingState):
 
     def _average_everyone(self, values: List[tf.Tensor]) -> List[tf.Tensor]:
         """A ``global_every`` step: Horovod's average, counted as its ring allreduce."""
-        n = self.graph.n
         nbytes = sum(int(v.shape.num_elements()) * v.dtype.size for v in values)
-        self.hvdx_stats._add(2.0 * (n - 1) / n * nbytes, 0, everyone=True)
+        self.hvdx_stats.add_everyone(nbytes, self.graph.n)
         return self._average_all(values)
 
     def _layout_of(self, arrays: List[np.ndarray]) -> FusedLayout:
@@ -142,11 +140,7 @@ class DecentralizedState(MixingState):
                              "does not know the variables")
         x = np.concatenate([np.asarray(v.numpy(), dtype=np.float64).reshape(-1)
                             for v in self._variables] or [np.zeros(0)])
-        total = np.empty_like(x)
-        self._comm.Allreduce(x, total)
-        x -= total / self.graph.n
-        squared = self._comm.allreduce(float(np.dot(x, x)))
-        return math.sqrt(squared / self.graph.n)
+        return consensus_distance(self._comm, x)
 
 
 def _new_state(sync, compression, process_set, what: str) -> DecentralizedState:

@@ -31,7 +31,6 @@ mpi4py non-blocking point-to-point on hvdx's duplicated communicator
 from __future__ import annotations
 
 import atexit
-import math
 import weakref
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -43,7 +42,7 @@ from hvdx.core.fused_layout import FusedLayout
 from hvdx.core.group_averaging import COMBINE_THEN_ADAPT
 from hvdx.decentralized import Decentralized, DecentralizedStats, MixingGraph
 from hvdx.mpi.comm import world
-from hvdx.mpi.neighbor_exchange import NeighborExchange
+from hvdx.mpi.neighbor_exchange import NeighborExchange, consensus_distance
 from hvdx.strategy import global_due
 from hvdx.torch.host_buffers import family_dtype, pack, unpack
 from hvdx.torch.mixing_optimizer import (average_over_all_ranks, make_mixing_optimizer,
@@ -167,8 +166,7 @@ class GraphMixer:
             self._complete(apply=False)
 
     def count_everyone(self, tensors: Sequence[torch.Tensor]) -> None:
-        n = self.graph.n
-        self.stats._add(2.0 * (n - 1) / n * tensor_bytes(tensors), 0, everyone=True)
+        self.stats.add_everyone(tensor_bytes(tensors), self.graph.n)
 
     def state(self) -> Dict[str, object]:
         state = {"step": self.step}
@@ -200,11 +198,7 @@ class GraphMixer:
         """Collective over hvdx's communicator (float64 on the host)."""
         x = np.concatenate([p.detach().to("cpu", torch.float64).reshape(-1).numpy()
                             for p in params]) if params else np.zeros(0)
-        total = np.empty_like(x)
-        self.comm.Allreduce(x, total)
-        x -= total / self.graph.n
-        squared = self.comm.allreduce(float(np.dot(x, x)))
-        return math.sqrt(squared / self.graph.n)
+        return consensus_distance(self.comm, x)
 
     # --- internals --------------------------------------------------------------------
 
