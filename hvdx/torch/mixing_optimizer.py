@@ -47,6 +47,7 @@ import torch
 
 from hvdx.core.group_averaging import running_mean, swa_due
 from hvdx.strategy import MixingStrategy, global_due
+from hvdx.torch.finite import first_nonfinite
 from hvdx.torch.wrapping import subclass_of
 
 __all__ = ["average_over_all_ranks", "make_mixing_optimizer", "mixed_tensors",
@@ -110,7 +111,7 @@ class _MixingOptimizer:
         """
         self._hvdx_mixer.finish()
         grads = [p.grad for p in self._hvdx_params() if p.grad is not None]
-        overflow = any(not bool(torch.isfinite(g).all()) for g in grads)
+        overflow = first_nonfinite(grads) < len(grads)
         flag = torch.tensor([int(overflow)], dtype=torch.int32)
         anyone = int(_hvd.allreduce(flag, op=_hvd.Max,
                                     name=f"hvdx.{self._hvdx_sync.name}.overflow")[0])

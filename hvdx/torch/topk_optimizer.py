@@ -75,6 +75,7 @@ import torch
 
 from hvdx.compression import TopKCompression
 from hvdx.mpi.topk_sync import TopKStats, TopKSynchronizer
+from hvdx.torch.finite import first_nonfinite
 from hvdx.torch.wrapping import subclass_of
 
 __all__ = ["TopKStats", "make_topk_optimizer", "STATE_KEY"]
@@ -205,7 +206,7 @@ class _TopKOptimizer:
         entries = self._hvdx_entries
         pending = []
         correction = self._hvdx_sync.compression.momentum_correction
-        first_bad = _first_nonfinite(grads)
+        first_bad = first_nonfinite(grads)
         compressed = ()
         if correction:
             # The velocity is state like the residuals: agree on NaN/Inf before a bad
@@ -497,23 +498,6 @@ def _check_momentum_correction(optimizer) -> None:
             raise ValueError(
                 f"momentum_correction=True supports SGD without Nesterov or dampening, got "
                 f"nesterov={group.get('nesterov')}, dampening={group['dampening']}")
-
-
-def _first_nonfinite(grads) -> int:
-    """The first gradient with NaN or Inf (``len(grads)`` if none), checked in torch.
-
-    One sum per tensor in its own dtype, on its device, instead of an elementwise
-    ``isfinite`` (a boolean tensor the size of the gradient): a NaN or an infinity
-    anywhere makes the sum non-finite, so a finite sum proves the tensor finite. A sum
-    that is not finite may also be an overflow of finite entries: only then is the
-    tensor checked entry by entry. (A float64 sum, which cannot overflow, costs a
-    conversion of every entry: most of this check's time on a large gradient.)
-    """
-    for i, g in enumerate(grads):
-        values = g.coalesce().values() if g.is_sparse else g
-        if not bool(torch.isfinite(values.sum())) and not bool(torch.isfinite(values).all()):
-            return i
-    return len(grads)
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:

@@ -341,12 +341,12 @@ def test_different_ratios_raise_the_fingerprint_error_on_every_rank():
 
 @pytest.mark.mpi(min_size=1)
 def test_finite_gradients_whose_sum_overflows_are_not_taken_for_inf():
-    from hvdx.torch.topk_optimizer import _first_nonfinite
+    from hvdx.torch.finite import first_nonfinite
 
     big = torch.full((8,), 3e38)
     half = torch.full((8,), 6e4, dtype=torch.float16)
-    assert _first_nonfinite([big, half]) == 2
-    assert _first_nonfinite([big, torch.tensor([1.0, float("nan")])]) == 1
+    assert first_nonfinite([big, half]) == 2
+    assert first_nonfinite([big, torch.tensor([1.0, float("nan")])]) == 1
 
 
 @pytest.mark.mpi(min_size=1)
