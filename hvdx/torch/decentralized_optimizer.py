@@ -119,10 +119,11 @@ class GraphMixer:
 
     # --- the mixer protocol (hvdx.torch.mixing_optimizer) ---------------------------
 
-    def before_step(self, tensors, step: int, everyone: bool) -> bool:
+    def before_step(self, tensors_of, step: int, everyone: bool) -> bool:
         if not self._cta:
             self.finish()  # no module forward ran since the last step: complete it now
             return False
+        tensors = tensors_of()
         if everyone:
             self.discard()
             self._average_all(tensors)

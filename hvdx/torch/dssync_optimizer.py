@@ -95,7 +95,7 @@ class GroupMixer:
     swa_count = property(lambda self: self.groups.swa_count,
                          lambda self, value: setattr(self.groups, "swa_count", value))
 
-    def before_step(self, tensors, step: int, everyone: bool) -> bool:
+    def before_step(self, tensors_of, step: int, everyone: bool) -> bool:
         return False
 
     def mix(self, tensors: List[torch.Tensor], step: int, everyone: bool) -> None:

@@ -20,12 +20,15 @@ optimizers. What every mixing strategy shares lives here, once:
 5. ``t += 1``; ``state_dict()`` holds ``t``, the SWA mean and the mixer's state under
    the strategy's key, so a resumed run continues the same schedule.
 
-A mixer implements (:mod:`hvdx.torch.mixers`):
+A mixer implements (DS-Sync's ``GroupMixer`` in :mod:`hvdx.torch.dssync_optimizer`, the
+graph's ``GraphMixer`` in :mod:`hvdx.torch.decentralized_optimizer`):
 
 - ``step``, ``swa_count``: the schedule's position and the SWA samples (checkpointed);
   ``stats``: byte counters;
-- ``before_step(tensors, t, everyone) -> bool``: a combine-then-adapt mixer completes
-  step ``t``'s mixing here, before the local step, and says ``True``;
+- ``before_step(tensors_of, t, everyone) -> bool``: a combine-then-adapt mixer
+  completes step ``t``'s mixing here, before the local step, on ``tensors_of()`` (built
+  only if needed: with ``average_optimizer_state`` that may agree across ranks), and
+  says ``True``;
 - ``mix(tensors, t, everyone)``: an adapt-then-combine mixer starts step ``t``'s mixing
   (``everyone``: average over all ranks); it may leave it in flight;
 - ``after_step(tensors)``: start what the next step needs (combine-then-adapt sends
@@ -124,7 +127,7 @@ class _MixingOptimizer:
         mixer = self._hvdx_mixer
         t = mixer.step
         everyone = global_due(t, self._hvdx_sync.global_every)
-        mixed_before = mixer.before_step(self._hvdx_tensors(), t, everyone)
+        mixed_before = mixer.before_step(self._hvdx_tensors, t, everyone)
         loss = self._hvdx_base.step(self, closure)
         # After the local step: the optimizer's state tensors exist from the first step.
         tensors = self._hvdx_tensors()
