@@ -191,9 +191,10 @@ class DSSyncGroups:
         self._register([g for g in schedule.groups() if len(g) < self.size])
 
     @staticmethod
-    def tensor_name(group: Sequence[int], dtype_name: str) -> str:
-        """The Horovod name of one group's allreduce, the same on every member."""
-        return f"hvdx.dssync.{'-'.join(map(str, group))}.{dtype_name}"
+    def tensor_prefix(group: Sequence[int]) -> str:
+        """The Horovod name of one group's allreduce (before the dtype), the same on
+        every member."""
+        return f"hvdx.dssync.{'-'.join(map(str, group))}"
 
     # --- registration -----------------------------------------------------------------
 

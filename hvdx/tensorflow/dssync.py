@@ -41,15 +41,16 @@ sets of :func:`dssync_process_sets` passed to ``hvd.init``.
 from __future__ import annotations
 
 import json
-from typing import Dict, List
+from typing import List
 
 import horovod.tensorflow as _hvd
 import tensorflow as tf
 
 from hvdx.dssync import DSSync
 from hvdx.mpi.dssync_groups import DSSyncGroups, static_groups
-from hvdx.tensorflow.mixing import (MixingState, make_mixing_keras_optimizer,
-                                    make_mixing_tape, new_state, tape_state)
+from hvdx.tensorflow.mixing import (MixingState, average_over_all_ranks,
+                                    make_mixing_keras_optimizer, make_mixing_tape,
+                                    new_state, tape_state)
 
 __all__ = ["DSSyncState", "dssync_process_sets", "dssync_state",
            "make_dssync_keras_optimizer", "make_dssync_tape"]
@@ -124,18 +125,8 @@ class DSSyncState(MixingState):
         groups.record(group, sum(int(v.shape.num_elements()) * v.dtype.size for v in values))
         if len(group) < 2:
             return values
-        process_set = groups.process_set(group)
-        by_dtype: Dict[tf.DType, List[int]] = {}
-        for i, v in enumerate(values):
-            by_dtype.setdefault(v.dtype, []).append(i)
-        out = list(values)
-        for dtype, index in by_dtype.items():
-            averaged = _hvd.grouped_allreduce(
-                [values[i] for i in index], op=_hvd.Average, process_set=process_set,
-                name=groups.tensor_name(group, dtype.name))
-            for i, value in zip(index, averaged):
-                out[i] = value
-        return out
+        return average_over_all_ranks(values, groups.tensor_prefix(group),
+                                      groups.process_set(group))
 
 
 

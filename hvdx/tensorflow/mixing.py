@@ -32,13 +32,14 @@ import horovod.tensorflow as _hvd
 import tensorflow as tf
 
 from hvdx.core.fingerprint import Fingerprint
+from hvdx.core.group_averaging import running_mean
 from hvdx.mpi import check_consistent, communicator_for
 from hvdx.settings import horovod_settings
 from hvdx.strategy import global_due, resolve
 from hvdx.tensorflow.jobs import job
 
-__all__ = ["MixingState", "extra_variables", "make_mixing_keras_optimizer",
-           "make_mixing_tape", "new_state", "tape_state"]
+__all__ = ["MixingState", "average_over_all_ranks", "extra_variables", "loss_scaling",
+           "make_mixing_keras_optimizer", "make_mixing_tape", "new_state", "tape_state"]
 
 # Run-time tape classes, one per (user tape class, state attribute).
 _TAPE_CLASSES: Dict[tuple, type] = {}
@@ -138,8 +139,7 @@ class MixingState(tf.Module):
             due = tf.logical_and(step >= start, (step - start) % every == 0)
             count = self.swa_count.read_value()
             for mean, value in zip(self.swa, mixed):
-                # The reference's running mean: mean + (sample - mean) / (count + 1).
-                updated = mean + (value - mean) / tf.cast(count + 1, mean.dtype)
+                updated = running_mean(mean, tf.cast(count, mean.dtype), value)
                 mean.assign(tf.where(due, updated, mean))
             self.swa_count.assign_add(tf.cast(due, tf.int64))
         self.step.assign_add(1)
@@ -195,16 +195,20 @@ class _Bound:
         self.adapted = ""  # DS-Sync: the JSON in ``DSSyncState.adapted`` as last seen
 
 
-def average_over_all_ranks(values: List[tf.Tensor], name: str) -> List[tf.Tensor]:
-    """Eager: Horovod's grouped average of ``values`` over every rank, one call per dtype."""
+def average_over_all_ranks(values: List[tf.Tensor], name: str,
+                           process_set=None) -> List[tf.Tensor]:
+    """Eager: Horovod's grouped average of ``values`` over every rank (or the ranks of
+    ``process_set``), one call per dtype, named ``<name>.<dtype>``."""
     if _hvd.size() == 1:
         return list(values)
+    process_set = _hvd.global_process_set if process_set is None else process_set
     by_dtype: Dict[tf.DType, List[int]] = {}
     for i, v in enumerate(values):
         by_dtype.setdefault(v.dtype, []).append(i)
     out = list(values)
     for dtype, index in by_dtype.items():
         averaged = _hvd.grouped_allreduce([values[i] for i in index], op=_hvd.Average,
+                                          process_set=process_set,
                                           name=f"{name}.{dtype.name}")
         for i, value in zip(index, averaged):
             out[i] = value
@@ -240,13 +244,10 @@ def tape_state(sync, factory: Callable, compression, process_set):
     if state is None:
         state = new_state(factory, sync, compression, process_set, "DistributedGradientTape")
         setattr(sync, _TAPE_STATE, state)
-    elif compression is not _hvd.Compression.none or \
-            process_set is not _hvd.global_process_set:
+    else:
         # Built before: the collective checks ran then; these arguments are this call's.
-        raise ValueError(f"compression and process_set: hvdx.{type(sync).__name__} sends "
-                         "no gradients and chooses its own peers; leave "
-                         "compression=Compression.none and "
-                         "process_set=hvd.global_process_set")
+        sync.check_gradient_arguments(job(compression, process_set),
+                                      f"hvdx.{type(sync).__name__}")
     return state
 
 

@@ -104,7 +104,7 @@ class GroupMixer:
         group = self.groups.group_at(step)
         self.groups.record(group, tensor_bytes(tensors))
         if len(group) >= 2:
-            average_over_all_ranks(tensors, "hvdx.dssync." + "-".join(map(str, group)),
+            average_over_all_ranks(tensors, self.groups.tensor_prefix(group),
                                    self.groups.process_set(group))
 
     def after_step(self, tensors) -> None:
