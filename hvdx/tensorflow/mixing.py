@@ -34,8 +34,9 @@ import tensorflow as tf
 from hvdx.core.fingerprint import Fingerprint
 from hvdx.core.group_averaging import running_mean
 from hvdx.mpi import check_consistent, communicator_for
+from hvdx.mpi.consistency import resolve_checked
 from hvdx.settings import horovod_settings
-from hvdx.strategy import global_due, resolve
+from hvdx.strategy import global_due
 from hvdx.tensorflow.jobs import job
 
 __all__ = ["MixingState", "average_over_all_ranks", "extra_variables", "loss_scaling",
@@ -219,14 +220,9 @@ def average_over_all_ranks(values: List[tf.Tensor], name: str,
 def new_state(factory: Callable, sync, compression, process_set, what: str):
     """Resolve ``sync``, check it across ranks (collective), raise on every rank, then
     ``factory(resolved plan)`` with the fingerprint settings attached."""
-    settings = horovod_settings(sync=sync)
     comm = communicator_for(_hvd.global_process_set, _hvd.global_process_set, _hvd.size())
-    # The spec first: preparing it may be collective (DS-Sync detects the topology).
-    check_consistent(Fingerprint.build(settings=settings), comm, what)
-    resolved = resolve(sync, job(compression, process_set))
-    settings += resolved.settings
-    check_consistent(Fingerprint.build(parameters=[], settings=settings), comm, what)
-    resolved.raise_error()
+    resolved, settings = resolve_checked(sync, job(compression, process_set),
+                                         horovod_settings(sync=sync), comm, what)
     state = factory(resolved.plan)
     state._bound.settings = settings
     return state

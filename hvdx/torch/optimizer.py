@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import horovod.torch as _hvd
 
-from hvdx.core.fingerprint import Fingerprint
-from hvdx.mpi import check_consistent, communicator_for
+from hvdx.mpi import communicator_for
+from hvdx.mpi.consistency import resolve_checked
 from hvdx.settings import group_sizes, horovod_settings
-from hvdx.strategy import resolve, strategy_or_error
+from hvdx.strategy import strategy_or_error
 from hvdx.torch import registry
 
 __all__ = ["DistributedOptimizer"]
@@ -67,23 +67,13 @@ def DistributedOptimizer(optimizer, named_parameters=None,
         op=op, gradient_predivide_factor=gradient_predivide_factor,
         num_groups=num_groups, groups=group_sizes(groups),
         sparse_as_dense=sparse_as_dense, process_set=process_set, sync=sync)
-    if problem is not None:
-        settings.append(("DistributedOptimizer.error", str(problem)))
     comm = None
     if process_set.included():
         comm = communicator_for(process_set, _hvd.global_process_set, _hvd.size())
-        # The settings first: preparing a strategy may be collective (DS-Sync detects
-        # the topology), so every rank must know that all hold the same, valid spec.
-        check_consistent(Fingerprint.build(settings=settings), comm, "DistributedOptimizer")
-    if problem is not None:
-        raise problem
-    resolved = resolve(strategy, registry.job(compression, process_set))
-    fingerprint = Fingerprint.build(
-        parameters=_parameter_entries(optimizer, named_parameters),
-        settings=settings + resolved.settings + _buffer_entries(sync, named_buffers))
-    if comm is not None:
-        check_consistent(fingerprint, comm, "DistributedOptimizer")
-    resolved.raise_error()
+    resolved, _ = resolve_checked(
+        strategy, registry.job(compression, process_set), settings, comm,
+        "DistributedOptimizer", parameters=_parameter_entries(optimizer, named_parameters),
+        more_settings=_buffer_entries(sync, named_buffers), kept=problem)
     if strategy is None:
         return _hvd.DistributedOptimizer(
             optimizer, named_parameters=named_parameters, compression=compression,
