@@ -50,14 +50,11 @@ from hvdx.decentralized import Decentralized, DecentralizedStats, MixingGraph
 from hvdx.mpi.comm import world
 from hvdx.mpi.neighbor_exchange import NeighborExchange, consensus_distance
 from hvdx.tensorflow.mixing import (MixingState, average_over_all_ranks,
-                                    make_mixing_keras_optimizer, make_mixing_tape,
-                                    new_state, tape_state)
+                                    mixing_keras_optimizer, mixing_tape, state_of)
 
 __all__ = ["DecentralizedState", "DecentralizedStats", "decentralized_state",
            "make_decentralized_keras_optimizer", "make_decentralized_tape"]
 
-#: The attribute that holds the state on the tape and on the Keras optimizer.
-ATTRIBUTE = "hvdx_decentralized"
 #: MPI tags of the fused buffers, per family: hvdx's communicator only (torch's are
 #: 0x4876 and 0x4877; one framework runs per process, but distinct tags cost nothing).
 _TAGS = {np.dtype(np.float32): 0x4878, np.dtype(np.float64): 0x4879}
@@ -74,6 +71,29 @@ class DecentralizedState(MixingState):
         graph: this rank's :class:`~hvdx.decentralized.MixingGraph`.
         hvdx_stats: :class:`DecentralizedStats`.
     """
+
+    STRATEGY = Decentralized
+    ATTRIBUTE = "hvdx_decentralized"
+
+    @classmethod
+    def from_plan(cls, sync: Decentralized, graph: MixingGraph) -> "DecentralizedState":
+        return cls(sync, graph)
+
+    @classmethod
+    def check_tape(cls, sync: Decentralized) -> None:
+        """The tape mixes before the update only (module docstring); every rank gets
+        here, after the cross-rank check of the order."""
+        if sync.order == ADAPT_THEN_COMBINE:
+            raise ValueError(
+                "order='adapt_then_combine': DistributedGradientTape returns the "
+                "gradients before the optimizer applies them, so it can only mix before "
+                "the update; pass hvdx.Decentralized(..., order='combine_then_adapt') to "
+                "the tape, or use hvdx.tensorflow.keras.DistributedOptimizer, which runs "
+                "both orders")
+
+    @classmethod
+    def combines_first(cls, sync: Decentralized) -> bool:
+        return sync.order == COMBINE_THEN_ADAPT
 
     def __init__(self, sync: Decentralized, graph: MixingGraph):
         super().__init__(sync, name="hvdx_decentralized")
@@ -143,15 +163,6 @@ class DecentralizedState(MixingState):
         return consensus_distance(self._comm, x)
 
 
-def _new_state(sync, compression, process_set, what: str) -> DecentralizedState:
-    """Resolve ``sync`` and check it across ranks (collective); raise on every rank."""
-    return new_state(_factory(sync), sync, compression, process_set, what)
-
-
-def _factory(sync):
-    return lambda graph: DecentralizedState(sync, graph)
-
-
 @tf.autograph.experimental.do_not_convert
 def decentralized_state(sync: Decentralized) -> DecentralizedState:
     """The state ``DistributedGradientTape(tape, sync=sync)`` keeps for ``sync``.
@@ -161,41 +172,26 @@ def decentralized_state(sync: Decentralized) -> DecentralizedState:
     peer sequence; ``decentralized_state(sync).synchronize_parameters()`` averages over
     all ranks.
     """
-    if not isinstance(sync, Decentralized):
-        raise ValueError(f"sync={sync!r} must be a hvdx.Decentralized")
-    return _tape_state(sync, _hvd.Compression.none, _hvd.global_process_set)
+    return state_of(DecentralizedState, sync)
 
 
-def _tape_state(sync, compression, process_set) -> DecentralizedState:
-    return tape_state(sync, _factory(sync), compression, process_set)
-
-
-# Often called while a tf.function is traced: AutoGraph has nothing to convert here.
 @tf.autograph.experimental.do_not_convert
 def make_decentralized_tape(gradtape, sync: Decentralized, compression, process_set,
                             non_trainable_variables=None):
     """``gradtape`` as a tape whose ``gradient`` mixes after the gradients
-    (combine-then-adapt; :func:`hvdx.tensorflow.mixing.make_mixing_tape`).
+    (combine-then-adapt; :func:`hvdx.tensorflow.mixing.mixing_tape`).
 
     Raises:
         ValueError: for ``order="adapt_then_combine"`` (module docstring), on every
             rank: the order is checked across ranks first.
     """
-    state = _tape_state(sync, compression, process_set)  # collective: checks the order
-    if sync.order == ADAPT_THEN_COMBINE:
-        raise ValueError(
-            "order='adapt_then_combine': DistributedGradientTape returns the gradients "
-            "before the optimizer applies them, so it can only mix before the update; "
-            "pass hvdx.Decentralized(..., order='combine_then_adapt') to the tape, or "
-            "use hvdx.tensorflow.keras.DistributedOptimizer, which runs both orders")
-    return make_mixing_tape(gradtape, state, ATTRIBUTE, non_trainable_variables)
+    return mixing_tape(DecentralizedState, gradtape, sync, compression, process_set,
+                       non_trainable_variables)
 
 
 def make_decentralized_keras_optimizer(optimizer, sync: Decentralized, compression,
                                        process_set, non_trainable_variables=None):
     """A Keras optimizer whose ``apply_gradients`` steps locally and mixes with the
     graph's neighbours, in ``sync.order`` (collective)."""
-    state = _new_state(sync, compression, process_set, "keras DistributedOptimizer")
-    return make_mixing_keras_optimizer(
-        optimizer, state, ATTRIBUTE, combine_first=sync.order == COMBINE_THEN_ADAPT,
-        extra=non_trainable_variables)
+    return mixing_keras_optimizer(DecentralizedState, optimizer, sync, compression,
+                                  process_set, non_trainable_variables)

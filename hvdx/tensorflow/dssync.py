@@ -49,15 +49,10 @@ import tensorflow as tf
 from hvdx.dssync import DSSync
 from hvdx.mpi.dssync_groups import DSSyncGroups, static_groups
 from hvdx.tensorflow.mixing import (MixingState, average_over_all_ranks,
-                                    make_mixing_keras_optimizer, make_mixing_tape,
-                                    new_state, tape_state)
+                                    mixing_keras_optimizer, mixing_tape, state_of)
 
 __all__ = ["DSSyncState", "dssync_process_sets", "dssync_state",
            "make_dssync_keras_optimizer", "make_dssync_tape"]
-
-#: The attribute that holds the state on the tape and on the Keras optimizer.
-ATTRIBUTE = "hvdx_dssync"
-
 
 def dssync_process_sets(sync: DSSync, size: int) -> List[_hvd.ProcessSet]:
     """The process sets to pass to ``hvd.init(process_sets=...)`` for static mode.
@@ -79,6 +74,13 @@ class DSSyncState(MixingState):
         step, swa_count, swa: see :class:`~hvdx.tensorflow.mixing.MixingState`.
         hvdx_stats: :class:`hvdx.mpi.dssync_groups.DSSyncStats`, bytes sent.
     """
+
+    STRATEGY = DSSync
+    ATTRIBUTE = "hvdx_dssync"
+
+    @classmethod
+    def from_plan(cls, sync: DSSync, plan) -> "DSSyncState":
+        return cls(sync, plan.schedule)
 
     def __init__(self, sync: DSSync, schedule):
         self._groups = DSSyncGroups(sync, schedule, _hvd)  # collective: registers sets
@@ -130,15 +132,6 @@ class DSSyncState(MixingState):
 
 
 
-def _new_state(sync, compression, process_set, what: str) -> DSSyncState:
-    """Resolve ``sync`` and check it across ranks (collective); raise on every rank."""
-    return new_state(_factory(sync), sync, compression, process_set, what)
-
-
-def _factory(sync):
-    return lambda plan: DSSyncState(sync, plan.schedule)
-
-
 @tf.autograph.experimental.do_not_convert
 def dssync_state(sync: DSSync) -> DSSyncState:
     """The state ``DistributedGradientTape(tape, sync=sync)`` keeps for ``sync``.
@@ -147,33 +140,23 @@ def dssync_state(sync: DSSync) -> DSSyncState:
     tape, at the same point). Put it in a ``tf.train.Checkpoint`` to resume the same
     schedule; ``dssync_state(sync).synchronize_parameters()`` averages over all ranks.
     """
-    if not isinstance(sync, DSSync):
-        raise ValueError(f"sync={sync!r} must be a hvdx.DSSync")
-    return _tape_state(sync, _hvd.Compression.none, _hvd.global_process_set)
-
-
-def _tape_state(sync, compression, process_set) -> DSSyncState:
-    return tape_state(sync, _factory(sync), compression, process_set)
+    return state_of(DSSyncState, sync)
 
 
 # --- the entry points -------------------------------------------------------------------
 
-# Often called while a tf.function is traced: AutoGraph must not convert (slowly, and
-# uselessly: no tensor decides anything here) the registration and mpi4py code below.
 @tf.autograph.experimental.do_not_convert
 def make_dssync_tape(gradtape, sync: DSSync, compression, process_set,
                      non_trainable_variables=None):
     """``gradtape`` as an instance of a run-time subclass whose ``gradient`` averages
-    (:func:`hvdx.tensorflow.mixing.make_mixing_tape`)."""
-    state = _tape_state(sync, compression, process_set)
-    return make_mixing_tape(gradtape, state, ATTRIBUTE, non_trainable_variables)
+    (:func:`hvdx.tensorflow.mixing.mixing_tape`)."""
+    return mixing_tape(DSSyncState, gradtape, sync, compression, process_set,
+                       non_trainable_variables)
 
 
 def make_dssync_keras_optimizer(optimizer, sync: DSSync, compression, process_set,
                                 non_trainable_variables=None):
     """A Keras optimizer whose ``apply_gradients`` steps locally, then averages in the
-    step's group (collective; :func:`hvdx.tensorflow.mixing.make_mixing_keras_optimizer`).
-    """
-    state = _new_state(sync, compression, process_set, "keras DistributedOptimizer")
-    return make_mixing_keras_optimizer(optimizer, state, ATTRIBUTE,
-                                       extra=non_trainable_variables)
+    step's group (collective; :func:`hvdx.tensorflow.mixing.mixing_keras_optimizer`)."""
+    return mixing_keras_optimizer(DSSyncState, optimizer, sync, compression, process_set,
+                                  non_trainable_variables)

@@ -26,7 +26,7 @@ rank joins the same communication.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import horovod.tensorflow as _hvd
 import tensorflow as tf
@@ -40,7 +40,8 @@ from hvdx.strategy import global_due
 from hvdx.tensorflow.jobs import job
 
 __all__ = ["MixingState", "average_over_all_ranks", "extra_variables", "loss_scaling",
-           "make_mixing_keras_optimizer", "make_mixing_tape", "new_state", "tape_state"]
+           "make_mixing_keras_optimizer", "make_mixing_tape", "mixing_keras_optimizer",
+           "mixing_tape", "new_state", "state_of", "tape_state"]
 
 # Run-time tape classes, one per (user tape class, state attribute).
 _TAPE_CLASSES: Dict[tuple, type] = {}
@@ -49,12 +50,36 @@ _TAPE_CLASSES: Dict[tuple, type] = {}
 class MixingState(tf.Module):
     """One model's mixing state: step, SWA running means, the variables it mixes.
 
+    A strategy's subclass sets :attr:`STRATEGY` and :attr:`ATTRIBUTE`, builds itself
+    from the resolved plan (:meth:`from_plan`) and implements its mixer (``_mix_at``,
+    ``_average_all``); :func:`mixing_tape`, :func:`mixing_keras_optimizer` and
+    :func:`state_of` do the rest.
+
     Attributes:
         step: ``tf.Variable`` (int64), steps taken: the schedule's position.
         swa_count: ``tf.Variable`` (int64), samples in the SWA running mean.
         swa: the SWA running means, one variable per mixed variable (empty until the
             first step binds the variables).
     """
+
+    #: The spec class (``hvdx.DSSync``, ``hvdx.Decentralized``).
+    STRATEGY: type = type(None)
+    #: The attribute that holds the state on the tape and on the Keras optimizer.
+    ATTRIBUTE = ""
+
+    @classmethod
+    def from_plan(cls, sync, plan) -> "MixingState":
+        """The state for ``sync`` and its resolved plan (collective where it must be)."""
+        raise NotImplementedError
+
+    @classmethod
+    def check_tape(cls, sync) -> None:
+        """Refuse what the tape cannot run (after the cross-rank check)."""
+
+    @classmethod
+    def combines_first(cls, sync) -> bool:
+        """Whether the Keras optimizer mixes before its local step."""
+        return False
 
     def __init__(self, sync, name: str):
         super().__init__(name=name)
@@ -217,13 +242,13 @@ def average_over_all_ranks(values: List[tf.Tensor], name: str,
 
 
 @tf.autograph.experimental.do_not_convert
-def new_state(factory: Callable, sync, compression, process_set, what: str):
+def new_state(cls, sync, compression, process_set, what: str) -> MixingState:
     """Resolve ``sync``, check it across ranks (collective), raise on every rank, then
-    ``factory(resolved plan)`` with the fingerprint settings attached."""
+    ``cls.from_plan(sync, plan)`` with the fingerprint settings attached."""
     comm = communicator_for(_hvd.global_process_set, _hvd.global_process_set, _hvd.size())
     resolved, settings = resolve_checked(sync, job(compression, process_set),
                                          horovod_settings(sync=sync), comm, what)
-    state = factory(resolved.plan)
+    state = cls.from_plan(sync, resolved.plan)
     state._bound.settings = settings
     return state
 
@@ -233,18 +258,50 @@ _TAPE_STATE = "_hvdx_tensorflow_state"
 
 
 @tf.autograph.experimental.do_not_convert
-def tape_state(sync, factory: Callable, compression, process_set):
+def tape_state(cls, sync, compression, process_set) -> MixingState:
     """The state every tape given ``sync`` shares, made by :func:`new_state` at the
     first call (collective: every rank builds its first tape at the same point)."""
     state = getattr(sync, _TAPE_STATE, None)
     if state is None:
-        state = new_state(factory, sync, compression, process_set, "DistributedGradientTape")
+        state = new_state(cls, sync, compression, process_set, "DistributedGradientTape")
         setattr(sync, _TAPE_STATE, state)
     else:
         # Built before: the collective checks ran then; these arguments are this call's.
         sync.check_gradient_arguments(job(compression, process_set),
                                       f"hvdx.{type(sync).__name__}")
     return state
+
+
+@tf.autograph.experimental.do_not_convert
+def state_of(cls, sync) -> MixingState:
+    """``hvd.dssync_state(sync)``, ``hvd.decentralized_state(sync)``: the state the
+    tapes given ``sync`` keep (made at the first call, collective: every rank calls it,
+    or builds its first tape, at the same point)."""
+    if not isinstance(sync, cls.STRATEGY):
+        raise ValueError(f"sync={sync!r} must be a hvdx.{cls.STRATEGY.__name__}")
+    return tape_state(cls, sync, _hvd.Compression.none, _hvd.global_process_set)
+
+
+# Often called while a tf.function is traced: AutoGraph must not convert (slowly, and
+# uselessly: no tensor decides anything here) the registration and mpi4py code below.
+@tf.autograph.experimental.do_not_convert
+def mixing_tape(cls, gradtape, sync, compression, process_set,
+                non_trainable_variables=None):
+    """``gradtape`` as a tape whose ``gradient`` mixes (:func:`make_mixing_tape`) with
+    the state of ``cls`` for ``sync`` (collective at the first tape)."""
+    state = tape_state(cls, sync, compression, process_set)
+    cls.check_tape(sync)
+    return make_mixing_tape(gradtape, state, cls.ATTRIBUTE, non_trainable_variables)
+
+
+def mixing_keras_optimizer(cls, optimizer, sync, compression, process_set,
+                           non_trainable_variables=None):
+    """A Keras optimizer whose ``apply_gradients`` steps locally and mixes, in the
+    order of ``cls.combines_first(sync)`` (collective; :func:`make_mixing_keras_optimizer`)."""
+    state = new_state(cls, sync, compression, process_set, "keras DistributedOptimizer")
+    return make_mixing_keras_optimizer(optimizer, state, cls.ATTRIBUTE,
+                                       combine_first=cls.combines_first(sync),
+                                       extra=non_trainable_variables)
 
 
 def extra_variables(non_trainable_variables, what: str) -> List[tf.Variable]:
