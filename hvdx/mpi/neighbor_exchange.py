@@ -63,8 +63,8 @@ from mpi4py import MPI
 
 from hvdx.mpi import sparse
 
-__all__ = ["DEFAULT_TAG", "ExchangeStats", "NeighborExchange", "consensus_distance",
-           "exchange"]
+__all__ = ["DEFAULT_TAG", "ExchangeStats", "FusedExchange", "NeighborExchange",
+           "consensus_distance", "exchange"]
 
 #: Tag of an exchange when none is given ("NX"); hvdx's own communicator only.
 DEFAULT_TAG = 0x4E58
@@ -403,3 +403,75 @@ def consensus_distance(comm: MPI.Comm, x: np.ndarray) -> float:
     comm.Allreduce(x, total)
     deviation = x - total / n
     return math.sqrt(comm.allreduce(float(np.dot(deviation, deviation))) / n)
+
+
+class FusedExchange:
+    """A whole model's neighbour exchange: one :class:`NeighborExchange` per dtype
+    family of its fused layout (:mod:`hvdx.core.fused_layout`), shared by the torch and
+    TensorFlow decentralized optimizers.
+
+    1. :meth:`layout_for` (the tensors' ``(dtype name, count)``): the layout, with one
+       host buffer per family for the adapter to pack into (``buffers``) and one for the
+       result (``mixed``); rebuilt when the tensors change;
+    2. :meth:`start`: every family's messages are posted before any is waited for;
+    3. :meth:`finish`: the mix (or, with ``change``, the change ``sum_j w_j (x_j - x_i)``)
+       of every family lands in ``mixed``; returns the bytes sent and the messages.
+
+    Args:
+        comm: hvdx's communicator.
+        tags: the MPI tag of each family (``{np.dtype: int}``), distinct from every
+            other exchange on ``comm``.
+    """
+
+    def __init__(self, comm: MPI.Comm, tags: Dict[np.dtype, int]):
+        self.comm = comm
+        self.tags = {np.dtype(family): tag for family, tag in tags.items()}
+        self.layout = None
+        self.buffers: Dict[np.dtype, np.ndarray] = {}
+        self.mixed: Dict[np.dtype, np.ndarray] = {}
+        self._exchanges: Dict[np.dtype, NeighborExchange] = {}
+        self._messages = 0
+
+    def layout_for(self, key):
+        """The :class:`~hvdx.core.fused_layout.FusedLayout` of tensors ``key`` (built
+        once; rebuilt, with new buffers, when the tensors change)."""
+        from hvdx.core.fused_layout import FusedLayout
+
+        key = tuple(key)
+        if self.layout is None or key != self.layout.key:
+            self.layout = FusedLayout(key)
+            self.buffers = {f: np.empty(n, f) for f, n in self.layout.families.items()}
+            self.mixed = {f: np.empty(n, f) for f, n in self.layout.families.items()}
+            for family in self.layout.families:
+                if family not in self._exchanges:
+                    self._exchanges[family] = NeighborExchange(self.comm,
+                                                               tag=self.tags[family])
+        return self.layout
+
+    def start(self, send_to: Sequence[int], recv_from: Sequence[int]) -> None:
+        """Send every family's ``buffers`` to ``send_to``, receive from ``recv_from``."""
+        for family, buffer in self.buffers.items():
+            self._exchanges[family].start(buffer, send_to, recv_from)
+        self._messages = len(send_to) * len(self.buffers)
+
+    def test(self) -> None:
+        """Let MPI move the messages (between two pieces of computation)."""
+        for exchange in self._exchanges.values():
+            exchange.test()
+
+    def finish(self, self_weight: float, recv_weights: Sequence[float],
+               change: bool = False) -> Tuple[int, int]:
+        """Wait; ``mixed`` holds every family's mix (with ``change``, the change).
+
+        Returns:
+            ``(bytes sent, messages sent)`` over the families.
+        """
+        sent = 0
+        for family, out in self.mixed.items():
+            exchange = self._exchanges[family]
+            if change:
+                exchange.finish_change(recv_weights, out=out)
+            else:
+                exchange.finish(self_weight, recv_weights, out=out)
+            sent += exchange.stats.last_bytes_sent
+        return sent, self._messages

@@ -38,17 +38,16 @@ executions safely), so it does not overlap with the next forward and backward pa
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import List
 
 import horovod.tensorflow as _hvd
 import numpy as np
 import tensorflow as tf
 
-from hvdx.core.fused_layout import FusedLayout
 from hvdx.core.group_averaging import ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT
 from hvdx.decentralized import Decentralized, DecentralizedStats, MixingGraph
 from hvdx.mpi.comm import world
-from hvdx.mpi.neighbor_exchange import NeighborExchange, consensus_distance
+from hvdx.mpi.neighbor_exchange import FusedExchange, consensus_distance
 from hvdx.tensorflow.mixing import (MixingState, average_over_all_ranks,
                                     mixing_keras_optimizer, mixing_tape, state_of)
 
@@ -100,9 +99,7 @@ class DecentralizedState(MixingState):
         self.graph = graph
         self.hvdx_stats = DecentralizedStats()
         self._comm = world(_hvd.global_process_set)
-        self._layout: Optional[FusedLayout] = None
-        self._buffers: Dict[np.dtype, np.ndarray] = {}
-        self._exchanges: Dict[np.dtype, NeighborExchange] = {}
+        self._exchange = FusedExchange(self._comm, _TAGS)
 
     # --- the mixer ----------------------------------------------------------------------
 
@@ -113,19 +110,16 @@ class DecentralizedState(MixingState):
             self.hvdx_stats._add(0, 0)
             return values
         arrays = [v.numpy() for v in values]
-        layout = self._layout_of(arrays)
-        buffers = layout.pack(arrays, out=self._buffers)
+        # The layout is built at the first step, rebuilt if the variables change (slots
+        # joining the mix); every family is posted before any is waited for.
+        exchange = self._exchange
+        layout = exchange.layout_for((a.dtype.name, a.size) for a in arrays)
+        layout.pack(arrays, out=exchange.buffers)
         neighbours = self.graph.neighbors(step)
-        # Post every family's messages before waiting for any.
-        for family, buffer in buffers.items():
-            self._exchanges[family].start(buffer, neighbours.send_to, neighbours.recv_from)
-        sent = 0
-        for family, buffer in buffers.items():
-            exchange = self._exchanges[family]
-            exchange.finish(neighbours.self_weight, neighbours.recv_weights, out=buffer)
-            sent += exchange.stats.last_bytes_sent
-        self.hvdx_stats._add(sent, len(neighbours.send_to) * len(buffers))
-        return [tf.convert_to_tensor(a) for a in layout.unpack(buffers, arrays)]
+        exchange.start(neighbours.send_to, neighbours.recv_from)
+        self.hvdx_stats._add(*exchange.finish(neighbours.self_weight,
+                                              neighbours.recv_weights))
+        return [tf.convert_to_tensor(a) for a in layout.unpack(exchange.mixed, arrays)]
 
     def _average_all(self, values: List[tf.Tensor]) -> List[tf.Tensor]:
         return average_over_all_ranks(values, "hvdx.decentralized.all")
@@ -135,20 +129,6 @@ class DecentralizedState(MixingState):
         nbytes = sum(int(v.shape.num_elements()) * v.dtype.size for v in values)
         self.hvdx_stats.add_everyone(nbytes, self.graph.n)
         return self._average_all(values)
-
-    def _layout_of(self, arrays: List[np.ndarray]) -> FusedLayout:
-        """The fused layout and buffers (built at the first step; rebuilt if the
-        variables change, e.g. slots joining the mix)."""
-        key = tuple((a.dtype.name, a.size) for a in arrays)
-        if self._layout is None or key != self._layout.key:
-            self._layout = FusedLayout(key)
-            self._buffers = {f: np.empty(count, dtype=f)
-                             for f, count in self._layout.families.items()}
-            for family in self._layout.families:
-                if family not in self._exchanges:
-                    self._exchanges[family] = NeighborExchange(self._comm,
-                                                               tag=_TAGS[family])
-        return self._layout
 
     # --- diagnostics --------------------------------------------------------------------
 

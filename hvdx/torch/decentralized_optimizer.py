@@ -38,11 +38,10 @@ import numpy as np
 import torch
 import horovod.torch as _hvd
 
-from hvdx.core.fused_layout import FusedLayout
 from hvdx.core.group_averaging import COMBINE_THEN_ADAPT
 from hvdx.decentralized import Decentralized, DecentralizedStats, MixingGraph
 from hvdx.mpi.comm import world
-from hvdx.mpi.neighbor_exchange import NeighborExchange, consensus_distance
+from hvdx.mpi.neighbor_exchange import FusedExchange, consensus_distance
 from hvdx.strategy import global_due
 from hvdx.torch.host_buffers import family_dtype, pack, unpack
 from hvdx.torch.mixing_optimizer import (average_over_all_ranks, make_mixing_optimizer,
@@ -54,7 +53,7 @@ __all__ = ["DecentralizedStats", "GraphMixer", "STATE_KEY", "make_decentralized_
 STATE_KEY = "hvdx_decentralized"
 
 #: MPI tags of the fused buffers (float32 family, float64): hvdx's communicator only.
-_TAGS = {torch.float32: 0x4876, torch.float64: 0x4877}
+_TAGS = {np.dtype(np.float32): 0x4876, np.dtype(np.float64): 0x4877}
 
 
 def make_decentralized_optimizer(optimizer, named_parameters, sync: Decentralized,
@@ -83,17 +82,6 @@ class _DecentralizedMethods:
         return self._hvdx_mixer.graph
 
 
-class _Fused:
-    """One dtype family's fused buffers and where each tensor lies in them."""
-
-    def __init__(self, dtype: torch.dtype, comm, count: int):
-        self.dtype = dtype
-        self.send = torch.empty(count, dtype=dtype)  # host memory, reused every step
-        self.mixed = np.empty(count, dtype=self.send.numpy().dtype)
-        self.exchange = NeighborExchange(comm, tag=_TAGS[dtype])
-        self.slots: List[Tuple[int, int, int]] = []  # (tensor index, offset, numel)
-
-
 class GraphMixer:
     """The mixer of :class:`hvdx.Decentralized` (see the module docstring)."""
 
@@ -105,8 +93,9 @@ class GraphMixer:
         self.step = 0
         self.swa_count = 0
         self._cta = sync.order == COMBINE_THEN_ADAPT
-        self._fused: Dict[torch.dtype, _Fused] = {}
-        self._layout: Optional[FusedLayout] = None
+        self._exchange = FusedExchange(comm, _TAGS)
+        #: ``{family: torch view of the exchange's send buffer}`` (rebuilt with it).
+        self._send: Dict[np.dtype, torch.Tensor] = {}
         #: ``(tensors, neighbours)`` of the exchange in flight, and whether it arrived.
         self._pending: Optional[Tuple[List[torch.Tensor], object]] = None
         self._received = False
@@ -179,9 +168,9 @@ class GraphMixer:
             # step() has moved the buffers (BatchNorm's running mean) since x_t was
             # sent. Save the change itself, so that the resumed step applies the same.
             self._wait()
-            state["change"] = {str(d): torch.from_numpy(f.mixed.copy())
-                               for d, f in self._fused.items()}
-            state["layout"] = [list(entry) for entry in self._layout.key]
+            state["change"] = {str(family_dtype(f)): torch.from_numpy(mixed.copy())
+                               for f, mixed in self._exchange.mixed.items()}
+            state["layout"] = [list(entry) for entry in self._exchange.layout.key]
         return state
 
     def load_state(self, state) -> None:
@@ -207,28 +196,23 @@ class GraphMixer:
         average_over_all_ranks(tensors, "hvdx.decentralized.all")
         self.count_everyone(tensors)
 
-    def _families(self, tensors: Sequence[torch.Tensor]) -> List[_Fused]:
-        """The fused buffers for these tensors (built once; rebuilt if they change)."""
-        key = tuple((str(t.dtype), t.numel()) for t in tensors)
-        if self._layout is None or key != self._layout.key:
-            self._layout = FusedLayout(key)
-            self._fused = {}
-            for family, count in self._layout.families.items():
-                dtype = family_dtype(family)
-                self._fused[dtype] = _Fused(dtype, self.comm, count)
-                self._fused[dtype].slots = [tuple(slot)
-                                            for slot in self._layout.slots[family]]
-        return list(self._fused.values())
+    def _layout_for(self, tensors: Sequence[torch.Tensor]):
+        """The fused layout of these tensors (built once; rebuilt if they change)."""
+        previous = self._exchange.layout
+        layout = self._exchange.layout_for((str(t.dtype), t.numel()) for t in tensors)
+        if layout is not previous:
+            self._send = {f: torch.from_numpy(b) for f, b in self._exchange.buffers.items()}
+        return layout
 
     def _start(self, tensors: List[torch.Tensor], step: int) -> None:
         if self._pending is not None:
             self._complete(apply=False)
         neighbours = self.graph.neighbors(step)
+        layout = self._layout_for(tensors)
         with torch.no_grad():
-            for fused in self._families(tensors):
-                pack([tensors[i] for i, _, _ in fused.slots], fused.send)
-                fused.exchange.start(fused.send.numpy(), neighbours.send_to,
-                                     neighbours.recv_from)
+            for family, slots in layout.slots.items():
+                pack([tensors[s.index] for s in slots], self._send[family])
+        self._exchange.start(neighbours.send_to, neighbours.recv_from)
         self._pending = (tensors, neighbours)
         self._received = False
         if self._hook is None and self._cta:
@@ -236,21 +220,17 @@ class GraphMixer:
                 self._poll)
 
     def _wait(self) -> None:
-        """Complete the exchange in flight; the combination waits in ``fused.mixed``."""
+        """Complete the exchange in flight; the combination waits in the exchange's
+        ``mixed`` buffers."""
         if self._pending is None or self._received:
             return
         _, neighbours = self._pending
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
-        for fused in self._fused.values():
-            if self._cta:  # the change, added to tensors a forward pass may have moved
-                fused.exchange.finish_change(neighbours.recv_weights, out=fused.mixed)
-            else:
-                fused.exchange.finish(neighbours.self_weight, neighbours.recv_weights,
-                                      out=fused.mixed)
-        self.stats._add(sum(f.exchange.stats.last_bytes_sent for f in self._fused.values()),
-                        len(neighbours.send_to) * len(self._fused))
+        # Combine-then-adapt: the change, added to tensors a forward pass may have moved.
+        self.stats._add(*self._exchange.finish(neighbours.self_weight,
+                                               neighbours.recv_weights, change=self._cta))
         self._received = True
 
     def _complete(self, apply: bool) -> None:
@@ -261,25 +241,26 @@ class GraphMixer:
         self._pending = None
         if not apply:
             return
-        for fused in self._fused.values():
-            unpack(torch.from_numpy(fused.mixed), tensors, fused.slots, add=self._cta)
+        for family, slots in self._exchange.layout.slots.items():
+            unpack(torch.from_numpy(self._exchange.mixed[family]), tensors, slots,
+                   add=self._cta)
 
     def _apply_loaded_change(self, tensors, loaded) -> None:
         """Add the change saved by :meth:`state` to the tensors (step 3, as
         :meth:`_complete` adds a received one)."""
-        layout, change = loaded
-        self._families(tensors)
-        if layout != self._layout.key:
+        saved, change = loaded
+        layout = self._layout_for(tensors)
+        if saved != layout.key:
             raise ValueError("the checkpoint's decentralized exchange was saved for "
-                             f"other tensors ({len(layout)} of them) than this optimizer "
-                             f"mixes ({len(self._layout.key)})")
-        for dtype, fused in self._fused.items():
-            unpack(torch.from_numpy(change[str(dtype)]), tensors, fused.slots, add=True)
+                             f"other tensors ({len(saved)} of them) than this optimizer "
+                             f"mixes ({len(layout.key)})")
+        for family, slots in layout.slots.items():
+            unpack(torch.from_numpy(change[str(family_dtype(family))]), tensors, slots,
+                   add=True)
 
     def _poll(self, module, inputs):
         """Combine-then-adapt: let MPI move the exchange while the forward pass runs."""
-        for fused in self._fused.values():
-            fused.exchange.test()
+        self._exchange.test()
 
 
 #: Mixers whose exchange may be in flight at exit.
