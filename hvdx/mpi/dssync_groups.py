@@ -15,10 +15,8 @@ At step ``t`` an adapter does:
    ``K, 2K, ...`` first rerun the bandwidth probe and may swap in a rotation rebuilt
    from it (:mod:`hvdx.mpi.dssync_adapt`; collective, the same decision everywhere);
 2. ``groups.record(group, model_bytes)`` (byte counters), then, for a group of two or
-   more ranks, an average over ``groups.process_set(group)``;
-3. ``groups.swa_due(t)``: whether the SWA running mean samples the averaged
-   parameters of step ``t`` (``DSSync(swa_start=...)``; the adapter keeps the tensors,
-   ``groups.swa_count`` counts the samples).
+   more ranks, an average over ``groups.process_set(group)``. (The SWA running mean is
+   the mixing wrapper's, the same for every mixing strategy.)
 
 Horovod's process-set objects are framework-specific (``horovod.torch.ProcessSet`` and
 ``horovod.tensorflow.ProcessSet`` hold different basics), so the adapter passes its
@@ -35,7 +33,6 @@ from mpi4py import MPI
 
 from hvdx.core.dssync_schedule import ShuffleSchedule
 from hvdx.core.fingerprint import Fingerprint
-from hvdx.core.group_averaging import swa_due
 from hvdx.dssync import DSSync, link_rates_from_environment
 from hvdx.mpi.comm import world
 from hvdx.mpi.consistency import check_consistent
@@ -143,10 +140,6 @@ class DSSyncGroups:
     def record(self, group: Sequence[int], model_bytes: int) -> None:
         """Count the bytes one average in ``group`` sends (zero for a group of one)."""
         self.stats._add(len(group), model_bytes)
-
-    def swa_due(self, step: int) -> bool:
-        """Whether the SWA running mean samples the averaged parameters of ``step``."""
-        return swa_due(step, self.sync.swa_start, self.sync.swa_every)
 
     def state(self) -> Dict[str, int]:
         """The checkpointed position: ``{"step": t}``, plus ``"swa_count"`` with SWA,

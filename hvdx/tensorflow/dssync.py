@@ -86,6 +86,7 @@ class DSSyncState(MixingState):
         self._groups = DSSyncGroups(sync, schedule, _hvd)  # collective: registers sets
         super().__init__(sync, name="hvdx_dssync")
         self.hvdx_stats = self._groups.stats
+        self._adapted_seen = ""  # the JSON in ``adapted`` as last seen (a str: untracked)
         if self._groups.adaptation is not None:
             with tf.init_scope():
                 # DSSync(probe_every=K): the rebuilt rotation (JSON, "" until one).
@@ -106,9 +107,9 @@ class DSSyncState(MixingState):
         group = self._groups.group_at(step)  # may probe and rebuild the rotation
         state = self._groups.adaptation.state()
         saved = "" if state is None else json.dumps(state, sort_keys=True, default=int)
-        if saved != self._bound.adapted:
+        if saved != self._adapted_seen:
             self.adapted.assign(saved)
-            self._bound.adapted = saved
+            self._adapted_seen = saved
         return self._exchange(group, values)
 
     def _average_all(self, values):
@@ -118,9 +119,9 @@ class DSSyncState(MixingState):
         """A checkpoint restored ``adapted``: continue on that rotation (collective: it
         registers process sets, and every rank restores the same checkpoint)."""
         saved = self.adapted.numpy().decode()
-        if saved and saved != self._bound.adapted:
+        if saved and saved != self._adapted_seen:
             self._groups.load_state({"step": step, "adapted": json.loads(saved)})
-        self._bound.adapted = saved
+        self._adapted_seen = saved
 
     def _exchange(self, group, values: List[tf.Tensor]) -> List[tf.Tensor]:
         groups = self._groups

@@ -213,12 +213,11 @@ class _Bound:
     """Holds the mixed variables (the model's) and the fingerprint settings out of the
     checkpoint's reach: a ``tf.Module`` would track them."""
 
-    __slots__ = ("variables", "settings", "adapted")
+    __slots__ = ("variables", "settings")
 
     def __init__(self):
         self.variables: Optional[List[tf.Variable]] = None
         self.settings: list = []
-        self.adapted = ""  # DS-Sync: the JSON in ``DSSyncState.adapted`` as last seen
 
 
 def average_over_all_ranks(values: List[tf.Tensor], name: str,
