@@ -43,6 +43,7 @@ import warnings
 from typing import Dict, List, Tuple
 
 from hvdx.core import mixing_graphs
+from hvdx.core.counters import Counters
 from hvdx.core.group_averaging import ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT
 from hvdx.strategy import Job, MixingStrategy, check_integer, validating
 
@@ -164,19 +165,12 @@ class MixingGraph:
         return self._cache[key]
 
 
-class DecentralizedStats:
+class DecentralizedStats(Counters):
     """Bytes and messages this rank sent (payload only), steps taken."""
 
-    __slots__ = ("steps", "last_bytes", "total_bytes", "last_messages", "total_messages",
-                 "global_steps")
-
-    def __init__(self):
-        self.steps = 0
-        self.last_bytes = 0.0
-        self.total_bytes = 0.0
-        self.last_messages = 0
-        self.total_messages = 0
-        self.global_steps = 0
+    INITIAL = {"steps": 0, "last_bytes": 0.0, "total_bytes": 0.0, "last_messages": 0,
+               "total_messages": 0, "global_steps": 0}
+    __slots__ = tuple(INITIAL)
 
     def _add(self, nbytes: float, messages: int, everyone: bool = False) -> None:
         self.steps += 1
@@ -190,9 +184,3 @@ class DecentralizedStats:
         """A step that averaged ``nbytes`` over all ``n`` ranks (``global_every``,
         ``synchronize_parameters``), counted as a ring allreduce: ``2 (n - 1) / n``."""
         self._add(2.0 * (n - 1) / n * nbytes, 0, everyone=True)
-
-    def as_dict(self) -> Dict[str, float]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-    def __repr__(self):
-        return f"DecentralizedStats({self.as_dict()})"

@@ -31,6 +31,7 @@ from typing import Dict, List, Sequence, Tuple
 
 from mpi4py import MPI
 
+from hvdx.core.counters import Counters
 from hvdx.core.dssync_schedule import ShuffleSchedule
 from hvdx.core.fingerprint import Fingerprint
 from hvdx.dssync import DSSync, link_rates_from_environment
@@ -46,22 +47,14 @@ __all__ = ["DSSyncGroups", "DSSyncStats", "LOOKAHEAD", "dynamic_process_sets",
 LOOKAHEAD = 16
 
 
-class DSSyncStats:
+class DSSyncStats(Counters):
     """Bytes this rank sent (ring model: ``2(g-1)/g`` model copies in a group of ``g``)."""
 
-    __slots__ = ("steps", "last_bytes", "total_bytes", "last_group_size",
-                 "probes", "adaptations", "last_adaptation_step", "probe_seconds")
-
-    def __init__(self):
-        self.steps = 0
-        self.last_bytes = 0.0
-        self.total_bytes = 0.0
-        self.last_group_size = 1
-        # DSSync(probe_every=K): probes run, rotations rebuilt (hvdx.mpi.dssync_adapt).
-        self.probes = 0
-        self.adaptations = 0
-        self.last_adaptation_step = -1
-        self.probe_seconds = 0.0
+    INITIAL = {"steps": 0, "last_bytes": 0.0, "total_bytes": 0.0, "last_group_size": 1,
+               # DSSync(probe_every=K): probes run, rotations rebuilt (dssync_adapt).
+               "probes": 0, "adaptations": 0, "last_adaptation_step": -1,
+               "probe_seconds": 0.0}
+    __slots__ = tuple(INITIAL)
 
     def _add(self, group_size: int, model_bytes: int):
         sent = 2.0 * (group_size - 1) / group_size * model_bytes
@@ -69,12 +62,6 @@ class DSSyncStats:
         self.last_bytes = sent
         self.total_bytes += sent
         self.last_group_size = group_size
-
-    def as_dict(self) -> Dict[str, float]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-    def __repr__(self):
-        return f"DSSyncStats({self.as_dict()})"
 
 
 class DSSyncGroups:

@@ -61,6 +61,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
+from hvdx.core.counters import Counters
 from hvdx.mpi import sparse
 
 __all__ = ["DEFAULT_TAG", "ExchangeStats", "FusedExchange", "NeighborExchange",
@@ -79,7 +80,7 @@ _MPI_TYPES = {
 }
 
 
-class ExchangeStats:
+class ExchangeStats(Counters):
     """What this rank's exchanges moved (payload bytes only: no envelopes).
 
     ``bytes_sent``, ``last_bytes_sent``, ``messages_sent`` and ``exchanges`` are counted
@@ -88,22 +89,9 @@ class ExchangeStats:
     arrive. ``allocations`` counts receive buffers allocated: constant in steady state.
     """
 
-    __slots__ = ("bytes_sent", "bytes_received", "last_bytes_sent", "messages_sent",
-                 "exchanges", "allocations")
-
-    def __init__(self):
-        self.bytes_sent = 0
-        self.bytes_received = 0
-        self.last_bytes_sent = 0
-        self.messages_sent = 0
-        self.exchanges = 0
-        self.allocations = 0
-
-    def as_dict(self) -> Dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-    def __repr__(self):
-        return f"ExchangeStats({self.as_dict()})"
+    INITIAL = {"bytes_sent": 0, "bytes_received": 0, "last_bytes_sent": 0,
+               "messages_sent": 0, "exchanges": 0, "allocations": 0}
+    __slots__ = tuple(INITIAL)
 
 
 class NeighborExchange:
