@@ -13,7 +13,7 @@ import subprocess
 import sys
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional
 
-__all__ = ["DigitsJob", "digits_job", "report", "run_job"]
+__all__ = ["DigitsJob", "digits_job", "digits_setup", "report", "run_job"]
 
 
 class DigitsJob(NamedTuple):
@@ -30,16 +30,8 @@ class DigitsJob(NamedTuple):
     size: int
 
 
-def digits_job(workload: str, options: Callable[[Any], Dict], seed: int = 0,
-               process_sets=None) -> DigitsJob:
-    """The set-up the measurement jobs share (on every rank, collective).
-
-    1. ``hvd.init(process_sets=process_sets)`` (hvdx.torch), one torch thread,
-       ``torch.manual_seed(seed)``;
-    2. this rank's shard of the digits and the workload's model, broadcast from rank 0;
-    3. SGD with momentum 0.9 at the workload's rate times the ranks, wrapped by
-       ``hvd.DistributedOptimizer(..., **options(hvd))``.
-    """
+def digits_setup(workload: str, seed: int = 0, process_sets=None) -> DigitsJob:
+    """Steps 1 and 2 of :func:`digits_job` (``opt`` is ``None``)."""
     import torch
 
     import hvdx.torch as hvd
@@ -55,10 +47,27 @@ def digits_job(workload: str, options: Callable[[Any], Dict], seed: int = 0,
     x, y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
     model = spec.make_model()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    return DigitsJob(hvd, spec, data, x, y, model, None, rank, size)
+
+
+def digits_job(workload: str, options: Callable[[Any], Dict], seed: int = 0,
+               process_sets=None) -> DigitsJob:
+    """The set-up the measurement jobs share (on every rank, collective).
+
+    1. ``hvd.init(process_sets=process_sets)`` (hvdx.torch), one torch thread,
+       ``torch.manual_seed(seed)``;
+    2. this rank's shard of the digits and the workload's model, broadcast from rank 0;
+    3. SGD with momentum 0.9 at the workload's rate times the ranks, wrapped by
+       ``hvd.DistributedOptimizer(..., **options(hvd))``.
+    """
+    import torch
+
+    job = digits_setup(workload, seed, process_sets)
+    hvd, spec, size, model = job.hvd, job.workload, job.size, job.model
     opt = hvd.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=spec.lr * size, momentum=0.9),
         named_parameters=model.named_parameters(), **options(hvd))
-    return DigitsJob(hvd, spec, data, x, y, model, opt, rank, size)
+    return job._replace(opt=opt)
 
 
 def report(result: Dict) -> None:

@@ -37,7 +37,7 @@ from typing import Callable, Dict, List, Sequence
 
 import numpy as np
 
-from hvdx.bench.jobs import report, run_job
+from hvdx.bench.jobs import digits_setup, report, run_job
 
 __all__ = ["MODES", "render", "run"]
 
@@ -55,19 +55,8 @@ def _one(workload_name: str, steps: int, rounds: int, modes: Sequence[str],
     import torch.nn.functional as F
 
     import hvdx
-    import hvdx.torch as hvd
-    from hvdx.bench.workloads import WORKLOADS
-    from hvdx.datasets import digits
 
-    hvd.init()
-    torch.set_num_threads(1)
-    torch.manual_seed(seed)
-    rank, size = hvd.rank(), hvd.size()
-    workload = WORKLOADS[workload_name]
-    data = digits().shard(rank, size)
-    x, y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
-    base = workload.make_model()
-    hvd.broadcast_parameters(base.state_dict(), root_rank=0)
+    hvd, workload, _, x, y, base, _, rank, size = digits_setup(workload_name, seed)
 
     runs = {}
     for mode in modes:
