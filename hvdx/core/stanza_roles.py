@@ -25,14 +25,17 @@ Pure functions of ``(size, fc_workers)``: every rank computes the same roles.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence, Tuple
+from typing import Mapping, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["CONV", "FC", "StanzaRoles", "loss_weights", "stanza_roles"]
+__all__ = ["AUTO", "CONV", "FC", "StanzaRoles", "auto_fc_workers", "fc_samples",
+           "loss_weights", "probe_counts", "stanza_roles"]
 
 CONV = "conv"
 FC = "fc"
+#: ``fc_workers=AUTO``: the smallest ``F`` whose FC side keeps up (:func:`auto_fc_workers`).
+AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -131,3 +134,48 @@ def loss_weights(batch_sizes: Sequence[int], global_batch: int) -> np.ndarray:
         raise ValueError(f"global_batch={global_batch!r} must be an integer of at least "
                          f"{max(1, int(sizes.sum()))} (this FC worker's samples)")
     return sizes.astype(np.float64) / float(global_batch)
+
+
+def fc_samples(size: int, fc_workers: int, batch: int) -> int:
+    """Samples the busiest FC worker runs the head on per step: its conv workers' batches
+    (``ceil(S / F)`` of them, step 2 of the module docstring)."""
+    s = size - fc_workers
+    return -(-s // fc_workers) * batch
+
+
+def probe_counts(size: int, batch: int) -> Tuple[int, ...]:
+    """The head batch sizes to time for ``fc_workers="auto"``, ascending, distinct: the
+    busiest FC worker's samples for every allowed ``F`` (1 to ``size // 2``)."""
+    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+        raise ValueError(f"batch={batch!r} must be a positive number of samples")
+    return tuple(sorted({fc_samples(size, f, int(batch)) for f in range(1, size // 2 + 1)}))
+
+
+def auto_fc_workers(size: int, batch: int, conv_seconds: float,
+                    head_seconds: Mapping[int, float]) -> int:
+    """``fc_workers="auto"``: the smallest ``F`` whose FC side is no slower than the conv
+    side, from a probe.
+
+    1. the conv side of a step: one conv worker's forward and backward pass through the
+       features on its ``batch`` samples, ``conv_seconds``;
+    2. the FC side with ``F`` FC workers: the busiest one runs the head forward and
+       backward on :func:`fc_samples` samples, ``head_seconds[count]`` (timed at every
+       count of :func:`probe_counts`);
+    3. the answer is the smallest ``F`` from 1 to ``size // 2`` with FC side <= conv side:
+       more FC workers than that take ranks from the conv side without shortening the
+       step (the conv side is then the slower, and it has fewer workers); if even
+       ``size // 2`` FC workers are slower, ``size // 2``.
+
+    Pure: give it the same figures on every rank (an adapter agrees on them first) and
+    every rank chooses the same ``F``.
+    """
+    if size < 2:
+        stanza_roles(size, 1)  # raises: Stanza needs two ranks
+    for f in range(1, size // 2 + 1):
+        count = fc_samples(size, f, batch)
+        if count not in head_seconds:
+            raise ValueError(f"head_seconds has no time for {count} samples; time the head "
+                             f"at every count of probe_counts({size}, {batch})")
+        if head_seconds[count] <= conv_seconds:
+            return f
+    return size // 2

@@ -6,7 +6,8 @@ the global mean."""
 import numpy as np
 import pytest
 
-from hvdx.core.stanza_roles import CONV, FC, loss_weights, stanza_roles
+from hvdx.core.stanza_roles import (CONV, FC, auto_fc_workers, loss_weights, probe_counts,
+                                     stanza_roles)
 
 LAYOUTS = [(2, 1), (3, 1), (4, 1), (4, 2), (5, 2), (7, 3), (8, 4), (10, 3), (16, 5)]
 
@@ -94,3 +95,30 @@ def test_loss_weights_refuse_a_global_batch_smaller_than_the_local_one():
         loss_weights([2, 3], 4)
     with pytest.raises(ValueError, match="batch_sizes"):
         loss_weights([-1, 3], 4)
+
+
+# --- fc_workers="auto" -------------------------------------------------------------------
+
+def test_the_probe_times_the_busiest_fc_workers_batch_for_every_allowed_f():
+    # 8 ranks, batch 4: F=1 feeds 7 conv workers, F=2 ceil(6/2)=3, F=3 ceil(5/3)=2,
+    # F=4 one each.
+    assert probe_counts(8, 4) == (4, 8, 12, 28)
+    assert probe_counts(2, 32) == (32,)
+
+
+def test_auto_takes_the_smallest_f_whose_head_keeps_up_with_the_features():
+    # A head costing 1 ms per sample against features costing 10 ms per batch of 4.
+    head = {count: 0.001 * count for count in probe_counts(8, 4)}
+    assert auto_fc_workers(8, 4, conv_seconds=0.030, head_seconds=head) == 1   # 28 ms
+    assert auto_fc_workers(8, 4, conv_seconds=0.012, head_seconds=head) == 2   # 12 ms
+    assert auto_fc_workers(8, 4, conv_seconds=0.010, head_seconds=head) == 3   # 8 ms
+    assert auto_fc_workers(8, 4, conv_seconds=0.005, head_seconds=head) == 4   # 4 ms
+    # Even one sample per conv worker's batch is slower: as many as allowed.
+    assert auto_fc_workers(8, 4, conv_seconds=0.001, head_seconds=head) == 4
+
+
+def test_auto_needs_every_probed_count_and_two_ranks():
+    with pytest.raises(ValueError, match="no time for 28 samples"):
+        auto_fc_workers(8, 4, 1.0, {4: 0.1})
+    with pytest.raises(ValueError, match="at least 2 ranks"):
+        auto_fc_workers(1, 4, 1.0, {})
