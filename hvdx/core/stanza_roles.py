@@ -25,12 +25,12 @@ Pure functions of ``(size, fc_workers)``: every rank computes the same roles.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence, Tuple
+from typing import Dict, Mapping, Sequence, Tuple
 
 import numpy as np
 
 __all__ = ["AUTO", "CONV", "FC", "StanzaRoles", "auto_fc_workers", "fc_samples",
-           "loss_weights", "probe_counts", "stanza_roles"]
+           "loss_weights", "median_probe", "probe_counts", "stanza_roles"]
 
 CONV = "conv"
 FC = "fc"
@@ -179,3 +179,19 @@ def auto_fc_workers(size: int, batch: int, conv_seconds: float,
         if head_seconds[count] <= conv_seconds:
             return f
     return size // 2
+
+
+def median_probe(figures: Sequence[Tuple[float, Mapping[int, float]]]
+                 ) -> Tuple[float, Dict[int, float]]:
+    """Every rank's probe ``(conv_seconds, head_seconds)`` -> one agreed probe: the
+    median over ranks of each figure (a rank slowed by a neighbour's burst on a shared
+    core does not decide alone). Given the same list, every rank gets the same answer.
+    """
+    if not figures:
+        raise ValueError("median_probe needs at least one rank's figures")
+    conv = float(np.median([c for c, _ in figures]))
+    counts = set(figures[0][1])
+    if any(set(h) != counts for _, h in figures):
+        raise ValueError("the ranks timed the head at different sample counts")
+    head = {int(k): float(np.median([h[k] for _, h in figures])) for k in sorted(counts)}
+    return conv, head

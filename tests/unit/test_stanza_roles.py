@@ -6,8 +6,8 @@ the global mean."""
 import numpy as np
 import pytest
 
-from hvdx.core.stanza_roles import (CONV, FC, auto_fc_workers, loss_weights, probe_counts,
-                                     stanza_roles)
+from hvdx.core.stanza_roles import (CONV, FC, auto_fc_workers, loss_weights, median_probe,
+                                     probe_counts, stanza_roles)
 
 LAYOUTS = [(2, 1), (3, 1), (4, 1), (4, 2), (5, 2), (7, 3), (8, 4), (10, 3), (16, 5)]
 
@@ -122,3 +122,11 @@ def test_auto_needs_every_probed_count_and_two_ranks():
         auto_fc_workers(8, 4, 1.0, {4: 0.1})
     with pytest.raises(ValueError, match="at least 2 ranks"):
         auto_fc_workers(1, 4, 1.0, {})
+
+
+def test_the_ranks_agree_on_the_median_of_each_probed_figure():
+    figures = [(0.010, {4: 0.001, 8: 0.004}), (0.030, {4: 0.002, 8: 0.002}),
+               (0.020, {4: 0.009, 8: 0.003})]
+    assert median_probe(figures) == (0.020, {4: 0.002, 8: 0.003})
+    with pytest.raises(ValueError, match="different sample counts"):
+        median_probe([(0.1, {4: 0.1}), (0.1, {8: 0.1})])
