@@ -55,8 +55,10 @@ Example::
 from __future__ import annotations
 
 import copy
+import sys
+import time
 from collections import OrderedDict
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import horovod.torch as _hvd
 import numpy as np
@@ -66,7 +68,8 @@ import torch.nn.functional as F
 
 from hvdx.core.fingerprint import Fingerprint
 from hvdx.core.fused_layout import FusedLayout
-from hvdx.core.stanza_roles import CONV, FC, loss_weights, stanza_roles
+from hvdx.core.stanza_roles import (AUTO, CONV, FC, auto_fc_workers, loss_weights, median_probe,
+                                     probe_counts, stanza_roles)
 from hvdx.mpi import check_consistent, communicator_for
 from hvdx.mpi.stanza_exchange import StanzaExchange, StanzaStats, role_communicators
 from hvdx.torch.host_buffers import family_dtype, pack, unpack
@@ -102,17 +105,25 @@ class Stanza:
             rank steps only those of its role: the others have no gradient).
         loss_fn: ``loss_fn(head_output, labels)``: the mean over the samples given
             (PyTorch's default ``reduction="mean"``), which step 3 rescales.
-        fc_workers: ``F``, from 1 to ``size // 2``; the last ``F`` ranks.
+        fc_workers: ``F``, from 1 to ``size // 2``; the last ``F`` ranks. Or ``"auto"``:
+            the smallest ``F`` whose FC side keeps up with the conv side
+            (:func:`hvdx.core.stanza_roles.auto_fc_workers`), from a probe at
+            construction that times copies of both parts forward and backward on
+            ``example`` (rank 0 prints the figures and the choice; :attr:`probe`).
         split: with a ``Sequential`` ``features``: its layers ``[:split]`` are the
             features and ``[split:]`` the head (the same modules, so an optimizer over
             ``model.parameters()`` holds them); :meth:`full_model` then returns a
             ``Sequential`` with the model's own layer names.
+        example: with ``fc_workers="auto"``: a batch of the features' input (the first
+            batch of the loader does), on the model's device.
 
     Attributes:
         role: ``"conv"`` or ``"fc"``.
         roles: the :class:`~hvdx.core.stanza_roles.StanzaRoles` (shard the data over
             ``roles.conv_ranks``: the FC workers read none).
         stats: :class:`~hvdx.mpi.stanza_exchange.StanzaStats`, bytes by kind.
+        probe: with ``fc_workers="auto"``, ``{"conv_s", "head_s", "fc_workers"}``: the
+            agreed times (median over ranks) and the choice; ``None`` otherwise.
 
     Raises:
         ValueError: on every rank, for a bad argument or a model that differs between
@@ -121,17 +132,22 @@ class Stanza:
 
     def __init__(self, features: nn.Module, head: Optional[nn.Module] = None,
                  optimizer: Optional[torch.optim.Optimizer] = None,
-                 loss_fn=F.cross_entropy, fc_workers: int = 1, *, split: Optional[int] = None):
+                 loss_fn=F.cross_entropy, fc_workers: Union[int, str] = 1, *,
+                 split: Optional[int] = None, example: Optional[torch.Tensor] = None):
         comm = communicator_for(_hvd.global_process_set, _hvd.global_process_set,
                                 _hvd.size())
         size, rank = comm.Get_size(), comm.Get_rank()
         error: Optional[Exception] = None
         roles = None
+        auto = isinstance(fc_workers, str) and fc_workers == AUTO
         try:
             # In the order of the arguments: the model, then fc_workers.
             features, head, keep_names = _parts(features, head, split)
             _check_training(features, head, optimizer, loss_fn)
-            roles = stanza_roles(size, fc_workers)
+            if auto:
+                _check_example(example, size)
+            else:
+                roles = stanza_roles(size, fc_workers)
         except (TypeError, ValueError) as exc:
             error = exc
         # Fingerprint: the model and the settings, and the local error if any, so that a
@@ -143,6 +159,18 @@ class Stanza:
                                            settings), comm, "Stanza")
         if error is not None:
             raise error
+        #: fc_workers="auto": the agreed probe ``{"conv_s", "head_s", "fc_workers"}``.
+        self.probe: Optional[Dict[str, object]] = None
+        if auto:
+            self.probe = _probe(features, head, example, comm)
+            roles = stanza_roles(size, self.probe["fc_workers"])
+            if rank == 0:
+                head_ms = ", ".join(f"{count} samples {1e3 * t:.1f} ms"
+                                    for count, t in self.probe["head_s"].items())
+                print(f"[hvdx] Stanza fc_workers='auto': features {1e3 * self.probe['conv_s']:.1f}"
+                      f" ms per batch of {len(example)}, head {head_ms} (forward + backward, "
+                      f"median over ranks): {roles.fc_workers} FC worker(s) of {size} ranks",
+                      file=sys.stderr, flush=True)
 
         self.features, self.head, self.optimizer, self.loss_fn = features, head, optimizer, loss_fn
         self.roles = roles
@@ -489,6 +517,63 @@ def _check_training(features, head, optimizer, loss_fn) -> None:
             if p.requires_grad and id(p) not in held:
                 raise ValueError(f"Stanza: the optimizer does not hold {part}.{name}; build "
                                  "it over the parameters of both parts")
+
+
+def _check_example(example, size: int) -> None:
+    if not torch.is_tensor(example) or example.dim() < 1 or len(example) < 1:
+        raise ValueError(f"fc_workers='auto' times both sides on a batch before training: "
+                         f"pass example= (a batch of the features' input, e.g. the first "
+                         f"batch of your loader), got example={_what(example)}")
+    if size < 2:
+        stanza_roles(size, 1)  # raises: Stanza needs two ranks
+
+
+def _timed(run, repeats: int = 3) -> float:
+    """Median seconds of ``run()`` after one untimed call (which pays for allocation)."""
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def _probe(features: nn.Module, head: nn.Module, example: torch.Tensor,
+           comm) -> Dict[str, object]:
+    """fc_workers="auto" (collective): time features and head forward + backward on
+    copies (the model's parameters, gradients and BatchNorm statistics stay as they
+    are), agree on the median over ranks, choose ``F``
+    (:func:`hvdx.core.stanza_roles.auto_fc_workers`). The same ``ValueError`` on every
+    rank if the example does not go through the model."""
+    size, batch = comm.Get_size(), len(example)
+    figures, error = None, None
+    try:
+        features, head = copy.deepcopy(features), copy.deepcopy(head)
+        with torch.no_grad():
+            activations = features(example)
+        activations = activations.detach()
+
+        def conv():
+            features(example).sum().backward()
+
+        def fc(count):
+            index = torch.arange(count, device=activations.device) % batch
+            inputs = activations[index].requires_grad_(True)
+            return lambda: head(inputs).sum().backward()
+
+        figures = (_timed(conv), {count: _timed(fc(count)) for count in probe_counts(size, batch)})
+    except Exception as exc:  # whatever the user's model raises on the example
+        error = (f"Stanza fc_workers='auto': rank {comm.Get_rank()}'s example "
+                 f"({_what(example)}) does not go through features and head: "
+                 f"{type(exc).__name__}: {exc}")
+    everyone = comm.allgather((figures, error))
+    error = next((e for _, e in everyone if e is not None), None)
+    if error is not None:
+        raise ValueError(error)
+    conv_s, head_s = median_probe([f for f, _ in everyone])
+    return {"conv_s": conv_s, "head_s": head_s,
+            "fc_workers": auto_fc_workers(size, batch, conv_s, head_s)}
 
 
 def _entries(features, head):

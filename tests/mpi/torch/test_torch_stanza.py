@@ -428,3 +428,59 @@ def test_full_model_for_a_rank_outside_the_job_fails_on_every_rank():
     with pytest.raises(ValueError) as error:
         trainer.full_model(rank=hvd.size())
     assert f"rank={hvd.size()} is not a rank" in the_same_everywhere(error)
+
+
+# --- fc_workers="auto" ----------------------------------------------------------------------
+
+def build_auto(features, head, example):
+    opt = torch.optim.SGD(itertools.chain(features.parameters(), head.parameters()), lr=LR)
+    return hvd.Stanza(features, head, opt, fc_workers="auto", example=example)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_auto_takes_the_smallest_f_whose_head_keeps_up_on_every_rank_and_trains_the_same():
+    n = hvd.size()
+    features, head = features_and_head(seed=hvd.rank())
+    example = global_batch(0)[0][:3]
+    trainer = build_auto(features, head, example)
+    probe = trainer.probe
+    assert len({repr(p) for p in everyone(probe)}) == 1  # one agreed probe, one choice
+    # The definition, written out: the busiest FC worker runs ceil(S / F) batches.
+    expected = next((f for f in range(1, n // 2 + 1)
+                     if probe["head_s"][-(-(n - f) // f) * 3] <= probe["conv_s"]), n // 2)
+    assert probe["fc_workers"] == trainer.roles.fc_workers == expected
+    # The probe ran on copies: training from here is single-process SGD, as with a number.
+    fc_workers = trainer.roles.fc_workers
+    part, module = mine(trainer, features, head)
+    reference_states = reference(steps=2)
+    for step in range(2):
+        trainer.step(*share(step, fc_workers))
+        assert_state_close(module, reference_states[step][part])
+
+
+@pytest.mark.mpi(min_size=4)
+def test_auto_gives_a_heavy_head_as_many_fc_workers_as_allowed_and_a_light_one_one():
+    torch.manual_seed(0)
+    light = nn.Linear(5, ACTIVATION)
+    heavy = nn.Sequential(nn.Linear(ACTIVATION, 1500), nn.Tanh(), nn.Linear(1500, 1500),
+                          nn.Tanh(), nn.Linear(1500, CLASSES))
+    example = torch.randn(8, 5)
+    assert build_auto(light, heavy, example).roles.fc_workers == hvd.size() // 2
+    deep = nn.Sequential(*[m for _ in range(12) for m in (nn.Linear(5 if _ == 0 else 400, 400),
+                                                           nn.Tanh())],
+                         nn.Linear(400, ACTIVATION))
+    assert build_auto(deep, nn.Linear(ACTIVATION, CLASSES), example).roles.fc_workers == 1
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("example", ["none", "wrong shape"])
+def test_auto_without_a_fitting_example_fails_on_every_rank(example):
+    if example == "wrong shape" and hvd.size() < 2:
+        pytest.skip("alone, Stanza refuses the world size before it probes")
+    features, head = features_and_head()
+    example = None if example == "none" else torch.randn(4, 7, dtype=torch.float64)
+    with pytest.raises(ValueError) as error:
+        build_auto(features, head, example)
+    message = the_same_everywhere(error)
+    assert "fc_workers='auto'" in message
+    assert ("pass example=" in message) if example is None else ("does not go through" in message)
