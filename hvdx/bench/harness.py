@@ -122,7 +122,9 @@ def _add_predictions(rows: List[Summary], raw: List[Dict], spec) -> None:
         conv, fc = result["parameter_split"]
         other = result["parameters"] - conv - fc  # batch norm and friends: in the body
         workload = Workload(conv_params=conv + other, fc_params=fc,
-                            compute_s=result["compute_s"])
+                            compute_s=result["compute_s"],
+                            batch_size=WORKLOADS[row.workload].batch_size,
+                            **(result.get("stanza") or {}))
         # What the run used (a DS-Sync rotation picks its parameters from the link rates).
         options = result.get("cost_options", STRATEGIES[row.strategy].cost_options)
         row.predicted_step_s = predict(model_name, cluster, workload, **options).step_s

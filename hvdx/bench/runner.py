@@ -70,6 +70,29 @@ def _compute_time(model, x, y, batch, repeats=5):
     return float(np.median(times[1:]))  # the first pass pays for allocation
 
 
+def _stanza_figures(model, x, batch, repeats=5):
+    """What the cost model needs to price Stanza: elements per sample at the split, and
+    the head's share of a forward + backward pass (median over ``repeats``, on copies)."""
+    import copy
+
+    features, head = copy.deepcopy(model).stanza_parts()
+    inputs = x[:batch]
+    times = {"features": [], "head": []}
+    for i in range(repeats + 1):
+        start = time.perf_counter()
+        activations = features(inputs)
+        activations.sum().backward()
+        middle = time.perf_counter()
+        head(activations.detach().requires_grad_(True)).sum().backward()
+        end = time.perf_counter()
+        if i:  # the first pass pays for allocation
+            times["features"].append(middle - start)
+            times["head"].append(end - middle)
+    conv_s, head_s = (float(np.median(times[k])) for k in ("features", "head"))
+    return {"activation_size": int(activations[0].numel()),
+            "fc_compute_fraction": head_s / (conv_s + head_s)}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description="one rank of an hvdx benchmark run")
     parser.add_argument("--workload", required=True)
@@ -94,31 +117,66 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     rank, size = hvd.rank(), hvd.size()
     full = digits()
-    data = full.shard(rank, size)
-    x_train, y_train = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
-    x_test, y_test = torch.from_numpy(data.x_test), torch.from_numpy(data.y_test)
+    x_test, y_test = torch.from_numpy(full.x_test), torch.from_numpy(full.y_test)
 
     model = workload.make_model()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    compute_s = _compute_time(model, x_train, y_train, workload.batch_size)
-    local = torch.optim.SGD(model.parameters(), lr=workload.lr * size, momentum=0.9)
-    optimizer = strategy.build(local, model)
-
     batch = workload.batch_size
-    per_epoch = len(full.x_train) // size // batch
+    local = torch.optim.SGD(model.parameters(), lr=workload.lr * size, momentum=0.9)
+    if strategy.roles:
+        # Stanza: only the conv workers read data, each a shard of the conv ranks' share;
+        # the learning rate follows the global batch (S batches, not n).
+        example = torch.from_numpy(full.shard(0, size).x_train[:batch])
+        optimizer = strategy.build(local, model, example)
+        readers = list(optimizer.roles.conv_ranks)
+        for group in local.param_groups:
+            group["lr"] = workload.lr * len(readers)
+    else:
+        optimizer, readers = None, list(range(size))
+    reads = rank in readers
+    data = full.shard(readers.index(rank) if reads else 0, len(readers))
+    x_train, y_train = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
+    compute_s = _compute_time(model, x_train, y_train, batch)
+    stanza = _stanza_figures(model, x_train, batch) if strategy.roles else None
+    if not strategy.roles:
+        optimizer = strategy.build(local, model)
+
+    per_epoch = len(full.x_train) // len(readers) // batch
     rng = np.random.default_rng(args.seed + rank)
     order = rng.permutation(len(x_train))
 
     def evaluate():
+        """Mean test accuracy over ranks (each its own model); for a trainer with roles,
+        the accuracy of the whole model rebuilt on rank 0."""
+        if strategy.roles:
+            whole = optimizer.full_model(rank=0)
+            acc = 0.0
+            if whole is not None:
+                whole.eval()
+                with torch.no_grad():
+                    acc = (whole(x_test).argmax(1) == y_test).float().mean().item()
+            return hvd.broadcast_object(acc, root_rank=0, name="bench.accuracy")
         model.eval()
         with torch.no_grad():
             acc = (model(x_test).argmax(1) == y_test).float().mean()
         model.train()
         return hvd.allreduce(acc, name="bench.accuracy").item()
 
+    def train_step(idx):
+        if strategy.roles:
+            return optimizer.step(x_train[idx], y_train[idx]) if reads else optimizer.step()
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
+        loss.backward()
+        optimizer.step()
+        return float(loss.item())
+
     iface = os.environ.get(IFACE_ENV)
     hvd.barrier()
     counters_start = interface_bytes(iface)
+    # The interfaces also carry the evaluations (Stanza's full_model moves the head):
+    # their bytes are subtracted, so that the counters hold the training steps only.
+    evaluation_bytes = np.zeros(2)
     step_times, curve, train_time = [], [], 0.0
     for step in range(1, args.steps + 1):
         i = (step - 1) % per_epoch
@@ -126,10 +184,7 @@ def main(argv=None):
             order = rng.permutation(len(x_train))
         idx = torch.from_numpy(order[i * batch:(i + 1) * batch])
         start = time.perf_counter()
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
-        loss.backward()
-        optimizer.step()
+        loss = train_step(idx)
         evaluating = step % args.eval_every == 0 or step == args.steps
         if evaluating and strategy.before_eval is not None:
             strategy.before_eval(optimizer)  # on the clock, not in the evaluation
@@ -137,9 +192,13 @@ def main(argv=None):
         step_times.append(elapsed)
         train_time += elapsed
         if evaluating:
+            before = interface_bytes(iface)
             accuracy = evaluate()
+            after = interface_bytes(iface)
+            if before and after:
+                evaluation_bytes += np.subtract(after, before)
             curve.append({"step": step, "time": train_time, "accuracy": accuracy,
-                          "loss": float(loss.item())})
+                          "loss": float(loss)})
             if rank == 0:
                 print(json.dumps({"event": "progress", "step": step, "steps": args.steps,
                                   "time": train_time, "accuracy": accuracy}), flush=True)
@@ -150,7 +209,8 @@ def main(argv=None):
     final_stats = strategy.final_stats(optimizer, args.steps) if strategy.final_stats else None
     interface = None
     if counters_start and counters_end:
-        interface = [e - s for s, e in zip(counters_start, counters_end)]
+        interface = [int(e - s - b) for s, e, b in
+                     zip(counters_start, counters_end, evaluation_bytes)]
     everyone = hvd.allgather_object({"rank": rank, "interface_tx_rx": interface,
                                      "median_step": float(np.median(step_times)),
                                      "compute_s": compute_s, "hvdx_sent": sent,
@@ -175,6 +235,7 @@ def main(argv=None):
             "horovod_env": {k: v for k, v in sorted(os.environ.items())
                             if k.startswith("HOROVOD_")},
             "final_stats": final_stats,
+            "stanza": stanza,  # the split's figures, for the cost model (Stanza only)
             "placement": os.environ.get(PLACEMENT_ENV),  # None: localhost
         }
         with open(args.out + ".tmp", "w") as f:

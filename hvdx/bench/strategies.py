@@ -50,6 +50,12 @@ class Strategy:
     #: ``step()``, which the evaluation's forward pass would otherwise wait for off the
     #: clock (decentralized SGD's exchange).
     before_eval: Optional[Callable] = None
+    #: A strategy whose ranks have roles (Stanza): ``build`` is then
+    #: ``(optimizer, model, example) -> trainer`` and the runner drives
+    #: ``trainer.step(x, y)`` on the conv workers and ``trainer.step()`` on the others
+    #: (:mod:`hvdx.bench.runner`); ``bytes_per_step`` and the other callables get the
+    #: trainer in place of the optimizer.
+    roles: bool = False
 
 
 def _horovod(optimizer, model):
@@ -232,6 +238,60 @@ def _decentralized_strategy(name: str, label: str, options: Dict, default: bool)
                     final_stats=_decentralized_final_stats, before_eval=_complete_exchange)
 
 
+#: Stanza runs no Horovod collective during a step either (its messages are mpi4py on
+#: hvdx's communicator): the same 50 ms Horovod cycle.
+STANZA_ENV: Dict[str, str] = dict(TOPK_TUNED_ENV)
+
+
+def _stanza_with(fc_workers):
+    """The builder of a Stanza trainer over the workload's ``stanza_parts()``."""
+    def build(optimizer, model, example):
+        import hvdx.torch as hvd
+
+        features, head = model.stanza_parts()
+        return hvd.Stanza(features, head, optimizer, fc_workers=fc_workers,
+                          example=example if fc_workers == "auto" else None)
+    return build
+
+
+def stanza_bytes(trainer, model, size, steps):
+    """hvdx's own count of what Stanza's steps put on the network: the point-to-point
+    messages as sent (activations, their gradients, losses and batch sizes), and each
+    role allreduce at its standard cost, ``2 (m - 1) / m`` times the buffer over the
+    role's ``m`` ranks (:func:`allreduce_bytes_per_rank`; the trainer counts the buffer
+    it hands to MPI); not the one-off ``setup`` transfers (the initial broadcast,
+    ``full_model`` for the evaluations)."""
+    stats, roles = trainer.stats, trainer.roles
+    ranks = {"conv_allreduce": len(roles.conv_ranks), "fc_allreduce": len(roles.fc_ranks)}
+
+    def total(counts):
+        return sum(allreduce_bytes_per_rank(v, ranks[k]) if k in ranks else v
+                   for k, v in counts.items() if k != "setup")
+    return total(stats.sent) / steps, total(stats.received) / steps
+
+
+def _stanza_options(trainer) -> Dict:
+    """The cost model's options for the layout the run used (``"auto"`` decides at
+    start-up)."""
+    return {"fc_workers": trainer.roles.fc_workers}
+
+
+def _stanza_final_stats(trainer, steps) -> Dict:
+    figures = {"fc_workers": trainer.roles.fc_workers, "conv_ranks": list(trainer.roles.conv_ranks),
+               "fc_ranks": list(trainer.roles.fc_ranks)}
+    if trainer.probe is not None:
+        figures["probe"] = {"conv_s": trainer.probe["conv_s"],
+                            "head_s": {str(k): v for k, v in trainer.probe["head_s"].items()}}
+    return figures
+
+
+def _stanza_strategy(name: str, label: str, fc_workers, default: bool) -> Strategy:
+    return Strategy(name, label, _stanza_with(fc_workers), stanza_bytes, cost_model="stanza",
+                    cost_options={"fc_workers": 1 if fc_workers == "auto" else fc_workers},
+                    cost_options_of=_stanza_options, env=STANZA_ENV, default=default,
+                    final_stats=_stanza_final_stats, roles=True)
+
+
 STRATEGIES: Dict[str, Strategy] = {
     "horovod": Strategy("horovod", "Horovod ring allreduce (baseline)", _horovod,
                         _gradient_bytes, cost_model="horovod"),
@@ -276,9 +336,19 @@ STRATEGIES: Dict[str, Strategy] = {
         "decentralized_cta", "decentralized SGD, one-peer exponential graph, "
         "combine-then-adapt (exchange during forward and backward), Horovod cycle 50 ms",
         DECENTRALIZED_CTA_OPTIONS, default=False),
+    "stanza": _stanza_strategy(
+        "stanza", "Stanza layer separation, 1 FC worker (the last rank), Horovod cycle 50 ms",
+        1, default=True),
+    "stanza_f2": _stanza_strategy(
+        "stanza_f2", "Stanza layer separation, 2 FC workers, Horovod cycle 50 ms", 2,
+        default=False),
+    "stanza_auto": _stanza_strategy(
+        "stanza_auto", "Stanza layer separation, FC workers chosen by a probe "
+        "(fc_workers='auto'), Horovod cycle 50 ms", "auto", default=False),
 }
 
 #: What a plain ``hvdx bench`` runs: the adaptive DS-Sync pays off under contention
 #: only, so it runs when asked for (``--strategies ...,dssync_adaptive``); so do the
-#: static exponential graph and combine-then-adapt, variants of ``decentralized``.
+#: static exponential graph and combine-then-adapt, variants of ``decentralized``, and
+#: Stanza with two FC workers or a probed number, variants of ``stanza``.
 DEFAULT_STRATEGIES = tuple(name for name, s in STRATEGIES.items() if s.default)

@@ -20,6 +20,13 @@ __all__ = ["Workload", "WORKLOADS", "parameter_split"]
 
 
 class DigitsCNN(nn.Module):
+    def stanza_parts(self):
+        """``(features, head)`` for Stanza: the conv layers (to the flattened pool) and the
+        FC layers, as modules that share this model's parameters."""
+        return (nn.Sequential(self.conv1, nn.ReLU(), self.conv2, nn.ReLU(), nn.MaxPool2d(2),
+                              nn.Flatten()),
+                nn.Sequential(self.fc1, nn.ReLU(), self.fc2))
+
     def __init__(self):
         super().__init__()
         self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
@@ -51,6 +58,11 @@ class DigitsVGG(nn.Module):
 
     def forward(self, x):
         return self.classifier(self.features(x).flatten(1))
+
+    def stanza_parts(self):
+        """``(features, head)`` for Stanza: the conv body (flattened) and the FC head,
+        sharing this model's parameters."""
+        return nn.Sequential(self.features, nn.Flatten()), self.classifier
 
 
 @dataclass(frozen=True)

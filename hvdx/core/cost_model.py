@@ -47,7 +47,10 @@ value) pair, 8 for float32):
   long hops (``2^k >= R``, ``R`` a power of two) stay inside the racks.
   ``order="combine_then_adapt"`` overlaps the exchange with the forward and backward
   pass: its step is ``max(compute, comm)``, the only strategy priced with overlap.
-- stanza: ``batch * activation_size * e`` from each conv worker to its FC worker and back,
+- stanza: the trainer's layout (the last ``F`` ranks are FC workers, each serving a
+  contiguous group of conv workers: with two FC workers on 2 x 2 hosts both sit in the
+  second rack, so their FC allreduce stays inside it and the first rack's activations
+  cross the uplink); ``batch * activation_size * e`` from each conv worker to its FC worker and back,
   then a ring allreduce of the conv parameters among the ``n - F`` conv workers (and of the
   FC parameters among the ``F`` FC workers if ``F > 1``; never on the wire when ``F = 1``).
 
@@ -67,6 +70,7 @@ from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, U
 
 import numpy as np
 
+from hvdx.core.stanza_roles import stanza_roles
 from hvdx.core.units import format_rate, parse_quantity, parse_rate, parse_time
 from hvdx.core.validation import integer as _integer
 
@@ -545,19 +549,13 @@ def _decentralized(c: Cluster, w: Workload, topology: str = "one-peer-exp",
 
 
 def _stanza_roles(c: Cluster, fc_workers: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """1. FC workers: the last rank of each rack, then the one before, ...;
-    2. each conv worker feeds an FC worker of its own rack if there is one (no uplink
-    bytes), else any, round robin. Returns (conv ranks, their FC worker, FC ranks)."""
-    fc = _grid(c)[:, ::-1].T.ravel()[:fc_workers]
-    conv = np.setdiff1d(np.arange(c.ranks), fc)
-    rack = c.rack_of_rank
-    turns: Dict[Tuple[int, ...], int] = {}
-    target = []
-    for r in conv:
-        pool = tuple(f for f in fc if rack[f] == rack[r]) or tuple(fc)
-        turns[pool] = turns.get(pool, -1) + 1
-        target.append(pool[turns[pool] % len(pool)])
-    return conv, np.array(target, dtype=int), np.sort(fc)
+    """The trainer's own layout (:func:`hvdx.core.stanza_roles.stanza_roles`): the last
+    ``F`` ranks are FC workers, each serving a contiguous group of conv workers. Returns
+    (conv ranks, their FC worker, FC ranks)."""
+    roles = stanza_roles(c.ranks, fc_workers)
+    target = [fc for fc, group in zip(roles.fc_ranks, roles.groups) for _ in group]
+    return (np.array(roles.conv_ranks, dtype=int), np.array(target, dtype=int),
+            np.array(roles.fc_ranks, dtype=int))
 
 
 def _stanza(c: Cluster, w: Workload, fc_workers: int = 1) -> _Plan:
@@ -567,8 +565,8 @@ def _stanza(c: Cluster, w: Workload, fc_workers: int = 1) -> _Plan:
     2. FC workers run the head and send the activation gradients back;
     3. conv workers allreduce the conv gradients (FC workers the FC ones, if F > 1).
     """
-    # At least one rank must stay a conv worker.
-    fc_workers = _integer("fc_workers", fc_workers, 1, c.ranks - 1)
+    # From 1 to ranks // 2, as the trainer allows (stanza_roles names the value if not).
+    fc_workers = _integer("fc_workers", fc_workers, 1, max(1, c.ranks // 2))
     conv, target, fc = _stanza_roles(c, fc_workers)
     activations = w.batch_size * w.activation_size * w.bytes_per_element
     # Conv and FC rings run at once on disjoint ranks; F = 1 gives no FC ring at all.

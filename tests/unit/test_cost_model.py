@@ -305,14 +305,21 @@ def test_stanza_moves_two_batches_of_activations_per_conv_worker():
 def test_stanza_with_several_fc_workers_allreduces_the_fc_parameters_among_them():
     c = cluster(2, 4)
     one, two = (predict("stanza", c, VGG16, fc_workers=f) for f in (1, 2))
-    ring = phase(two, "conv allreduce (and FC allreduce if F > 1)")
-    assert ring.uplink_bytes >= VGG16.fc_params * VGG16.bytes_per_element
+    name = "conv allreduce (and FC allreduce if F > 1)"
+    fc_bytes = VGG16.fc_params * VGG16.bytes_per_element
+    # Two FC workers (ranks 6 and 7, both in rack 1) allreduce the head over their NICs.
+    assert phase(two, name).nic_bytes >= fc_bytes > phase(one, name).nic_bytes
     assert two.data_ranks == 6 and one.data_ranks == 7
 
 
-def test_stanza_keeps_activations_inside_a_rack_with_one_fc_worker_per_rack():
-    p = predict("stanza", cluster(4, 4), VGG16, fc_workers=4)
-    assert phase(p, "activations to FC workers").uplink_bytes == 0
+def test_stanza_is_priced_in_the_trainers_layout_the_last_f_ranks_serving_contiguous_groups():
+    # 2 x 2 hosts, two FC workers: ranks 2 and 3 (rack 1) serve ranks 0 and 1 (rack 0):
+    # all activations cross the uplink, the FC allreduce stays inside rack 1.
+    p = predict("stanza", cluster(2, 2), VGG16, fc_workers=2)
+    one_way = VGG16.batch_size * VGG16.activation_size * VGG16.bytes_per_element
+    assert phase(p, "activations to FC workers").uplink_bytes == pytest.approx(2 * one_way)
+    # The rings: conv among ranks 0, 1 (rack 0), FC among 2, 3 (rack 1): nothing crosses.
+    assert phase(p, "conv allreduce (and FC allreduce if F > 1)").uplink_bytes == 0
 
 
 def test_the_busiest_fc_worker_runs_the_head_for_all_its_conv_workers():

@@ -1,0 +1,71 @@
+"""Stanza in the benchmark: its strategies, byte count, split of the workloads and the
+prediction of its step (no MPI job here)."""
+
+import types
+
+import pytest
+import torch
+
+from hvdx.bench.harness import _add_predictions, summarize
+from hvdx.bench.strategies import DEFAULT_STRATEGIES, STRATEGIES, stanza_bytes
+from hvdx.bench.workloads import WORKLOADS
+from hvdx.cluster import ClusterSpec
+from hvdx.core.cost_model import Cluster, Workload, predict
+from hvdx.core.stanza_roles import stanza_roles
+from hvdx.mpi.stanza_exchange import StanzaStats
+
+
+def test_a_plain_bench_runs_stanza_with_one_fc_worker_and_its_variants_when_named():
+    assert "stanza" in DEFAULT_STRATEGIES
+    assert "stanza_f2" not in DEFAULT_STRATEGIES and "stanza_auto" not in DEFAULT_STRATEGIES
+    for name in ("stanza", "stanza_f2", "stanza_auto"):
+        strategy = STRATEGIES[name]
+        assert strategy.roles and strategy.cost_model == "stanza"
+        # No Horovod collective runs during a Stanza step: the long cycle.
+        assert strategy.env == {"HOROVOD_CYCLE_TIME": "50"}
+    assert not any(s.roles for n, s in STRATEGIES.items() if not n.startswith("stanza"))
+
+
+def test_the_bytes_per_step_are_the_steps_traffic_at_the_allreduces_cost_without_setup():
+    stats = StanzaStats()
+    stats.count("setup", sent=10**9, received=10**9)  # the broadcast, full_model
+    for _ in range(4):
+        stats.count("activations", sent=4096 + 256)
+        stats.count("activation_gradients", received=4096)
+        stats.count("conv_allreduce", sent=1000, received=1000)
+        stats.count("control", received=8)
+    # Three conv workers: their allreduce of 1000 bytes moves 2 * 2/3 * 1000 each way.
+    trainer = types.SimpleNamespace(stats=stats, roles=stanza_roles(4, 1))
+    sent, received = stanza_bytes(trainer, None, 4, steps=4)
+    assert sent == pytest.approx(4096 + 256 + 4000 / 3)
+    assert received == pytest.approx(4096 + 4000 / 3 + 8)
+
+
+@pytest.mark.parametrize("workload", sorted(WORKLOADS))
+def test_each_workload_splits_into_features_and_a_head_that_make_the_model(workload):
+    model = WORKLOADS[workload].make_model().eval()
+    features, head = model.stanza_parts()
+    x = torch.rand(3, 1, 8, 8)
+    torch.testing.assert_close(head(features(x)), model(x), rtol=0, atol=0)
+    # The parts hold the model's own parameters, so an optimizer over the model trains them.
+    mine = {id(p) for p in model.parameters()}
+    assert {id(p) for p in features.parameters()} | {id(p) for p in head.parameters()} == mine
+    assert all(isinstance(m, torch.nn.Linear) for m in head.modules()
+               if any(True for _ in m.parameters(recurse=False)))
+
+
+def test_the_prediction_uses_the_layout_the_run_used_and_the_measured_split():
+    spec = ClusterSpec(racks=2, hosts_per_rack=2, nic="1gbit", uplink="100mbit")
+    run = {"workload": "digits_vgg", "strategy": "stanza_auto", "ranks": 4, "steps": 10,
+           "step_times": [0.2] * 10, "curve": [{"step": 10, "time": 2.0, "accuracy": 0.96}],
+           "hvdx_bytes_per_rank_per_step": 3e5, "ranks_detail": [{"interface_tx_rx": None}] * 4,
+           "parameter_split": (55_000, 1_350_000), "parameters": 1_405_000, "compute_s": 0.05,
+           "cost_options": {"fc_workers": 2},
+           "stanza": {"activation_size": 1024, "fc_compute_fraction": 0.3}}
+    rows = [summarize(run, 0.95, "net")]
+    _add_predictions(rows, [run], spec)
+    expected = predict("stanza", Cluster(racks=2, hosts_per_rack=2, nic_bps=1e9, uplink_bps=1e8),
+                       Workload(conv_params=55_000, fc_params=1_350_000, compute_s=0.05,
+                                batch_size=32, activation_size=1024, fc_compute_fraction=0.3),
+                       fc_workers=2)
+    assert rows[0].predicted_step_s == pytest.approx(expected.step_s)
