@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Dict
 
-import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
