@@ -243,14 +243,15 @@ def _decentralized_strategy(name: str, label: str, options: Dict, default: bool)
 STANZA_ENV: Dict[str, str] = dict(TOPK_TUNED_ENV)
 
 
-def _stanza_with(fc_workers):
+def _stanza_with(fc_workers, micro_batches=1):
     """The builder of a Stanza trainer over the workload's ``stanza_parts()``."""
     def build(optimizer, model, example):
         import hvdx.torch as hvd
 
         features, head = model.stanza_parts()
         return hvd.Stanza(features, head, optimizer, fc_workers=fc_workers,
-                          example=example if fc_workers == "auto" else None)
+                          example=example if fc_workers == "auto" else None,
+                          micro_batches=micro_batches)
     return build
 
 
@@ -285,8 +286,10 @@ def _stanza_final_stats(trainer, steps) -> Dict:
     return figures
 
 
-def _stanza_strategy(name: str, label: str, fc_workers, default: bool) -> Strategy:
-    return Strategy(name, label, _stanza_with(fc_workers), stanza_bytes, cost_model="stanza",
+def _stanza_strategy(name: str, label: str, fc_workers, default: bool,
+                     micro_batches: int = 1) -> Strategy:
+    return Strategy(name, label, _stanza_with(fc_workers, micro_batches), stanza_bytes,
+                    cost_model="stanza",
                     cost_options={"fc_workers": 1 if fc_workers == "auto" else fc_workers},
                     cost_options_of=_stanza_options, env=STANZA_ENV, default=default,
                     final_stats=_stanza_final_stats, roles=True)
@@ -345,6 +348,10 @@ STRATEGIES: Dict[str, Strategy] = {
     "stanza_auto": _stanza_strategy(
         "stanza_auto", "Stanza layer separation, FC workers chosen by a probe "
         "(fc_workers='auto'), Horovod cycle 50 ms", "auto", default=False),
+    "stanza_micro": _stanza_strategy(
+        "stanza_micro", "Stanza layer separation, 1 FC worker, each batch in 4 micro-batches "
+        "(the head on one while the features compute the next), Horovod cycle 50 ms", 1,
+        default=False, micro_batches=4),
 }
 
 #: What a plain ``hvdx bench`` runs: the adaptive DS-Sync pays off under contention

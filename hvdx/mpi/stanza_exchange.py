@@ -54,8 +54,10 @@ __all__ = ["KINDS", "StanzaExchange", "StanzaStats", "role_communicators"]
 KINDS = ("activations", "activation_gradients", "conv_allreduce", "fc_allreduce",
          "control", "setup")
 
-# Tags on Stanza's own communicator (nothing else uses it).
-_ACTIVATIONS, _LABELS, _GRADIENTS, _LOSS, _SETUP = 1, 2, 3, 4, 5
+# Tags on Stanza's own communicator (nothing else uses it). Micro-batches reuse them:
+# MPI does not let messages of one source, tag and communicator overtake each other, so
+# the k-th activation message of a conv worker is its k-th micro-batch.
+_ACTIVATIONS, _LABELS, _GRADIENTS, _LOSS, _SETUP, _BATCH = 1, 2, 3, 4, 5, 6
 
 _MPI_FLOATS = {np.dtype(np.float64): MPI.DOUBLE, np.dtype(np.float32): MPI.FLOAT}
 
@@ -139,19 +141,31 @@ class StanzaExchange:
             self.fc_worker = None
             self.sources = roles.conv_workers(self.rank)
         # Requests in flight, each with what to check once it completes: ``None``, or
-        # ``(expected bytes, what, counter kind)`` for a receive.
-        self._requests: List[MPI.Request] = []
+        # ``(expected bytes, what, counter kind)`` for a receive; a completed one is
+        # ``None`` in both lists until :meth:`wait` clears them.
+        self._requests: List[Optional[MPI.Request]] = []
         self._checks: List[Optional[Tuple[int, str, str]]] = []
         self._messages: List[MPI.Message] = []
-        self._keep = None
+        self._keep: List[np.ndarray] = []  # send buffers made here, alive until wait()
 
     # --- conv worker ------------------------------------------------------------------
 
-    def post_gradient_receive(self, gradients: np.ndarray, loss: np.ndarray) -> None:
-        """Receive this step's activation gradients (bytes) and loss (float64[1])."""
+    def post_gradient_receive(self, gradients: np.ndarray, loss: np.ndarray) -> range:
+        """Receive this step's (or micro-batch's) activation gradients (bytes) and loss
+        (float64[1]); returns the requests, for :meth:`wait_for`."""
+        first = len(self._requests)
         self._irecv([gradients, MPI.BYTE], self.fc_worker, _GRADIENTS,
                     (gradients.nbytes, "activation gradients", "activation_gradients"))
         self._irecv([loss, MPI.DOUBLE], self.fc_worker, _LOSS, (8, "loss", "control"))
+        return range(first, len(self._requests))
+
+    def send_batch_size(self, samples: int) -> None:
+        """With micro-batches: this step's samples, before the first micro-batch, so
+        that the FC workers know the global batch before they weigh any loss."""
+        count = np.array([samples], np.int64)
+        self._keep.append(count)
+        self._isend([count, MPI.INT64_T], self.fc_worker, _BATCH)
+        self.stats.count("control", sent=8)
 
     def send_activations(self, activations: np.ndarray, labels: np.ndarray) -> None:
         """Send activations and labels (bytes, C-contiguous) to this rank's FC worker;
@@ -191,10 +205,21 @@ class StanzaExchange:
         self._messages = messages
         return sizes
 
+    def receive_batch_sizes(self) -> List[int]:
+        """With micro-batches: each source's samples this step (:meth:`send_batch_size`)."""
+        counts = [np.zeros(1, np.int64) for _ in self.sources]
+        first = len(self._requests)
+        for source, count in zip(self.sources, counts):
+            self._irecv([count, MPI.INT64_T], source, _BATCH, (8, "batch size", "control"))
+        self.wait_for(range(first, len(self._requests)))
+        return [int(c[0]) for c in counts]
+
     def receive_activations(self, activations: Sequence[np.ndarray],
                             labels: Sequence[np.ndarray]) -> None:
         """Receive the probed activations and the labels, one byte view per source in
-        source order, sized from :meth:`probe_batches`; waits for them."""
+        source order, sized from :meth:`probe_batches`; waits for them (only: sends
+        still in flight from an earlier micro-batch may go on)."""
+        first = len(self._requests)
         for message, values in zip(self._messages, activations):
             # The probe fixed the size: the buffer holds exactly the message.
             self._requests.append(message.Irecv([values, MPI.BYTE]))
@@ -203,18 +228,18 @@ class StanzaExchange:
         for source, values in zip(self.sources, labels):
             self._irecv([values, MPI.BYTE], source, _LABELS,
                         (values.nbytes, "labels", "activations"))
-        self.wait()
+        self.wait_for(range(first, len(self._requests)))
 
     def send_gradients(self, gradients: Sequence[np.ndarray], losses: np.ndarray) -> None:
         """Send each source its activation gradients (bytes) and its loss
         (``losses[k]``, float64); the arrays must stay untouched until :meth:`wait`."""
         losses = np.ascontiguousarray(losses, dtype=np.float64)
+        self._keep.append(losses)  # alive until the sends complete
         for k, (source, values) in enumerate(zip(self.sources, gradients)):
             self._isend([values, MPI.BYTE], source, _GRADIENTS)
             self._isend([losses[k:k + 1], MPI.DOUBLE], source, _LOSS)
             self.stats.count("activation_gradients", sent=values.nbytes)
             self.stats.count("control", sent=8)
-        self._keep = losses  # alive until the sends complete
 
     def global_batch(self, local: int) -> int:
         """The samples of all conv workers this step, from each FC worker's count."""
@@ -237,12 +262,20 @@ class StanzaExchange:
 
     def wait(self) -> None:
         """Complete every request posted, then check the received sizes."""
-        requests, checks = self._requests, self._checks
-        self._requests, self._checks = [], []
+        self.wait_for(range(len(self._requests)))
+        self._requests, self._checks, self._keep = [], [], []
+
+    def wait_for(self, indices: Sequence[int]) -> None:
+        """Complete the requests at ``indices`` (as :meth:`post_gradient_receive`
+        returns them), then check what they received."""
+        indices = [i for i in indices if self._requests[i] is not None]
+        requests = [self._requests[i] for i in indices]
+        checks = [self._checks[i] for i in indices]
+        for i in indices:
+            self._requests[i] = self._checks[i] = None
         statuses = [MPI.Status() for _ in requests]
         if requests:
             sparse.wait_all(requests, statuses)
-        self._keep = None
         for status, check in zip(statuses, checks):
             if check is None:
                 continue

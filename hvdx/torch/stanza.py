@@ -27,6 +27,16 @@ head; head parameters and gradients never travel to a conv worker. Roles and sca
    and stay as they are. With ``loss_fn`` a mean over samples, the parameters equal
    single-process training on the concatenated global batch (up to rounding).
 
+Overlap: the FC workers' sum (step 5) runs while the conv workers run their backward
+pass (step 4). With ``micro_batches=m > 1`` a conv worker splits its batch into ``m``
+parts and runs every forward pass, sending each part's activations as soon as they
+exist, before any backward pass: its FC worker runs the head on part ``k`` while the
+conv worker computes part ``k + 1``, and the conv worker runs part ``k``'s backward pass
+while the FC worker still works on the later ones (as in pipeline parallelism). The
+conv workers first send their batch sizes (8 bytes each), so that the FC workers know
+the global batch ``B`` before they weigh any loss; the weights stay ``b / B`` per part
+and gradients add up over the parts, so the step is the same SGD step (up to rounding).
+
 Start: every rank must build the same model (checked, like ``DistributedOptimizer``);
 the conv workers then take rank 0's features and the FC workers rank 0's head (one
 broadcast each), as ``hvd.broadcast_parameters(..., root_rank=0)`` would: the model
@@ -116,6 +126,9 @@ class Stanza:
             ``Sequential`` with the model's own layer names.
         example: with ``fc_workers="auto"``: a batch of the features' input (the first
             batch of the loader does), on the model's device.
+        micro_batches: parts each conv worker's batch is split into, to overlap its
+            forward and backward passes with the FC side (module docstring); 1 (the
+            default) sends the batch whole.
 
     Attributes:
         role: ``"conv"`` or ``"fc"``.
@@ -133,7 +146,8 @@ class Stanza:
     def __init__(self, features: nn.Module, head: Optional[nn.Module] = None,
                  optimizer: Optional[torch.optim.Optimizer] = None,
                  loss_fn=F.cross_entropy, fc_workers: Union[int, str] = 1, *,
-                 split: Optional[int] = None, example: Optional[torch.Tensor] = None):
+                 split: Optional[int] = None, example: Optional[torch.Tensor] = None,
+                 micro_batches: int = 1):
         comm = communicator_for(_hvd.global_process_set, _hvd.global_process_set,
                                 _hvd.size())
         size, rank = comm.Get_size(), comm.Get_rank()
@@ -144,6 +158,7 @@ class Stanza:
             # In the order of the arguments: the model, then fc_workers.
             features, head, keep_names = _parts(features, head, split)
             _check_training(features, head, optimizer, loss_fn)
+            _check_micro_batches(micro_batches)
             if auto:
                 _check_example(example, size)
             else:
@@ -152,7 +167,8 @@ class Stanza:
             error = exc
         # Fingerprint: the model and the settings, and the local error if any, so that a
         # rank that failed, or was given other arguments, fails every rank alike.
-        settings: List[Tuple[str, object]] = [("fc_workers", fc_workers), ("split", split)]
+        settings: List[Tuple[str, object]] = [("fc_workers", fc_workers), ("split", split),
+                                              ("micro_batches", micro_batches)]
         if error is not None:
             settings.append(("stanza.error", f"{type(error).__name__}: {error}"))
         check_consistent(Fingerprint.build(_entries(features, head) if error is None else (),
@@ -173,6 +189,7 @@ class Stanza:
                       file=sys.stderr, flush=True)
 
         self.features, self.head, self.optimizer, self.loss_fn = features, head, optimizer, loss_fn
+        self.micro_batches = int(micro_batches)
         self.roles = roles
         self.rank = rank
         self.role = roles.role(rank)
@@ -211,57 +228,98 @@ class Stanza:
 
     def _conv_step(self, x, y) -> float:
         first = self._samples is None
+        chunks = _micro_batches(x, y, self.micro_batches)
         try:
-            activations, samples = self._forward_features(x, y)
+            activations, samples = self._forward_features(*chunks[0])
         except Exception as exc:  # whatever the user's features raise at the first step
             if not first:
                 raise
             self._agree(None, exc)  # raises, on every rank
         if first:
             self._agree(samples, None)
-        elif samples != self._samples:
-            # Alone: the FC worker cannot learn of it without a collective per step.
-            raise ValueError(f"Stanza.step: rank {self.rank}'s batch gives "
-                             f"{samples.describe()}, but the first step agreed on "
-                             f"{self._samples.describe()}")
+        else:
+            self._check_samples(samples)
         ex = self._exchange
-        sent = activations.detach().to("cpu").contiguous()
-        labels = y.detach().to("cpu").contiguous()
-        gradient = torch.empty(sent.shape, dtype=sent.dtype)  # host: MPI's buffer
-        loss = np.zeros(1)
-        if not first:
-            ex.post_gradient_receive(_bytes(gradient), loss)
-        ex.send_activations(_bytes(sent), _bytes(labels))
-        if first:
-            # The FC workers run the head on these activations before answering: a head
-            # that does not fit fails every rank here (they have received them all).
-            error = ex.first_error(None)
-            if error is not None:
-                ex.wait()
-                self._samples = None  # the next step checks the data again, everywhere
-                raise ValueError(error)
-            ex.post_gradient_receive(_bytes(gradient), loss)
+        if self.micro_batches > 1:
+            ex.send_batch_size(len(y))
+        # Steps 1 and 4 per micro-batch: every forward pass and send first, so that the
+        # FC workers run the head on micro-batch k while this rank computes k + 1; then
+        # each backward pass as its activation gradient comes back.
+        pending = []
+        for k, (xk, yk) in enumerate(chunks):
+            if k:
+                activations = None
+                if len(yk):
+                    activations, samples = self._forward_features(xk, yk)
+                    self._check_samples(samples)
+            sent = self._host_activations(activations, len(yk))
+            labels = yk.detach().to("cpu").contiguous()
+            gradient = torch.empty(sent.shape, dtype=sent.dtype)  # host: MPI's buffer
+            loss = np.zeros(1)
+            check_head = first and k == 0
+            requests = None if check_head else ex.post_gradient_receive(_bytes(gradient), loss)
+            ex.send_activations(_bytes(sent), _bytes(labels))
+            if check_head:
+                # The FC workers run the head on these activations before answering: a
+                # head that does not fit fails every rank here (they have received them).
+                error = ex.first_error(None)
+                if error is not None:
+                    ex.wait()
+                    self._samples = None  # the next step checks the data again, everywhere
+                    raise ValueError(error)
+                requests = ex.post_gradient_receive(_bytes(gradient), loss)
+            pending.append((activations, gradient, loss, requests, len(yk)))
+        total = 0.0
+        for activations, gradient, loss, requests, samples_k in pending:
+            ex.wait_for(requests)
+            if activations is not None and activations.requires_grad:
+                activations.backward(gradient.to(activations.device))
+            total += samples_k * float(loss[0])
         ex.wait()
-        if activations.requires_grad:
-            activations.backward(gradient.to(activations.device))
         self._sum_gradients(self.features, "conv_allreduce")
-        return float(loss[0])
+        if self.micro_batches == 1:
+            return float(pending[0][2][0])
+        return total / max(1, len(y))
 
     def _fc_step(self) -> float:
         first = self._samples is None
         if first:
             self._agree(None, None)
         samples, ex = self._samples, self._exchange
-        sizes = ex.probe_batches(_sample_bytes(samples.activation_shape,
-                                               samples.activation_dtype))
-        total = sum(sizes)
-        activations = torch.empty((total,) + samples.activation_shape,
-                                  dtype=_dtype(samples.activation_dtype))
-        labels = torch.empty((total,) + samples.label_shape, dtype=_dtype(samples.label_dtype))
-        bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
-        ex.receive_activations(_slices(activations, bounds), _slices(labels, bounds))
-        global_batch = ex.global_batch(total)
+        sample_bytes = _sample_bytes(samples.activation_shape, samples.activation_dtype)
+        global_batch = None
+        if self.micro_batches > 1:
+            # The conv workers' batch sizes come first: every micro-batch's loss is
+            # weighed by the global batch.
+            global_batch = ex.global_batch(sum(ex.receive_batch_sizes()))
+        received, loss_sum, kept = 0, 0.0, []
+        for k in range(self.micro_batches):
+            sizes = ex.probe_batches(sample_bytes)
+            total = sum(sizes)
+            activations = torch.empty((total,) + samples.activation_shape,
+                                      dtype=_dtype(samples.activation_dtype))
+            labels = torch.empty((total,) + samples.label_shape,
+                                 dtype=_dtype(samples.label_dtype))
+            bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+            ex.receive_activations(_slices(activations, bounds), _slices(labels, bounds))
+            if global_batch is None:
+                global_batch = ex.global_batch(total)
+            gradient, losses = self._fc_micro_batch(activations, labels, sizes, bounds,
+                                                    global_batch, first and k == 0)
+            ex.send_gradients(_slices(gradient, bounds), losses)
+            kept.append(gradient)  # alive until the sends complete
+            counted = ~np.isnan(losses)
+            received += total
+            loss_sum += float(np.dot(np.asarray(sizes)[counted], losses[counted]))
+        # The conv workers run their backward passes while the FC workers sum.
+        self._sum_gradients(self.head, "fc_allreduce")
+        ex.wait()
+        return loss_sum / received if received else float("nan")
 
+    def _fc_micro_batch(self, activations, labels, sizes, bounds, global_batch, check):
+        """Step 3 on one (micro-)batch: the head forward and backward, the head's
+        gradients accumulated; returns the activation gradient (host) and each source's
+        mean loss (``nan`` for a source that sent no samples)."""
         device = _device(self.head)
         inputs = activations.to(device).requires_grad_(True)
         targets = labels.to(device)
@@ -269,38 +327,46 @@ class Stanza:
         error: Optional[str] = None
         objective, outputs = None, None
         try:
-            outputs = self.head(inputs)
-            weights = loss_weights(sizes, max(global_batch, 1))
-            for k, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
-                if hi == lo:
-                    continue  # an empty batch adds nothing (and its mean is undefined)
-                part = self.loss_fn(outputs[lo:hi], targets[lo:hi])
-                if not torch.is_tensor(part) or part.dim() != 0:
-                    raise ValueError(f"loss_fn returned {_what(part)}, not a scalar tensor "
-                                     "(the mean over the samples)")
-                losses[k] = part.item()
-                weighted = part * weights[k]
-                objective = weighted if objective is None else objective + weighted
+            if len(inputs):
+                outputs = self.head(inputs)
+                weights = loss_weights(sizes, max(global_batch, 1))
+                for k, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+                    if hi == lo:
+                        continue  # an empty batch adds nothing (and its mean is undefined)
+                    part = self.loss_fn(outputs[lo:hi], targets[lo:hi])
+                    if not torch.is_tensor(part) or part.dim() != 0:
+                        raise ValueError(f"loss_fn returned {_what(part)}, not a scalar "
+                                         "tensor (the mean over the samples)")
+                    losses[k] = part.item()
+                    weighted = part * weights[k]
+                    objective = weighted if objective is None else objective + weighted
         except Exception as exc:  # whatever the user's head or loss raise at the first step
-            if not first:
+            if not check:
                 raise
             error = _head_error(self.head, self.rank, inputs, targets, outputs, exc)
-        if first:
-            error = ex.first_error(error)
+        if check:
+            error = self._exchange.first_error(error)
             if error is not None:
                 self._samples = None  # as on the conv workers
                 raise ValueError(error)
         if objective is not None:
             objective.backward()
         gradient = inputs.grad if inputs.grad is not None else torch.zeros_like(inputs)
-        gradient = gradient.detach().to("cpu").contiguous()
-        ex.send_gradients(_slices(gradient, bounds), losses)
-        # The conv workers run their backward pass while the FC workers sum.
-        self._sum_gradients(self.head, "fc_allreduce")
-        ex.wait()
-        counted = ~np.isnan(losses)
-        return float(np.dot(np.asarray(sizes)[counted], losses[counted]) / total) if total \
-            else float("nan")
+        return gradient.detach().to("cpu").contiguous(), losses
+
+    def _check_samples(self, samples: "_Samples") -> None:
+        if samples != self._samples:
+            # Alone: the FC worker cannot learn of it without a collective per step.
+            raise ValueError(f"Stanza.step: rank {self.rank}'s batch gives "
+                             f"{samples.describe()}, but the first step agreed on "
+                             f"{self._samples.describe()}")
+
+    def _host_activations(self, activations, count: int) -> torch.Tensor:
+        """The activations as a host, contiguous tensor (an empty micro-batch: none)."""
+        if activations is None:
+            return torch.empty((count,) + self._samples.activation_shape,
+                               dtype=_dtype(self._samples.activation_dtype))
+        return activations.detach().to("cpu").contiguous()
 
     def _forward_features(self, x, y):
         if not torch.is_tensor(x) or not torch.is_tensor(y):
@@ -517,6 +583,23 @@ def _check_training(features, head, optimizer, loss_fn) -> None:
             if p.requires_grad and id(p) not in held:
                 raise ValueError(f"Stanza: the optimizer does not hold {part}.{name}; build "
                                  "it over the parameters of both parts")
+
+
+def _check_micro_batches(micro_batches) -> None:
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, (int, np.integer)) \
+            or micro_batches < 1:
+        raise ValueError(f"micro_batches={micro_batches!r} must be an integer of at least 1 "
+                         "(1: the whole batch at once)")
+
+
+def _micro_batches(x, y, count: int) -> List[Tuple[Any, Any]]:
+    """``count`` consecutive parts of a conv worker's batch, sizes differing by at most
+    one, the larger first (``torch.tensor_split``; some are empty if the batch has fewer
+    samples). Anything but two tensors stays whole, for the first step's check."""
+    if count == 1 or not torch.is_tensor(x) or not torch.is_tensor(y) or x.dim() < 1 \
+            or y.dim() < 1 or len(x) != len(y):
+        return [(x, y)]
+    return list(zip(torch.tensor_split(x, count), torch.tensor_split(y, count)))
 
 
 def _check_example(example, size: int) -> None:

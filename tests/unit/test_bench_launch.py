@@ -17,7 +17,8 @@ def test_only_strategies_that_leave_horovod_idle_during_a_step_lengthen_its_cycl
     # messages are mpi4py too).
     slow = {name for name, s in STRATEGIES.items() if "HOROVOD_CYCLE_TIME" in s.env}
     assert slow == {"topk_dgc", "topk_masked", "decentralized", "decentralized_static",
-                    "decentralized_cta", "stanza", "stanza_f2", "stanza_auto"}
+                    "decentralized_cta", "stanza", "stanza_f2", "stanza_auto",
+                    "stanza_micro"}
     for name in ("decentralized", "decentralized_static", "decentralized_cta"):
         assert "global_every" not in STRATEGIES[name].cost_options
     assert TOPK_DGC_OPTIONS["small_tensors"] == TOPK_MASKED_OPTIONS["small_tensors"] == "hvdx"
