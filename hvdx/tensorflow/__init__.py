@@ -21,6 +21,8 @@ unchanged, except:
 - :func:`save_checkpoint` / :func:`load_checkpoint`: every rank's
   ``tf.train.Checkpoint`` in one file on rank 0, written atomically
   (:mod:`hvdx.tensorflow.checkpoint`).
+- :class:`Stanza`: layer separation, conv workers train the features and FC workers
+  the head (:mod:`hvdx.tensorflow.stanza`); a trainer, called on every rank each step.
 
 With no hvdx feature switched on, the tape is Horovod's own, so training is bitwise
 identical to Horovod's. Keras users import :mod:`hvdx.tensorflow.keras`.
@@ -40,5 +42,6 @@ from hvdx.tensorflow.topk import TopKState, topk_state  # noqa: E402,F401
 from hvdx.tensorflow.dssync import dssync_process_sets, dssync_state  # noqa: E402,F401
 from hvdx.tensorflow.decentralized import decentralized_state  # noqa: E402,F401
 from hvdx.tensorflow.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402,F401
+from hvdx.tensorflow.stanza import Stanza  # noqa: E402,F401
 from hvdx.decentralized import Decentralized  # noqa: E402,F401
 from hvdx.dssync import DSSync  # noqa: E402,F401

@@ -1,0 +1,929 @@
+"""Stanza for TensorFlow (Keras): conv workers train the feature extractor, FC workers the head.
+
+Stanza (Wu, Xu, Li, Xiong, "Layer Separation for Distributed Training in Deep
+Learning", arXiv 1812.10624): in a CNN most bytes are in the fully connected head and
+most compute in the feature extractor, so most ranks (the ``S`` *conv workers*) train
+only the features and a few (the ``F`` *FC workers*, the last ``F`` ranks) only the
+head; head variables and gradients never travel to a conv worker. Roles and scaling:
+:mod:`hvdx.core.stanza_roles`; messages: :mod:`hvdx.mpi.stanza_exchange`; the same
+algorithm as :mod:`hvdx.torch.stanza`. One :meth:`Stanza.step`, called on every rank,
+eagerly (the exchange is mpi4py, plain Python):
+
+1. conv worker ``i``: ``a_i = features(x_i)`` on its ``b_i`` samples, under a
+   ``tf.GradientTape``; ``a_i`` and the labels go (host memory, ``.numpy()``,
+   non-blocking) to its FC worker;
+2. FC worker ``k``: receives the activations of the conv workers it serves and
+   concatenates them in rank order; the FC workers sum their counts into the global
+   batch ``B = sum_i b_i``;
+3. FC worker, under a tape that watches the activations:
+   ``loss = sum_i (b_i / B) * loss_fn(y_i, head(a)[i])``; its head gradient is
+   ``1 / B`` times the sum over its samples, and the activation gradient
+   ``dloss / da_i`` already carries ``1 / B``; it returns each conv worker its slice
+   (and the mean loss over its samples);
+4. conv worker: ``tape.gradient(a_i, features.trainable_variables,
+   output_gradients=dloss / da_i)``: ``1 / B`` times the sum over its samples of the
+   features' gradients;
+5. the conv workers SUM their feature gradients, the FC workers SUM their head
+   gradients (one fused host buffer per dtype family, ``MPI_Allreduce`` on a
+   communicator per role). Both sums are then the gradient of the mean loss over the
+   global batch: averaging instead would give ``1 / S`` (``1 / F``) of it;
+6. every rank's optimizer applies its role's gradients (``apply_gradients`` over that
+   role's trainable variables only). With ``loss_fn`` a mean over samples, the
+   variables equal single-process training on the concatenated global batch (up to
+   rounding).
+
+Start: every rank must build the same model (checked, like ``DistributedGradientTape``:
+variables in order, shapes and dtypes; TensorFlow's variable names may differ between
+ranks and are not compared). Keras creates variables when a model is first called, so
+both parts must be built (called once, or given ``input_shape=``), or ``example=``
+given to build them. The conv workers then take rank 0's features and the FC workers
+rank 0's head (one broadcast each, non-trainable variables such as BatchNorm
+statistics included), as ``hvd.broadcast_variables(..., root_rank=0)`` would: the
+model trained is rank 0's. Each rank builds its optimizer over its role's trainable
+variables at construction, so a checkpoint can be loaded before the first step.
+
+Checks that cannot hang: bad arguments (``fc_workers``, a head with no trainable
+variables, a model that is not built, one that differs between ranks) raise the same
+``ValueError`` on every rank at construction. The first step checks the data: conv
+workers whose activations or labels differ in per-sample shape or dtype, or a head that
+cannot take the activations (it runs on the real activations, so no input shape is
+needed in advance), raise the same ``ValueError`` on every rank, naming the shapes.
+From then on the per-sample shapes are fixed (the batch size may change); a conv worker
+that passes another shape raises alone, and ``hvd.init()``'s abort-on-error ends the
+job.
+
+What differs from PyTorch: ``loss_fn`` takes Keras' argument order
+``loss_fn(labels, head_output)`` (default: sparse categorical cross-entropy on
+logits, a mean over samples); the checkpoint is :meth:`Stanza.state`, a trackable for
+``hvdx.tensorflow.save_checkpoint`` / ``load_checkpoint`` (below); ``fc_workers="auto"``
+times the parts themselves with ``training=False`` (a tape leaves the variables
+untouched, so no copies are needed, and BatchNorm statistics stay as they are).
+
+Example::
+
+    model = tf.keras.Sequential([conv_layers..., tf.keras.layers.Flatten(),
+                                 tf.keras.layers.Dense(10)])
+    model.build((None, 32, 32, 3))
+    opt = tf.keras.optimizers.SGD(0.1, momentum=0.9)
+    trainer = hvdx.tensorflow.Stanza(model, split=len(model.layers) - 1, optimizer=opt)
+    for x, y in dataset:              # shard the data over trainer.roles.conv_ranks
+        loss = trainer.step(x, y)     # FC ranks: trainer.step() (x and y unused)
+    hvdx.tensorflow.save_checkpoint("ckpt.hvdx", stanza=trainer.state())
+    full = trainer.full_model(rank=0) # a tf.keras.Sequential on rank 0, None elsewhere
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import time
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+import horovod.tensorflow as _hvd
+import numpy as np
+import tensorflow as tf
+
+from hvdx.core.fingerprint import Fingerprint
+from hvdx.core.fused_layout import FusedLayout
+from hvdx.core.stanza_roles import (AUTO, CONV, FC, auto_fc_workers, loss_weights, median_probe,
+                                     probe_counts, stanza_roles)
+from hvdx.mpi import check_consistent, communicator_for
+from hvdx.mpi.stanza_exchange import StanzaExchange, StanzaStats, role_communicators
+
+__all__ = ["FORMAT", "Stanza", "StanzaState", "StanzaStats"]
+
+#: The ``format`` entry of a Stanza checkpoint (:class:`StanzaState`).
+FORMAT = "hvdx-tf-stanza-1"
+
+
+class _Samples(NamedTuple):
+    """Per-sample shapes and dtypes of the activations and labels (agreed at step 1)."""
+
+    activation_shape: Tuple[int, ...]
+    activation_dtype: str
+    label_shape: Tuple[int, ...]
+    label_dtype: str
+
+    def describe(self) -> str:
+        return (f"activations {_star(self.activation_shape)} {self.activation_dtype}, "
+                f"labels {_star(self.label_shape)} {self.label_dtype}")
+
+
+class _Part:
+    """One role's Keras layers, applied in order: ``[model]`` or a slice of a
+    ``Sequential``'s layers (``split=``). Variables in layer order, each once."""
+
+    def __init__(self, layers: Sequence[tf.keras.layers.Layer], name: str):
+        self.layers = tuple(layers)
+        self.name = name
+
+    def __call__(self, x, training: bool):
+        for layer in self.layers:
+            x = layer(x, training=training)
+        return x
+
+    @property
+    def built(self) -> bool:
+        return all(layer.built for layer in self.layers)
+
+    @property
+    def weights(self) -> List[tf.Variable]:
+        return _unique(w for layer in self.layers for w in layer.weights)
+
+    @property
+    def trainable_variables(self) -> List[tf.Variable]:
+        return _unique(v for layer in self.layers for v in layer.trainable_variables)
+
+
+class Stanza:
+    """Layer-separated training (module docstring). Collective: build it on every rank.
+
+    Args:
+        features: the feature extractor (a Keras model or layer), trained by the conv
+            workers; or a ``tf.keras.Sequential`` holding the whole model, with
+            ``split=``.
+        head: the head (a Keras model or layer), trained by the FC workers; ``None``
+            with ``split=``.
+        optimizer: a Keras optimizer (``tf.keras.optimizers.Optimizer`` or a legacy
+            one), not yet used: each rank builds it over its role's trainable
+            variables and applies only their gradients.
+        loss_fn: ``loss_fn(labels, head_output)`` (Keras' order): the mean over the
+            samples given, which step 3 rescales. Default:
+            ``tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)``.
+        fc_workers: ``F``, from 1 to ``size // 2``; the last ``F`` ranks. Or ``"auto"``:
+            the smallest ``F`` whose FC side keeps up with the conv side
+            (:func:`hvdx.core.stanza_roles.auto_fc_workers`), from a probe at
+            construction that times both parts forward and backward on ``example``
+            (rank 0 prints the figures and the choice; :attr:`probe`).
+        split: with a ``Sequential`` ``features``: its layers ``[:split]`` are the
+            features and ``[split:]`` the head (the same layer objects);
+            :meth:`full_model` then returns a copy of that model, layer names kept.
+        example: a batch of the features' input (the first batch of the dataset does):
+            required by ``fc_workers="auto"``, and used to build a model whose
+            variables do not exist yet.
+
+    Attributes:
+        role: ``"conv"`` or ``"fc"``.
+        roles: the :class:`~hvdx.core.stanza_roles.StanzaRoles` (shard the data over
+            ``roles.conv_ranks``: the FC workers read none).
+        stats: :class:`~hvdx.mpi.stanza_exchange.StanzaStats`, bytes by kind.
+        probe: with ``fc_workers="auto"``, ``{"conv_s", "head_s", "fc_workers"}``: the
+            agreed times (median over ranks) and the choice; ``None`` otherwise.
+        steps: steps taken (restored from a checkpoint).
+
+    Raises:
+        ValueError: on every rank, for a bad argument or a model that differs between
+            ranks; ``TypeError`` for arguments of the wrong type.
+    """
+
+    def __init__(self, features, head=None, optimizer=None, loss_fn=None,
+                 fc_workers: Union[int, str] = 1, *, split: Optional[int] = None,
+                 example=None):
+        comm = communicator_for(_hvd.global_process_set, _hvd.global_process_set,
+                                _hvd.size())
+        size, rank = comm.Get_size(), comm.Get_rank()
+        if loss_fn is None:
+            loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        error: Optional[Exception] = None
+        roles, parts = None, None
+        auto = isinstance(fc_workers, str) and fc_workers == AUTO
+        try:
+            # In the order of the arguments: the model, then fc_workers.
+            parts = _parts(features, head, split)
+            _build(*parts, example)
+            _check_training(*parts, optimizer, loss_fn)
+            if auto:
+                _check_example(example, size)
+            else:
+                roles = stanza_roles(size, fc_workers)
+        except (TypeError, ValueError) as exc:
+            error = exc
+        # Fingerprint: the model and the settings, and the local error if any, so that a
+        # rank that failed, or was given other arguments, fails every rank alike.
+        settings: List[Tuple[str, object]] = [("fc_workers", fc_workers), ("split", split)]
+        if error is not None:
+            settings.append(("stanza.error", f"{type(error).__name__}: {error}"))
+        entries = _entries(*parts) if error is None else []
+        check_consistent(Fingerprint.build([e[:3] for e in entries], settings,
+                                           labels=[e[3] for e in entries]), comm, "Stanza")
+        if error is not None:
+            raise error
+        self._features, self._head = parts
+        #: fc_workers="auto": the agreed probe ``{"conv_s", "head_s", "fc_workers"}``.
+        self.probe: Optional[Dict[str, object]] = None
+        if auto:
+            self.probe = _probe(self._features, self._head, example, comm)
+            roles = stanza_roles(size, self.probe["fc_workers"])
+            if rank == 0:
+                head_ms = ", ".join(f"{count} samples {1e3 * t:.1f} ms"
+                                    for count, t in self.probe["head_s"].items())
+                print(f"[hvdx] Stanza fc_workers='auto': features {1e3 * self.probe['conv_s']:.1f}"
+                      f" ms per batch of {example.shape[0]}, head {head_ms} (forward + backward, "
+                      f"median over ranks): {roles.fc_workers} FC worker(s) of {size} ranks",
+                      file=sys.stderr, flush=True)
+
+        self.optimizer, self.loss_fn = optimizer, loss_fn
+        self.roles = roles
+        self.rank = rank
+        self.role = roles.role(rank)
+        self.stats = StanzaStats()
+        self.steps = 0
+        self._model = features if split is not None else None
+        self._split = split
+        self._samples: Optional[_Samples] = None
+        # The features' per-sample input shape, for full_model's copy of a layer built
+        # without one on record: the example's, then the first conv worker's at step 1.
+        self._input_shape = None if example is None else _per_sample(example)
+        world, role_comm = role_communicators(comm, roles)
+        self._exchange = StanzaExchange(world, role_comm, roles, self.stats)
+        # Step 5's host buffers, one per dtype family (the role's gradients).
+        self._layout: Optional[FusedLayout] = None
+        self._buffers: Dict[np.dtype, np.ndarray] = {}
+        self._broadcast_initial()
+        _build_optimizer(optimizer, self._mine.trainable_variables)
+        self._state = StanzaState(self)
+
+    @property
+    def _mine(self) -> _Part:
+        """This rank's role's part."""
+        return self._features if self.role == CONV else self._head
+
+    # --- training ---------------------------------------------------------------------
+
+    def step(self, x=None, y=None) -> float:
+        """One training step (module docstring, steps 1-6); collective, eager.
+
+        Args:
+            x: a conv worker's batch (a tensor on any device, or a numpy array; the
+                features' input).
+            y: its labels (``loss_fn``'s target), as many as samples in ``x``. An FC
+                worker's ``x`` and ``y`` are ignored: pass nothing.
+
+        Returns:
+            conv worker: the mean loss over its samples; FC worker: the mean loss over
+            the samples it received (with one FC worker, the global batch).
+        """
+        self.stats.begin_step()
+        loss, gradients = self._conv_step(x, y) if self.role == CONV else self._fc_step()
+        variables = self._mine.trainable_variables
+        self.optimizer.apply_gradients(zip(gradients, variables))
+        self.steps += 1
+        self.stats.steps += 1
+        return loss
+
+    def _conv_step(self, x, y) -> Tuple[float, List[tf.Tensor]]:
+        first = self._samples is None
+        try:
+            tape, activations, labels, samples = self._forward_features(x, y)
+        except Exception as exc:  # whatever the user's features raise at the first step
+            if not first:
+                raise
+            self._agree(None, exc)  # raises, on every rank
+        if first:
+            self._agree(samples, None, _per_sample(x))
+        elif samples != self._samples:
+            # Alone: the FC worker cannot learn of it without a collective per step.
+            raise ValueError(f"Stanza.step: rank {self.rank}'s batch gives "
+                             f"{samples.describe()}, but the first step agreed on "
+                             f"{self._samples.describe()}")
+        ex = self._exchange
+        sent = np.ascontiguousarray(activations.numpy())  # host: MPI's buffers
+        gradient = np.empty_like(sent)
+        loss = np.zeros(1)
+        if not first:
+            ex.post_gradient_receive(_bytes(gradient), loss)
+        ex.send_activations(_bytes(sent), _bytes(labels))
+        if first:
+            # The FC workers run the head on these activations before answering: a head
+            # that does not fit fails every rank here (they have received them all).
+            error = ex.first_error(None)
+            if error is not None:
+                ex.wait()
+                self._samples = None  # the next step checks the data again, everywhere
+                raise ValueError(error)
+            ex.post_gradient_receive(_bytes(gradient), loss)
+        ex.wait()
+        variables = self._features.trainable_variables
+        with tf.device(activations.device):
+            upstream = tf.convert_to_tensor(gradient)
+        gradients = tape.gradient(activations, variables, output_gradients=upstream)
+        return float(loss[0]), self._sum_gradients(gradients, variables, "conv_allreduce")
+
+    def _fc_step(self) -> Tuple[float, List[tf.Tensor]]:
+        first = self._samples is None
+        if first:
+            self._agree(None, None)
+        samples, ex = self._samples, self._exchange
+        sizes = ex.probe_batches(_sample_bytes(samples.activation_shape,
+                                               samples.activation_dtype))
+        total = sum(sizes)
+        activations = np.empty((total,) + samples.activation_shape,
+                               _np_dtype(samples.activation_dtype))
+        labels = np.empty((total,) + samples.label_shape, _np_dtype(samples.label_dtype))
+        bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+        ex.receive_activations(_slices(activations, bounds), _slices(labels, bounds))
+        global_batch = ex.global_batch(total)
+
+        variables = self._head.trainable_variables
+        with tf.device(variables[0].device):
+            inputs = tf.convert_to_tensor(activations)
+            targets = tf.convert_to_tensor(labels)
+        losses = np.full(len(sizes), np.nan)
+        error: Optional[str] = None
+        objective, outputs = None, None
+        with tf.GradientTape() as tape:
+            tape.watch(inputs)
+            try:
+                outputs = self._head(inputs, training=True)
+                weights = loss_weights(sizes, max(global_batch, 1))
+                for k, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+                    if hi == lo:
+                        continue  # an empty batch adds nothing (and its mean is undefined)
+                    part = self.loss_fn(targets[lo:hi], outputs[lo:hi])
+                    if not tf.is_tensor(part) or part.shape.rank != 0:
+                        raise ValueError(f"loss_fn returned {_what(part)}, not a scalar "
+                                         "tensor (the mean over the samples)")
+                    losses[k] = float(part.numpy())
+                    weighted = part * tf.constant(weights[k], dtype=part.dtype)
+                    objective = weighted if objective is None else objective + weighted
+            except Exception as exc:  # whatever the user's head or loss raise at step 1
+                if not first:
+                    raise
+                error = _head_error(self._head, self.rank, inputs, targets, outputs, exc)
+        if first:
+            error = ex.first_error(error)
+            if error is not None:
+                self._samples = None  # as on the conv workers
+                raise ValueError(error)
+        if objective is not None:
+            gradients = tape.gradient(objective, [inputs] + variables)
+        else:
+            gradients = [None] * (1 + len(variables))
+        upstream = gradients[0] if gradients[0] is not None else tf.zeros_like(inputs)
+        sent = np.ascontiguousarray(upstream.numpy())
+        ex.send_gradients(_slices(sent, bounds), losses)
+        # The conv workers run their backward pass while the FC workers sum.
+        summed = self._sum_gradients(gradients[1:], variables, "fc_allreduce")
+        ex.wait()
+        counted = ~np.isnan(losses)
+        loss = float(np.dot(np.asarray(sizes)[counted], losses[counted]) / total) if total \
+            else float("nan")
+        return loss, summed
+
+    def _forward_features(self, x, y):
+        if x is None or y is None:
+            raise ValueError(f"Stanza.step: rank {self.rank} is a conv worker and needs a "
+                             f"batch and its labels, got x={_what(x)}, y={_what(y)}")
+        with tf.GradientTape() as tape:
+            activations = self._features(x, training=True)
+        if not tf.is_tensor(activations) or activations.shape.rank is None or \
+                activations.shape.rank < 1:
+            raise ValueError(f"Stanza.step: rank {self.rank}'s features returned "
+                             f"{_what(activations)}, not a batch of activations")
+        labels = np.ascontiguousarray(y.numpy() if tf.is_tensor(y) else np.asarray(y))
+        if labels.ndim < 1 or labels.shape[0] != activations.shape[0]:
+            raise ValueError(f"Stanza.step: rank {self.rank} has {activations.shape[0]} "
+                             f"samples of activations but labels of shape {labels.shape}")
+        samples = _Samples(tuple(int(d) for d in activations.shape[1:]),
+                           _dtype_name(activations.dtype), tuple(labels.shape[1:]),
+                           labels.dtype.name)
+        if _sample_bytes(samples.activation_shape, samples.activation_dtype) == 0:
+            raise ValueError(f"Stanza.step: rank {self.rank}'s features give "
+                             f"{samples.describe()}: no bytes per sample")
+        return tape, activations, labels, samples
+
+    def _agree(self, samples: Optional[_Samples], error: Optional[Exception],
+               input_shape: Optional[tuple] = None) -> None:
+        """The first step's check of the data, on every rank (collective): the same
+        ``ValueError`` everywhere, or ``self._samples`` set alike everywhere (and the
+        first conv worker's per-sample input shape kept)."""
+        message = None
+        if error is not None:
+            message = str(error) if str(error).startswith("Stanza.step") else \
+                f"Stanza.step: rank {self.rank}: features(x) raised {type(error).__name__}: {error}"
+        everyone = self._exchange.gather_all((samples, message, input_shape))
+        message = next((m for _, m, _ in everyone if m is not None), None)
+        if message is None:
+            conv = [(r, s) for r, (s, _, _) in enumerate(everyone) if s is not None]
+            first_rank, agreed = conv[0]
+            for r, s in conv[1:]:
+                if s != agreed:
+                    message = (f"Stanza.step: the conv workers' batches differ: rank "
+                               f"{first_rank}'s gives {agreed.describe()}, rank {r}'s gives "
+                               f"{s.describe()}")
+                    break
+        if message is not None:
+            raise ValueError(message) from error
+        self._samples = agreed
+        self._input_shape = everyone[conv[0][0]][2] or self._input_shape
+
+    def _sum_gradients(self, gradients, variables, kind: str) -> List[tf.Tensor]:
+        """Step 5: this role's gradients summed over its ranks (one host buffer per
+        dtype family, reused; a variable without a gradient is summed as zeros)."""
+        gradients = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+                     for g, v in zip(gradients, variables)]
+        if self._exchange.role_comm.Get_size() == 1:
+            return gradients
+        arrays = [g.numpy() for g in gradients]
+        key = tuple((a.dtype.name, a.size) for a in arrays)
+        if self._layout is None or key != self._layout.key:
+            self._layout = FusedLayout(key)
+            self._buffers = {family: np.empty(count, family)
+                             for family, count in self._layout.families.items()}
+        self._layout.pack(arrays, out=self._buffers)
+        for buffer in self._buffers.values():
+            self._exchange.allreduce_sum(buffer, kind)
+        summed = []
+        for v, value in zip(variables, self._layout.unpack(self._buffers, arrays)):
+            with tf.device(v.device):
+                summed.append(tf.convert_to_tensor(value))
+        return summed
+
+    # --- the whole model, checkpoints ---------------------------------------------------
+
+    def full_model(self, rank: int = 0) -> Optional[tf.keras.Model]:
+        """The complete trained model on ``rank``, ``None`` elsewhere (collective).
+
+        A new model (copies, by ``tf.keras.models.clone_model`` or the layers'
+        ``from_config``): ``tf.keras.Sequential([features, head])``, or with ``split=``
+        a copy of the original ``Sequential``, layer names kept. The features come from
+        rank 0 (every conv worker holds the same), the head from the first FC worker.
+
+        Raises:
+            ValueError: on every rank, if ``rank`` is not a rank of the job, the ranks
+                asked for different ones, or the model cannot be copied.
+        """
+        ex = self._exchange
+        integer = isinstance(rank, (int, np.integer)) and not isinstance(rank, bool)
+        copy, copy_error = None, None
+        if integer and int(rank) == self.rank:
+            try:
+                copy = self._copy()
+            except Exception as exc:  # whatever Keras raises on a model it cannot clone
+                copy_error = (f"Stanza.full_model: rank {self.rank} cannot copy the model: "
+                              f"{type(exc).__name__}: {exc}")
+        everyone = ex.gather_all((int(rank) if integer else repr(rank), copy_error))
+        targets = [t for t, _ in everyone]
+        if len(set(targets)) != 1:
+            raise ValueError(f"Stanza.full_model: the ranks asked for different ranks: "
+                             f"{targets}")
+        if not integer or not 0 <= rank < self.roles.size:
+            raise ValueError(f"Stanza.full_model: rank={rank!r} is not a rank of this job of "
+                             f"{self.roles.size} ranks")
+        error = next((e for _, e in everyone if e is not None), None)
+        if error is not None:
+            raise ValueError(error)
+        target = int(rank)
+        conv_root, fc_root = self.roles.conv_ranks[0], self.roles.fc_ranks[0]
+        target_role = self.roles.role(target)
+        model, (features, head) = copy if copy is not None else (None, (None, None))
+        for mine, theirs, role, root in ((self._features, features, CONV, conv_root),
+                                         (self._head, head, FC, fc_root)):
+            if target_role == role:
+                if self.rank == target:
+                    _load_bytes(theirs.weights, _weights_bytes(mine))  # its own part is current
+                continue
+            if self.rank == root:
+                ex.send(_weights_bytes(mine), target)
+            elif self.rank == target:
+                buffer = np.empty(_weights_size(mine), np.uint8)
+                ex.recv(buffer, root)
+                _load_bytes(theirs.weights, buffer)
+        return model if self.rank == target else None
+
+    def _copy(self) -> Tuple[tf.keras.Model, Tuple[_Part, _Part]]:
+        """A new model like this one and its two parts (weights still to be loaded)."""
+        if self._model is not None:
+            model = _clone(self._model, self._input_shape)
+            features, head = _parts(model, None, self._split)
+            return model, (features, head)
+        features = _clone(self._features.layers[0], self._input_shape)
+        head = _clone(self._head.layers[0], self._samples.activation_shape
+                      if self._samples is not None else _output_shape(features))
+        return (tf.keras.Sequential([features, head]),
+                (_Part([features], "features"), _Part([head], "head")))
+
+    def state(self) -> "StanzaState":
+        """This rank's checkpoint state (:class:`StanzaState`): its role's part, the
+        optimizer's variables and the step count, with the role layout. Pass it to
+        ``hvdx.tensorflow.save_checkpoint(path, stanza=trainer.state())`` and
+        ``load_checkpoint`` (collective), or to a ``tf.train.Checkpoint``."""
+        return self._state
+
+    def _layout_of_rank(self) -> Dict[str, object]:
+        return dict(self.roles.layout(), rank=self.rank, role=self.role)
+
+    def _state_payload(self) -> bytes:
+        """:class:`StanzaState`'s bytes: a ``.npz`` (no pickle) of a JSON header and
+        the raw bytes of the part's weights and the optimizer's variables."""
+        module = [v.numpy() for v in self._mine.weights]
+        optimizer = [v.numpy() for v in _optimizer_variables(self.optimizer)]
+        header = {"format": FORMAT, "layout": self._layout_of_rank(), "step": self.steps,
+                  "module": [_describe(a) for a in module],
+                  "optimizer": [_describe(a) for a in optimizer]}
+        buffer = io.BytesIO()
+        np.savez(buffer, header=np.frombuffer(json.dumps(header).encode(), np.uint8),
+                 module=_concat_bytes(module), optimizer=_concat_bytes(optimizer))
+        return buffer.getvalue()
+
+    def _load_payload(self, payload: bytes) -> None:
+        """Restore :meth:`_state_payload` (collective): every rank checks its state
+        first, then the ranks agree, then each assigns; nothing is assigned anywhere
+        if any rank's state does not fit."""
+        expected = self._layout_of_rank()
+        module_vars = self._mine.weights
+        optimizer_vars = _optimizer_variables(self.optimizer)
+        error, parsed = None, None
+        try:
+            with np.load(io.BytesIO(payload), allow_pickle=False) as data:
+                parsed = {name: data[name] for name in ("header", "module", "optimizer")}
+            header = json.loads(parsed["header"].tobytes().decode())
+        except Exception as exc:  # a foreign or damaged payload
+            header = None
+            error = (f"Stanza.state: rank {self.rank}'s checkpoint holds no readable Stanza "
+                     f"state: {type(exc).__name__}: {exc}")
+        if error is None:
+            if not isinstance(header, dict) or header.get("format") != FORMAT:
+                error = (f"Stanza.state: rank {self.rank}'s checkpoint holds "
+                         f"{_what(header)}, not a Stanza state")
+            elif header.get("layout") != expected:
+                saved = header.get("layout") or {}
+                error = (f"Stanza.state: rank {self.rank}'s state was saved as "
+                         f"{_layout(saved)}; this trainer runs it as {_layout(expected)}: "
+                         "resume with the same number of ranks and fc_workers")
+            else:
+                error = (_mismatch("module", module_vars, header.get("module"), self.rank)
+                         or _mismatch("optimizer", optimizer_vars, header.get("optimizer"),
+                                      self.rank))
+        error = self._exchange.first_error(error)
+        if error is not None:
+            raise ValueError(error)
+        _load_bytes(module_vars, parsed["module"])
+        _load_bytes(optimizer_vars, parsed["optimizer"])
+        self.steps = int(header["step"])
+
+    # --- internals --------------------------------------------------------------------
+
+    def _broadcast_initial(self) -> None:
+        """The conv workers take rank 0's features, the FC workers rank 0's head."""
+        ex = self._exchange
+        if self.role == CONV:
+            buffer = _weights_bytes(self._features) if self.rank == 0 else \
+                np.empty(_weights_size(self._features), np.uint8)
+            ex.broadcast_role(buffer, root=0)
+            if self.rank != 0:
+                _load_bytes(self._features.weights, buffer)
+        fc_root = self.roles.fc_ranks[0]
+        if self.rank == 0:
+            ex.send(_weights_bytes(self._head), fc_root)
+        if self.role == FC:
+            buffer = np.empty(_weights_size(self._head), np.uint8)
+            if self.rank == fc_root:
+                ex.recv(buffer, 0)
+            ex.broadcast_role(buffer, root=0)
+            _load_bytes(self._head.weights, buffer)
+
+
+class StanzaState(tf.__internal__.tracking.Trackable):
+    """A :class:`Stanza`'s checkpoint state on one rank (:meth:`Stanza.state`).
+
+    One tensor, ``state``: this rank's role's weights, its optimizer's variables, the
+    step count and the role layout. TensorFlow assigns a checkpoint's variables one
+    by one as it reads them, so a checkpoint of separate variables could be half
+    loaded before a mismatch showed, and on some ranks only. One tensor reaches the
+    trainer whole: every rank checks its layout (world size, ``fc_workers``, rank and
+    role) and the shapes and dtypes of what it holds, the ranks agree
+    (``hvdx.tensorflow.load_checkpoint`` reads on every rank at once), and only then
+    is anything assigned.
+
+    Raises (on restore):
+        ValueError: on every rank, nothing loaded, if any rank's checkpoint holds no
+            Stanza state, or one saved in another layout or for another model.
+    """
+
+    def __init__(self, trainer: Stanza):
+        self._trainer = trainer
+
+    def _serialize_to_tensors(self):
+        with tf.device("/cpu:0"):
+            return {"state": tf.constant(self._trainer._state_payload())}
+
+    def _restore_from_tensors(self, restored_tensors):
+        self._trainer._load_payload(restored_tensors["state"].numpy())
+        return None
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+def _parts(features, head, split) -> Tuple[_Part, _Part]:
+    """``(features, head)`` as :class:`_Part` from the two forms of the arguments."""
+    layer = tf.keras.layers.Layer
+    if split is None:
+        if not isinstance(features, layer) or not isinstance(head, layer):
+            raise TypeError(f"Stanza: features and head must be Keras models or layers, got "
+                            f"features={_what(features)}, head={_what(head)} (or pass one "
+                            "tf.keras.Sequential and split=)")
+        return _Part([features], "features"), _Part([head], "head")
+    if not isinstance(features, tf.keras.Sequential) or head is not None:
+        raise TypeError(f"Stanza: split={split!r} takes one tf.keras.Sequential and "
+                        f"head=None, got {_what(features)} and head={_what(head)}")
+    layers = list(features.layers)
+    n = len(layers)
+    if isinstance(split, bool) or not isinstance(split, (int, np.integer)) or \
+            not 1 <= split < n:
+        raise ValueError(f"split={split!r} must be an integer from 1 to {n - 1} for a "
+                         f"Sequential of {n} layers")
+    return _Part(layers[:int(split)], "features"), _Part(layers[int(split):], "head")
+
+
+def _build(features: _Part, head: _Part, example) -> None:
+    """Create the variables of a model not built yet, with ``example``."""
+    if features.built and head.built:
+        return
+    unbuilt = " and ".join(f"{p.name} ({', '.join(type(l).__name__ for l in p.layers)})"
+                           for p in (features, head) if not p.built)
+    if example is None:
+        raise ValueError(f"Stanza: the {unbuilt} not built: Keras creates variables at "
+                         "the first call, and the ranks must agree on them and take rank "
+                         "0's before training. Build the model first (call it once on a "
+                         "batch, or give its first layer input_shape=), or pass example= "
+                         "(a batch of the features' input)")
+    try:
+        head(features(example, training=False), training=False)
+    except Exception as exc:  # whatever Keras raises on an example that does not fit
+        raise ValueError(f"Stanza: example= ({_what(example)}) does not go through "
+                         f"features and head, so they cannot be built: "
+                         f"{type(exc).__name__}: {exc}") from exc
+
+
+def _check_training(features: _Part, head: _Part, optimizer, loss_fn) -> None:
+    optimizers = (tf.keras.optimizers.Optimizer, tf.keras.optimizers.legacy.Optimizer)
+    if not isinstance(optimizer, optimizers):
+        raise TypeError(f"Stanza: optimizer must be a Keras optimizer "
+                        f"(tf.keras.optimizers.Optimizer), got {_what(optimizer)}")
+    if not callable(loss_fn):
+        raise TypeError(f"Stanza: loss_fn must be callable, got {_what(loss_fn)}")
+    if not head.trainable_variables:
+        kinds = ", ".join(type(layer).__name__ for layer in head.layers)
+        raise ValueError(f"Stanza: the head ({kinds}) has no trainable variables: the FC "
+                         "workers would have nothing to do; move the layers with weights "
+                         "that take the features' output into the head")
+    shared = {v.ref() for v in features.weights} & {v.ref() for v in head.weights}
+    if shared:
+        raise ValueError("Stanza: features and head share variables; the two roles train "
+                         "them apart, so they cannot be tied")
+
+
+def _build_optimizer(optimizer, variables: List[tf.Variable]) -> None:
+    """Create the optimizer's variables (slots) for this rank's role."""
+    if isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer):
+        optimizer._create_all_weights(variables)
+    else:
+        optimizer.build(variables)
+
+
+def _optimizer_variables(optimizer) -> List[tf.Variable]:
+    variables = optimizer.variables
+    return list(variables() if callable(variables) else variables)
+
+
+def _check_example(example, size: int) -> None:
+    if not (tf.is_tensor(example) or isinstance(example, np.ndarray)) or \
+            len(example.shape) < 1 or example.shape[0] < 1:
+        raise ValueError(f"fc_workers='auto' times both sides on a batch before training: "
+                         f"pass example= (a batch of the features' input, e.g. the first "
+                         f"batch of your dataset), got example={_what(example)}")
+    if size < 2:
+        stanza_roles(size, 1)  # raises: Stanza needs two ranks
+
+
+def _timed(run, repeats: int = 3) -> float:
+    """Median seconds of ``run()`` after one untimed call (which pays for allocation)."""
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def _finish(tensors) -> None:
+    """Wait for ``tensors`` (an accelerator runs eager ops asynchronously)."""
+    tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32)) for t in tensors if t is not None]).numpy()
+
+
+def _probe(features: _Part, head: _Part, example, comm) -> Dict[str, object]:
+    """fc_workers="auto" (collective): time features and head forward + backward
+    (``training=False``; a tape changes no variable), agree on the median over ranks,
+    choose ``F`` (:func:`hvdx.core.stanza_roles.auto_fc_workers`). The same
+    ``ValueError`` on every rank if the example does not go through the model."""
+    size, batch = comm.Get_size(), int(example.shape[0])
+    figures, error = None, None
+    try:
+        activations = features(example, training=False)
+        conv_vars, head_vars = features.trainable_variables, head.trainable_variables
+
+        def conv():
+            with tf.GradientTape() as tape:
+                total = tf.reduce_sum(features(example, training=False))
+            _finish(tape.gradient(total, conv_vars) + [total])
+
+        def fc(count):
+            inputs = tf.gather(activations, tf.range(count) % batch)
+
+            def run():
+                with tf.GradientTape() as tape:
+                    tape.watch(inputs)
+                    total = tf.reduce_sum(head(inputs, training=False))
+                _finish(tape.gradient(total, [inputs] + head_vars))
+            return run
+
+        figures = (_timed(conv), {count: _timed(fc(count)) for count in probe_counts(size, batch)})
+    except Exception as exc:  # whatever the user's model raises on the example
+        error = (f"Stanza fc_workers='auto': rank {comm.Get_rank()}'s example "
+                 f"({_what(example)}) does not go through features and head: "
+                 f"{type(exc).__name__}: {exc}")
+    everyone = comm.allgather((figures, error))
+    error = next((e for _, e in everyone if e is not None), None)
+    if error is not None:
+        raise ValueError(error)
+    conv_s, head_s = median_probe([f for f, _ in everyone])
+    return {"conv_s": conv_s, "head_s": head_s,
+            "fc_workers": auto_fc_workers(size, batch, conv_s, head_s)}
+
+
+def _entries(features: _Part, head: _Part):
+    """Fingerprint entries ``(key, dtype, shape, label)``: every variable of both parts,
+    in order; positional keys (variable names may differ between ranks)."""
+    return [(f"{part.name}[{i}]", _dtype_name(v.dtype) + ("" if v.trainable else " frozen"),
+             tuple(v.shape), v.name)
+            for part in (features, head) for i, v in enumerate(part.weights)]
+
+
+def _clone(layer, per_sample: Optional[Sequence[int]]):
+    """A new, built copy of a Keras model or layer (weights not copied): built for the
+    input shape Keras recorded when the layer was first called, else ``per_sample``."""
+    graph = isinstance(layer, tf.keras.Sequential) or getattr(layer, "_is_graph_network", False)
+    clone = tf.keras.models.clone_model(layer) if graph else \
+        type(layer).from_config(layer.get_config())
+    if not clone.built:
+        shape = getattr(layer, "_build_input_shape", None)
+        if shape is None and per_sample is None:
+            raise ValueError(f"{type(layer).__name__} {layer.name!r} was built without an "
+                             "input shape on record; take a step first, so that Stanza "
+                             "knows the shapes")
+        clone.build(shape if shape is not None else (None,) + tuple(per_sample))
+    return clone
+
+
+def _output_shape(model) -> Optional[Tuple[int, ...]]:
+    """The per-sample output shape of a built model (``None`` if Keras cannot tell)."""
+    try:
+        return tuple(model.compute_output_shape(model._build_input_shape))[1:]
+    except Exception:  # no input shape on record, or a layer that cannot tell
+        return None
+
+
+def _per_sample(x) -> Optional[Tuple[Optional[int], ...]]:
+    """A batch's per-sample shape (``None`` for inputs without one, e.g. a dict)."""
+    shape = getattr(x, "shape", None)
+    return None if shape is None else tuple(None if d is None else int(d) for d in shape[1:])
+
+
+def _unique(variables) -> List[tf.Variable]:
+    seen, result = set(), []
+    for v in variables:
+        if v.ref() not in seen:
+            seen.add(v.ref())
+            result.append(v)
+    return result
+
+
+def _dtype_name(dtype) -> str:
+    return tf.as_dtype(dtype).name
+
+
+def _np_dtype(name: str) -> np.dtype:
+    """numpy's dtype for a TensorFlow or numpy dtype name (bfloat16 too)."""
+    try:
+        return np.dtype(tf.as_dtype(name).as_numpy_dtype)
+    except TypeError:  # a numpy dtype TensorFlow has no name for
+        return np.dtype(name)
+
+
+def _sample_bytes(shape: Sequence[int], dtype: str) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * _np_dtype(dtype).itemsize
+
+
+def _bytes(array: np.ndarray) -> np.ndarray:
+    """A host, C-contiguous array's bytes as a numpy view (any dtype, bfloat16 too)."""
+    return array.reshape(-1).view(np.uint8)
+
+
+def _slices(array: np.ndarray, bounds: np.ndarray) -> List[np.ndarray]:
+    """The byte views of ``array[lo:hi]`` for consecutive ``bounds`` (host, contiguous)."""
+    return [_bytes(array[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+def _concat_bytes(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    parts = [_bytes(np.ascontiguousarray(a)) for a in arrays]
+    return np.concatenate(parts) if parts else np.empty(0, np.uint8)
+
+
+def _weights_size(part: _Part) -> int:
+    return sum(int(v.shape.num_elements()) * v.dtype.size for v in part.weights)
+
+
+def _weights_bytes(part: _Part) -> np.ndarray:
+    """Every variable of ``part``, trainable or not, back to back, as host bytes."""
+    return _concat_bytes([v.numpy() for v in part.weights])
+
+
+def _load_bytes(variables: Sequence[tf.Variable], buffer: np.ndarray) -> None:
+    """Inverse of :func:`_weights_bytes`: ``buffer`` into ``variables`` (a part's
+    ``weights``), on their devices."""
+    offset = 0
+    for v in variables:
+        dtype = _np_dtype(v.dtype.name)
+        count = int(v.shape.num_elements()) * dtype.itemsize
+        # copy(): an aligned array, so that the bytes can be viewed as v's dtype.
+        value = buffer[offset:offset + count].copy().view(dtype).reshape(v.shape)
+        with tf.device(v.device):
+            v.assign(tf.convert_to_tensor(value))
+        offset += count
+    if offset != buffer.size:
+        raise RuntimeError(f"hvdx.Stanza: {buffer.size} bytes of weights for variables of "
+                           f"{offset} bytes")
+
+
+def _describe(array: np.ndarray) -> List[object]:
+    return [array.dtype.name, list(array.shape)]
+
+
+def _mismatch(what: str, variables: Sequence[tf.Variable], saved, rank: int) -> Optional[str]:
+    """Why ``saved`` (``[[dtype, shape], ...]``) does not fit ``variables``, or ``None``."""
+    mine = [[_np_dtype(v.dtype.name).name, [int(d) for d in v.shape]] for v in variables]
+    if not isinstance(saved, list) or len(saved) != len(mine):
+        count = len(saved) if isinstance(saved, list) else "no"
+        return (f"Stanza.state: rank {rank}'s {what} state holds {count} variables, its "
+                f"{what} has {len(mine)}")
+    for i, (a, b) in enumerate(zip(saved, mine)):
+        if a != b:
+            return (f"Stanza.state: rank {rank}'s {what} variable {i} ({variables[i].name}) "
+                    f"was saved as {a[0]} {tuple(a[1])}, this trainer's is {b[0]} "
+                    f"{tuple(b[1])}")
+    return None
+
+
+def _layout(layout: dict) -> str:
+    return (f"a {layout.get('role')} worker (rank {layout.get('rank')}) of {layout.get('size')} "
+            f"ranks with fc_workers={layout.get('fc_workers')}")
+
+
+def _takes(head: _Part) -> str:
+    """What the head's first layer takes, for the first step's message, or ``""``."""
+    layer = head.layers[0]
+    while True:
+        try:
+            return f"; the head takes inputs of shape {layer.input_shape}"
+        except (AttributeError, RuntimeError):
+            pass  # called eagerly only: no symbolic input shape
+        if isinstance(layer, tf.keras.Model) and layer.layers:
+            layer = layer.layers[0]
+            continue
+        break
+    spec = layer.input_spec
+    spec = spec[0] if isinstance(spec, (list, tuple)) and spec else spec
+    axes = getattr(spec, "axes", None)
+    if not axes:
+        return ""
+    return (f"; the head's first layer, {type(layer).__name__}, takes inputs with " +
+            ", ".join(f"axis {axis} of size {size}" for axis, size in sorted(axes.items())))
+
+
+def _head_error(head: _Part, rank, inputs, targets, outputs, exc) -> str:
+    """The first step's message for a head (or loss) that cannot take the activations."""
+    if outputs is not None:
+        shape = tuple(outputs.shape) if tf.is_tensor(outputs) else _what(outputs)
+        return (f"Stanza.step: on FC rank {rank}, loss_fn cannot take the head's output of "
+                f"shape {shape} and labels of shape {tuple(targets.shape)} "
+                f"({_dtype_name(targets.dtype)}): {type(exc).__name__}: {exc}")
+    return (f"Stanza.step: the head on FC rank {rank} cannot take the features' output: "
+            f"activations of shape {tuple(inputs.shape)} ({_dtype_name(inputs.dtype)}, per "
+            f"sample {list(inputs.shape[1:])}) and labels of shape "
+            f"{tuple(targets.shape)}{_takes(head)}: {type(exc).__name__}: {exc}")
+
+
+def _star(shape: Sequence[int]) -> str:
+    """A per-sample shape with the batch dimension as ``*``: ``[*, 3, 8]``."""
+    return "[" + ", ".join(["*"] + [str(d) for d in shape]) + "]"
+
+
+def _what(value) -> str:
+    if tf.is_tensor(value):
+        return f"a {_dtype_name(value.dtype)} tensor of shape {tuple(value.shape)}"
+    if isinstance(value, np.ndarray):
+        return f"a {value.dtype.name} array of shape {value.shape}"
+    return "None" if value is None else type(value).__name__
