@@ -508,7 +508,8 @@ class Stanza:
         """This rank's checkpoint state (:class:`StanzaState`): its role's part, the
         optimizer's variables and the step count, with the role layout. Pass it to
         ``hvdx.tensorflow.save_checkpoint(path, stanza=trainer.state())`` and
-        ``load_checkpoint`` (collective), or to a ``tf.train.Checkpoint``."""
+        ``load_checkpoint`` (collective), or to a ``tf.train.Checkpoint`` that every
+        rank restores at the same point: restoring is collective."""
         return self._state
 
     def _layout_of_rank(self) -> Dict[str, object]:
@@ -585,7 +586,7 @@ class Stanza:
             _load_bytes(self._head.weights, buffer)
 
 
-class StanzaState(tf.__internal__.tracking.Trackable):
+class StanzaState(tf.Module):
     """A :class:`Stanza`'s checkpoint state on one rank (:meth:`Stanza.state`).
 
     One tensor, ``state``: this rank's role's weights, its optimizer's variables, the
@@ -603,7 +604,8 @@ class StanzaState(tf.__internal__.tracking.Trackable):
     """
 
     def __init__(self, trainer: Stanza):
-        self._trainer = trainer
+        super().__init__(name="hvdx_stanza")
+        self._trainer = trainer  # not trackable: the checkpoint holds the one tensor only
 
     def _serialize_to_tensors(self):
         with tf.device("/cpu:0"):
