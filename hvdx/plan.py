@@ -3,22 +3,29 @@
 Prices one step of every strategy with the alpha-beta model of
 :mod:`hvdx.core.cost_model` and prints a table and a verdict; ``--sweep`` repeats that
 for several uplink rates (or oversubscription ratios) and prints the winner at each.
-The numbers are predictions, to be checked against measured runs.
+The numbers are predictions, to be checked against measured runs. Strategies the model
+prices but hvdx does not implement (:data:`MODEL_ONLY`) are marked "(model only)".
 
 Example::
 
     hvdx plan --preset datacenter --params 138e6 --fc-fraction 0.9 --compute-ms 100
     hvdx plan --preset emulated --sweep 10mbit,100mbit,1gbit
+    hvdx plan --preset emulated --json
+
+``--json`` prints one object built from the same figures as the text, which rounds
+them; its keys are :data:`JSON_KEYS` (also the epilog of ``hvdx plan --help``).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import sys
 from typing import Dict, List, Optional, Sequence
 
+from hvdx.cli_help import DefaultsHelpFormatter
 from hvdx.core.cost_model import (
     DEFAULT_STRATEGIES,
     PLACEMENTS,
@@ -33,7 +40,8 @@ from hvdx.core.cost_model import (
     speedup,
 )
 
-__all__ = ["PRESETS", "add_arguments", "build_cluster", "build_workload", "main", "run_plan"]
+__all__ = ["JSON_KEYS", "MODEL_ONLY", "PRESETS", "add_arguments", "build_cluster",
+           "build_workload", "main", "render", "report", "run_plan"]
 
 #: Clusters by name; flags given explicitly override them.
 PRESETS: Dict[str, Dict[str, object]] = {
@@ -43,6 +51,25 @@ PRESETS: Dict[str, Dict[str, object]] = {
     "datacenter": {"racks": 8, "hosts_per_rack": 32, "nic": "25gbit", "oversubscription": 4.0},
 }
 
+#: Strategies of the cost model that hvdx does not implement, priced for comparison only:
+#: a rack-level hierarchical allreduce (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE is per
+#: host, not per rack). Every other key of the model is something hvdx (or Horovod) runs.
+MODEL_ONLY = frozenset({"hierarchical"})
+
+#: The keys of ``--json``'s object, for the docs and ``--help``.
+JSON_KEYS = (
+    "--json keys: 'cluster' (racks, hosts_per_rack, ranks_per_host, ranks, nic_bps and "
+    "uplink_bps in bits/s, oversubscription, latency_s, intra_host_bps (null: not a "
+    "bottleneck), placement); 'workload' (params, fc_params, bytes_per_element, "
+    "compute_ms, batch_size, activation_size); without --sweep, 'strategies': the table's "
+    "rows, fastest first, each with strategy (the cost model's key), label, model_only, "
+    "step_ms, comm_ms, mb_per_rank_per_step, bottleneck, vs_horovod (speedup per batch) "
+    "and data_ranks (ranks that train), and 'verdict': label, strategy, vs_horovod, "
+    "step_ms and bottleneck of the fastest hvdx strategy, and faster_model_only (labels "
+    "of model-only strategies predicted faster still); with --sweep, 'sweep': one entry "
+    "per point with uplink_bps, oversubscription, strategies (rows as above, in the "
+    "table's order) and winner (as verdict).")
+
 _DEFAULT_SWEEP = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
 
@@ -50,48 +77,58 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the ``hvdx plan`` flags to ``parser``."""
     net = parser.add_argument_group("cluster (a preset, overridden by any flag given)")
     net.add_argument("--preset", choices=sorted(PRESETS), default="datacenter",
-                     help="base cluster (default: datacenter)")
-    net.add_argument("--racks", type=int, help="number of racks")
-    net.add_argument("--hosts-per-rack", type=int, help="hosts per rack")
-    net.add_argument("--ranks-per-host", type=int, help="ranks (GPUs) per host (default 1)")
-    net.add_argument("--nic", metavar="RATE", help="host NIC rate, e.g. 25gbit")
-    net.add_argument("--uplink", metavar="RATE", help="rack uplink rate, e.g. 100mbit")
+                     help="base cluster")
+    net.add_argument("--racks", type=int, help="number of racks (default: from --preset)")
+    net.add_argument("--hosts-per-rack", type=int,
+                     help="hosts per rack (default: from --preset)")
+    net.add_argument("--ranks-per-host", type=int, default=1, help="ranks (GPUs) per host")
+    net.add_argument("--nic", metavar="RATE",
+                     help="host NIC rate, e.g. 25gbit (default: from --preset)")
+    net.add_argument("--uplink", metavar="RATE",
+                     help="rack uplink rate, e.g. 100mbit (default: from --preset)")
     net.add_argument("--oversubscription", type=float,
-                     help="hosts_per_rack * nic / uplink, e.g. 4 (instead of --uplink)")
+                     help="hosts_per_rack * nic / uplink, e.g. 4, instead of --uplink "
+                          "(default: from --preset)")
     net.add_argument("--latency", metavar="TIME", default="25us",
-                     help="per-message latency alpha (default 25us)")
+                     help="per-message latency alpha")
     net.add_argument("--intra-host", metavar="RATE",
                      help="rate between ranks of one host (default: not a bottleneck)")
     net.add_argument("--placement", choices=PLACEMENTS, default="blocked",
-                     help="how ranks fill the hosts: blocked (rack by rack, default) or "
+                     help="how ranks fill the hosts: blocked (rack by rack) or "
                           "interleaved (one host of each rack in turn: rank r in rack "
                           "r mod racks, so the long hops of the exponential graphs stay "
                           "inside racks)")
-    work = parser.add_argument_group("workload (defaults: VGG-16)")
-    work.add_argument("--params", type=float, default=138e6, help="parameters (138e6)")
+    # String defaults go through `type` too: the help shows 138e6, the value is a float.
+    work = parser.add_argument_group("workload (the defaults are VGG-16)")
+    work.add_argument("--params", type=float, default="138e6", help="parameters")
     work.add_argument("--fc-fraction", type=float, default=0.9,
-                      help="share of parameters in FC layers (0.9)")
+                      help="share of parameters in FC layers")
     work.add_argument("--compute-ms", type=float, default=100.0,
-                      help="compute per step on one rank, ms (100)")
-    work.add_argument("--bytes-per-element", type=int, default=4, help="4 for float32")
-    work.add_argument("--batch-size", type=int, default=32, help="samples per rank (32)")
+                      help="compute per step on one rank, ms")
+    work.add_argument("--bytes-per-element", type=int, default=4,
+                      help="bytes per parameter, 4 for float32")
+    work.add_argument("--batch-size", type=int, default=32, help="samples per rank")
     work.add_argument("--activation-size", type=int, default=25088,
-                      help="elements per sample at the conv/FC boundary (25088)")
+                      help="elements per sample at the conv/FC boundary")
     work.add_argument("--fc-compute-fraction", type=float, default=0.01,
-                      help="share of compute in the FC layers (0.01)")
+                      help="share of compute in the FC layers")
     opts = parser.add_argument_group("strategy options")
-    opts.add_argument("--ratio", type=float, default=0.01, help="topk: uplink ratio (0.01)")
-    opts.add_argument("--downlink-ratio", type=float, help="topk sharded: default --ratio")
+    opts.add_argument("--ratio", type=float, default=0.01, help="topk: uplink ratio")
+    opts.add_argument("--downlink-ratio", type=float,
+                      help="topk sharded: downlink ratio (default: --ratio)")
     opts.add_argument("--intra-phases", type=int, default=1,
-                      help="dssync: intra-rack phases per cross-rack phase (1)")
+                      help="dssync: intra-rack phases per cross-rack phase")
     opts.add_argument("--cross-ranks", type=int,
                       help="dssync: ranks per rack in a cross phase (default: all)")
-    opts.add_argument("--fc-workers", type=int, default=1, help="stanza: FC workers (1)")
+    opts.add_argument("--fc-workers", type=int, default=1, help="stanza: FC workers")
     opts.add_argument("--mix-every", type=int, default=1,
-                      help="decentralized: mix every N steps, local steps between (1)")
+                      help="decentralized: mix every N steps, local steps between")
     parser.add_argument("--sweep", nargs="?", const="default", metavar="VALUES",
                         help="comma-separated uplink rates (100mbit,1gbit) or oversubscription "
-                             "ratios (1,4,16); alone: ratios 1 to 64")
+                             "ratios (1,4,16); alone: ratios 1 to 64 (default: no sweep)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object instead of the text: the same figures, "
+                             "unrounded (keys below)")
 
 
 def build_cluster(args: argparse.Namespace) -> Cluster:
@@ -105,7 +142,7 @@ def build_cluster(args: argparse.Namespace) -> Cluster:
                          f"{args.oversubscription!r}: give one of them")
     if args.uplink is not None or args.oversubscription is not None:
         base.pop("oversubscription" if args.uplink is not None else "uplink", None)
-    extra = {"ranks_per_host": 1 if args.ranks_per_host is None else args.ranks_per_host,
+    extra = {"ranks_per_host": args.ranks_per_host,
              "latency_s": parse_time(args.latency, "--latency"),
              "intra_host_bps": None if args.intra_host is None
              else parse_rate(args.intra_host, "--intra-host"),
@@ -136,33 +173,158 @@ def _options(args: argparse.Namespace) -> Dict[str, object]:
     return options
 
 
-def _describe(c: Cluster, w: Workload) -> str:
-    return (f"cluster: {c.racks} racks x {c.hosts_per_rack} hosts x {c.ranks_per_host} "
-            f"rank(s) = {c.ranks} ranks; NIC {format_rate(c.nic_bps)}, uplink "
-            f"{format_rate(c.uplink_bps)} ({c.oversubscription:g}:1), latency "
-            f"{c.latency_s * 1e6:g}us, {c.placement} placement\n"
-            f"workload: {w.params / 1e6:g}M params ({w.fc_params / 1e6:g}M FC), "
-            f"{w.bytes_per_element} B each, compute {w.compute_s * 1e3:g} ms/step, "
-            f"batch {w.batch_size}, activations {w.activation_size}/sample")
+def report(args: argparse.Namespace) -> Dict[str, object]:
+    """The figures for parsed ``hvdx plan`` arguments: what ``--json`` prints
+    (:data:`JSON_KEYS`) and :func:`render` writes as text.
+
+    Raises:
+        ValueError: naming the flag, for a bad value.
+    """
+    cluster, workload, options = build_cluster(args), build_workload(args), _options(args)
+    figures: Dict[str, object] = {"cluster": _cluster_figures(cluster),
+                                  "workload": _workload_figures(workload)}
+    if args.sweep is not None:
+        figures["sweep"] = [_sweep_point(point, workload, options)
+                            for point in _sweep_points(args.sweep, cluster)]
+    else:
+        baseline = predict("horovod", cluster, workload)
+        rows = [_row(p, baseline)
+                for p in compare(cluster, workload, DEFAULT_STRATEGIES, **options)]
+        figures["strategies"] = rows
+        figures["verdict"] = _winner(rows)
+    return figures
 
 
-def _table(predictions: List[Prediction], baseline: Prediction) -> str:
-    rows = [("strategy", "step ms", "comm ms", "MB/rank/step", "bottleneck", "vs horovod")]
-    rows += [(p.label, f"{p.step_s * 1e3:.1f}", f"{p.comm_s * 1e3:.1f}",
-              f"{p.bytes_per_rank / 1e6:.2f}", p.bottleneck, f"{speedup(p, baseline):.2f}x")
-             for p in predictions]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(width) if i == 0 else cell.rjust(width)
-                               for i, (cell, width) in enumerate(zip(row, widths)))
-                     for row in rows)
+def render(figures: Dict[str, object]) -> str:
+    """The text of :func:`report`'s figures: the cluster, the workload, then the table
+    and the verdict, or the sweep and its winners."""
+    lines = [_describe(figures["cluster"], figures["workload"])]
+    if "sweep" in figures:
+        lines += _sweep_lines(figures["sweep"])
+        return "\n".join(lines)
+    rows = figures["strategies"]
+    lines.append(_table(rows))
+    lines += _model_only_note(rows)
+    stanza = next((r for r in rows if r["strategy"] == "stanza"), None)
+    if stanza is not None:
+        lines.append(f"(speedups compare time per batch: stanza trains on "
+                     f"{stanza['data_ranks']} of {figures['cluster']['ranks']} ranks)")
+    lines.append(_verdict(figures["verdict"]))
+    return "\n".join(lines)
 
 
-def _verdict(predictions: List[Prediction], baseline: Prediction) -> str:
-    best = predictions[0]
-    if best.strategy == "horovod":
-        return "verdict: horovod wins; no hvdx strategy is predicted to pay here"
-    return (f"verdict: {best.label} wins, {speedup(best, baseline):.2f}x horovod per batch "
-            f"({best.step_s * 1e3:.1f} ms/step, bottleneck {best.bottleneck})")
+# --- figures ----------------------------------------------------------------------------
+
+def _cluster_figures(c: Cluster) -> Dict[str, object]:
+    return {"racks": c.racks, "hosts_per_rack": c.hosts_per_rack,
+            "ranks_per_host": c.ranks_per_host, "ranks": c.ranks, "nic_bps": c.nic_bps,
+            "uplink_bps": c.uplink_bps, "oversubscription": c.oversubscription,
+            "latency_s": c.latency_s, "intra_host_bps": c.intra_host_bps,
+            "placement": c.placement}
+
+
+def _workload_figures(w: Workload) -> Dict[str, object]:
+    return {"params": w.params, "fc_params": w.fc_params,
+            "bytes_per_element": w.bytes_per_element, "compute_ms": w.compute_s * 1e3,
+            "batch_size": w.batch_size, "activation_size": w.activation_size}
+
+
+def _row(p: Prediction, baseline: Prediction) -> Dict[str, object]:
+    return {"strategy": p.strategy, "label": p.label, "model_only": p.strategy in MODEL_ONLY,
+            "step_ms": p.step_s * 1e3, "comm_ms": p.comm_s * 1e3,
+            "mb_per_rank_per_step": p.bytes_per_rank / 1e6, "bottleneck": p.bottleneck,
+            "vs_horovod": speedup(p, baseline), "data_ranks": p.data_ranks}
+
+
+def _winner(rows: List[Dict[str, object]]) -> Dict[str, object]:
+    """The fastest strategy hvdx can run (Horovod's own included), and the model-only
+    strategies predicted faster still: a verdict must name something one can use."""
+    ranked = sorted(rows, key=lambda r: -r["vs_horovod"])  # stable: ties keep row order
+    best = next(r for r in ranked if not r["model_only"])
+    return {"label": best["label"], "strategy": best["strategy"],
+            "vs_horovod": best["vs_horovod"], "step_ms": best["step_ms"],
+            "bottleneck": best["bottleneck"],
+            "faster_model_only": [r["label"] for r in ranked
+                                  if r["model_only"] and r["vs_horovod"] > best["vs_horovod"]]}
+
+
+def _sweep_point(cluster: Cluster, workload: Workload,
+                 options: Dict[str, object]) -> Dict[str, object]:
+    # compare() one strategy at a time keeps the rows in DEFAULT_STRATEGIES order.
+    predictions = [compare(cluster, workload, [entry], **options)[0]
+                   for entry in DEFAULT_STRATEGIES]
+    baseline = next(p for p in predictions if p.strategy == "horovod")
+    rows = [_row(p, baseline) for p in predictions]
+    return {"uplink_bps": cluster.uplink_bps, "oversubscription": cluster.oversubscription,
+            "strategies": rows, "winner": _winner(rows)}
+
+
+# --- text -------------------------------------------------------------------------------
+
+def _describe(c: Dict[str, object], w: Dict[str, object]) -> str:
+    return (f"cluster: {c['racks']} racks x {c['hosts_per_rack']} hosts x "
+            f"{c['ranks_per_host']} rank(s) = {c['ranks']} ranks; NIC "
+            f"{format_rate(c['nic_bps'])}, uplink {format_rate(c['uplink_bps'])} "
+            f"({c['oversubscription']:g}:1), latency {c['latency_s'] * 1e6:g}us, "
+            f"{c['placement']} placement\n"
+            f"workload: {w['params'] / 1e6:g}M params ({w['fc_params'] / 1e6:g}M FC), "
+            f"{w['bytes_per_element']} B each, compute {w['compute_ms']:g} ms/step, "
+            f"batch {w['batch_size']}, activations {w['activation_size']}/sample")
+
+
+def _label(row: Dict[str, object]) -> str:
+    return f"{row['label']} (model only)" if row["model_only"] else row["label"]
+
+
+def _model_only_note(rows: List[Dict[str, object]]) -> List[str]:
+    if not any(r["model_only"] for r in rows):
+        return []
+    return ["(model only: priced by the cost model for comparison; not an hvdx strategy)"]
+
+
+def _columns(table: List[List[str]]) -> List[str]:
+    """Rows of cells, the first column left-aligned, the others right-aligned."""
+    widths = [max(len(row[j]) for row in table) for j in range(len(table[0]))]
+    return ["  ".join(cell.ljust(width) if j == 0 else cell.rjust(width)
+                      for j, (cell, width) in enumerate(zip(row, widths))) for row in table]
+
+
+def _table(rows: List[Dict[str, object]]) -> str:
+    table = [["strategy", "step ms", "comm ms", "MB/rank/step", "bottleneck", "vs horovod"]]
+    table += [[_label(r), f"{r['step_ms']:.1f}", f"{r['comm_ms']:.1f}",
+               f"{r['mb_per_rank_per_step']:.2f}", r["bottleneck"], f"{r['vs_horovod']:.2f}x"]
+              for r in rows]
+    return "\n".join(_columns(table))
+
+
+def _faster_model_only(winner: Dict[str, object]) -> str:
+    faster = winner["faster_model_only"]
+    return f"; faster in the model only: {', '.join(faster)}" if faster else ""
+
+
+def _verdict(v: Dict[str, object]) -> str:
+    if v["strategy"] == "horovod":
+        return ("verdict: horovod wins; no hvdx strategy is predicted to pay here"
+                + _faster_model_only(v))
+    return (f"verdict: {v['label']} wins, {v['vs_horovod']:.2f}x horovod per batch "
+            f"({v['step_ms']:.1f} ms/step, bottleneck {v['bottleneck']})"
+            + _faster_model_only(v))
+
+
+def _sweep_lines(points: List[Dict[str, object]]) -> List[str]:
+    """One column per sweep point, one row per strategy, then the winner at each point."""
+    table = [["uplink"] + [format_rate(p["uplink_bps"]) for p in points],
+             ["oversubscription"] + [f"{p['oversubscription']:g}:1" for p in points]]
+    for i, first in enumerate(points[0]["strategies"]):
+        table.append([f"{_label(first)}, step ms"]
+                     + [f"{p['strategies'][i]['step_ms']:.1f}" for p in points])
+    lines = _columns(table) + _model_only_note(points[0]["strategies"])
+    for p in points:
+        w = p["winner"]
+        lines.append(f"winner at uplink {format_rate(p['uplink_bps'])} "
+                     f"({p['oversubscription']:g}:1): {w['label']}, "
+                     f"{w['vs_horovod']:.2f}x horovod per batch" + _faster_model_only(w))
+    return lines
 
 
 def _sweep_uplink(value: str, base: Cluster) -> float:
@@ -185,58 +347,26 @@ def _sweep_points(text: str, base: Cluster) -> List[Cluster]:
     return [dataclasses.replace(base, uplink_bps=_sweep_uplink(v, base)) for v in values]
 
 
-def _sweep(points: List[Cluster], workload: Workload,
-           options: Dict[str, object]) -> str:
-    """One column per sweep point, one row per strategy, then the winner at each point."""
-    # compare() one strategy at a time keeps the rows in DEFAULT_STRATEGIES order.
-    columns = [[compare(cluster, workload, [entry], **options)[0]
-                for entry in DEFAULT_STRATEGIES] for cluster in points]
-    table = [["uplink"] + [format_rate(c.uplink_bps) for c in points],
-             ["oversubscription"] + [f"{c.oversubscription:g}:1" for c in points]]
-    for i, first in enumerate(columns[0]):
-        table.append([f"{first.label}, step ms"]
-                     + [f"{column[i].step_s * 1e3:.1f}" for column in columns])
-    widths = [max(len(row[j]) for row in table) for j in range(len(table[0]))]
-    lines = ["  ".join(cell.ljust(width) if j == 0 else cell.rjust(width)
-                       for j, (cell, width) in enumerate(zip(row, widths))) for row in table]
-    for cluster, column in zip(points, columns):
-        best = min(column, key=lambda p: p.seconds_per_batch)
-        baseline = next(p for p in column if p.strategy == "horovod")
-        lines.append(f"winner at uplink {format_rate(cluster.uplink_bps)} "
-                     f"({cluster.oversubscription:g}:1): {best.label}, "
-                     f"{speedup(best, baseline):.2f}x horovod per batch")
-    return "\n".join(lines)
-
-
 def run_plan(args: argparse.Namespace) -> int:
-    """Prints the prediction (or the sweep) for parsed ``hvdx plan`` arguments.
+    """Prints the prediction (or the sweep) for parsed ``hvdx plan`` arguments, as text
+    or, with ``--json``, as one JSON object.
 
     Returns:
         0, or 2 after printing the message of a bad value to stderr.
     """
     try:
-        cluster, workload, options = build_cluster(args), build_workload(args), _options(args)
-        if args.sweep is not None:
-            report = _sweep(_sweep_points(args.sweep, cluster), workload, options)
-        else:
-            ranked = compare(cluster, workload, DEFAULT_STRATEGIES, **options)
-            baseline = predict("horovod", cluster, workload)
-            report = "\n".join([
-                _table(ranked, baseline),
-                f"(speedups compare time per batch: stanza trains on "
-                f"{cluster.ranks - args.fc_workers} of {cluster.ranks} ranks)",
-                _verdict(ranked, baseline)])
+        figures = report(args)
     except ValueError as error:
         print(f"hvdx plan: error: {error}", file=sys.stderr)
         return 2
-    print(_describe(cluster, workload))
-    print(report)
+    print(json.dumps(figures) if args.json else render(figures))
     return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``hvdx plan`` as a program of its own (``python -m hvdx.plan``)."""
-    parser = argparse.ArgumentParser(prog="hvdx plan", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="hvdx plan", description=__doc__.splitlines()[0],
+                                     epilog=JSON_KEYS, formatter_class=DefaultsHelpFormatter)
     add_arguments(parser)
     return run_plan(parser.parse_args(argv))
 

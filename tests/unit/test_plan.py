@@ -1,6 +1,8 @@
 """`hvdx plan` prints a prediction per strategy and names a winner, for any cluster."""
 
 import argparse
+import json
+import re
 import subprocess
 import sys
 
@@ -134,3 +136,82 @@ def test_mix_every_is_handed_to_the_graphs_only(capsys):
     assert code == 0 and "decentralized one-peer-exp every 2" in out
     code, out, err = run(capsys, "--preset", "emulated", "--mix-every", "0")
     assert code == 2 and "mix_every=0" in err
+
+
+def test_hierarchical_is_the_only_strategy_marked_model_only():
+    # Every other key of the cost model names what hvdx's bench runs (Horovod included).
+    from hvdx.bench.strategies import STRATEGIES as RUNNABLE
+
+    assert plan.MODEL_ONLY == {"hierarchical"}
+    for name in STRATEGIES:
+        runs = any(r == name or r.startswith(name + "_") for r in RUNNABLE)
+        assert runs != (name in plan.MODEL_ONLY), name
+
+
+def test_the_table_and_the_sweep_mark_the_model_only_strategy(capsys):
+    note = "(model only: priced by the cost model for comparison; not an hvdx strategy)"
+    for argv in (["--preset", "emulated"], ["--preset", "emulated", "--sweep", "1,4"]):
+        code, out, _ = run(capsys, *argv)
+        assert code == 0 and note in out.splitlines()
+        rows = [line for line in out.splitlines() if line.startswith("hierarchical")]
+        assert rows and all(r.startswith("hierarchical (model only)") for r in rows)
+        assert "(model only)" not in out.replace("hierarchical (model only)", "")
+
+
+def test_a_faster_model_only_strategy_never_wins_the_verdict(capsys):
+    argv = ["--preset", "emulated", "--ranks-per-host", "8", "--ratio", "0.5",
+            "--fc-fraction", "0.01"]
+    code, out, _ = run(capsys, *argv)
+    assert code == 0 and out.splitlines()[3].startswith("hierarchical (model only)")
+    assert out.splitlines()[-1] == ("verdict: horovod wins; no hvdx strategy is predicted "
+                                    "to pay here; faster in the model only: hierarchical")
+    _, out, _ = run(capsys, *argv, "--json")
+    verdict = json.loads(out)["verdict"]
+    assert verdict["strategy"] == "horovod" and verdict["faster_model_only"] == ["hierarchical"]
+
+
+def table_rows(out):
+    """The table's rows, split on the column gaps, without the header."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("strategy "))
+    rows = []
+    for line in lines[start + 1:]:
+        if line.startswith("("):
+            break
+        rows.append([cell.strip() for cell in re.split(r"\s{2,}", line.strip())])
+    return rows
+
+
+@pytest.mark.parametrize("preset", sorted(plan.PRESETS))
+def test_json_holds_the_numbers_of_the_text(capsys, preset):
+    _, text, _ = run(capsys, "--preset", preset)
+    code, out, _ = run(capsys, "--preset", preset, "--json")
+    assert code == 0 and len(out.strip().splitlines()) == 1
+    figures = json.loads(out)
+    assert [[r["label"] + (" (model only)" if r["model_only"] else ""),
+             f"{r['step_ms']:.1f}", f"{r['comm_ms']:.1f}", f"{r['mb_per_rank_per_step']:.2f}",
+             r["bottleneck"], f"{r['vs_horovod']:.2f}x"]
+            for r in figures["strategies"]] == table_rows(text)
+    assert sorted(r["strategy"] for r in figures["strategies"] if r["model_only"]) == \
+        ["hierarchical"]
+    c, w, v = figures["cluster"], figures["workload"], figures["verdict"]
+    assert text.splitlines()[0].startswith(
+        f"cluster: {c['racks']} racks x {c['hosts_per_rack']} hosts x "
+        f"{c['ranks_per_host']} rank(s) = {c['ranks']} ranks;")
+    assert f"compute {w['compute_ms']:g} ms/step, batch {w['batch_size']}" in text
+    assert text.splitlines()[-1].startswith(
+        f"verdict: {v['label']} wins, {v['vs_horovod']:.2f}x horovod per batch")
+
+
+def test_sweep_json_holds_the_points_and_winners_of_the_text(capsys):
+    argv = ["--preset", "emulated", "--sweep", "10mbit,100mbit,1gbit"]
+    _, text, _ = run(capsys, *argv)
+    _, out, _ = run(capsys, *argv, "--json")
+    points = json.loads(out)["sweep"]
+    assert [p["uplink_bps"] for p in points] == [1e7, 1e8, 1e9]
+    winners = [line for line in text.splitlines() if line.startswith("winner at uplink")]
+    assert winners == [f"winner at uplink {u} ({p['oversubscription']:g}:1): "
+                       f"{p['winner']['label']}, {p['winner']['vs_horovod']:.2f}x horovod "
+                       f"per batch" for u, p in zip(("10mbit", "100mbit", "1gbit"), points)]
+    horovod = next(line for line in text.splitlines() if line.startswith("horovod, step ms"))
+    assert horovod.split()[3:] == [f"{p['strategies'][0]['step_ms']:.1f}" for p in points]
