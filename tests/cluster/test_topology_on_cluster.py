@@ -1,5 +1,6 @@
 """`hvdx topology --probe` on an emulated 2 x 2 cluster finds what was built: two racks
-joined by a slow uplink, the same racks as the labels, and every cross-rack link slow."""
+joined by a slow uplink, the same racks as the labels, and every cross-rack link slow;
+it prints the HVDX_RACK and HVDX_LINK_RATES that give hvdx that cluster elsewhere."""
 
 import re
 import subprocess
@@ -9,6 +10,8 @@ import pytest
 
 from cluster_helpers import NIC, UPLINK, child_env
 from test_cluster_mpi import _mpi_skip_reason
+from hvdx.cluster import parse_rate
+from hvdx.dssync import parse_link_rates
 
 pytestmark = pytest.mark.skipif(_mpi_skip_reason() is not None,
                                 reason=str(_mpi_skip_reason()))
@@ -39,3 +42,13 @@ def test_every_link_across_the_uplink_is_slow_and_no_other(output):
 def test_the_rotation_alternates_racks_and_crossings(output):
     assert "  step 0 intra: (0 1) (2 3)" in output
     assert "  step 1 cross: (0 2) (1 3)" in output
+
+
+def test_the_settings_lines_give_its_racks_and_its_configured_rates(output):
+    hosts = re.findall(r"^  host (\d) \((h\d); ranks (\d)\): HVDX_RACK=(\d)$", output, re.M)
+    assert hosts == [("0", "h0", "0", "0"), ("1", "h1", "1", "0"), ("2", "h2", "2", "1"),
+                     ("3", "h3", "3", "1")], output
+    value = re.search(r"^  every host: HVDX_LINK_RATES=(\S+) \(as read from "
+                      r"HVDX_CLUSTER_LINK_RATES; the probe measured \S+\)$", output, re.M)
+    assert value, output
+    assert parse_link_rates(value.group(1)) == (parse_rate(NIC), parse_rate(UPLINK))
