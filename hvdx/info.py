@@ -1,8 +1,12 @@
-"""``hvdx info``: what this installation can do, for bug reports and set-up checks."""
+"""``hvdx info``: what this installation can do, for bug reports and set-up checks.
+
+``hvdx info --json`` prints the same rows as one JSON object (:data:`JSON_KEYS`).
+"""
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import shutil
 import subprocess
@@ -12,7 +16,7 @@ from hvdx._version import __version__
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow prints CPU-feature notices at import
 
-__all__ = ["collect", "render"]
+__all__ = ["JSON_KEYS", "collect", "render", "render_json"]
 
 
 def _version(module: str) -> str:
@@ -75,6 +79,11 @@ CHECKS: List[Tuple[str, Callable[[], str]]] = [
 ]
 
 
+#: The keys of ``--json``'s object, for the docs and ``--help``.
+JSON_KEYS = ("--json keys: one per line of the text, the same name and the same string: "
+             + ", ".join(f"'{name}'" for name, _ in CHECKS) + ".")
+
+
 def collect() -> List[Tuple[str, str]]:
     """``(name, description)`` for each check, in display order."""
     return [(name, check()) for name, check in CHECKS]
@@ -83,3 +92,8 @@ def collect() -> List[Tuple[str, str]]:
 def render(rows: List[Tuple[str, str]]) -> str:
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
+
+
+def render_json(rows: List[Tuple[str, str]]) -> str:
+    """The rows as one JSON object, name to description, in display order."""
+    return json.dumps(dict(rows))

@@ -35,19 +35,23 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--localhost", action="store_true",
                        help="no emulated cluster: ranks on this host, shared memory")
     bench.add_argument("--ranks", type=int, default=4,
-                       help="ranks with --localhost and --overlap (4)")
-    bench.add_argument("--ranks-per-host", type=int, default=1)
-    bench.add_argument("--workloads", default="digits_vgg,digits_cnn")
+                       help="ranks with --localhost, --overlap and --soak")
+    bench.add_argument("--ranks-per-host", type=int, default=1,
+                       help="ranks per emulated host")
+    bench.add_argument("--workloads", default="digits_vgg,digits_cnn",
+                       help="comma-separated workloads (hvdx.bench.workloads)")
     bench.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
                        help=f"comma-separated, from {','.join(STRATEGIES)}")
     bench.add_argument("--placement", default="blocked", metavar="blocked[,interleaved]",
                        help="how ranks fill the emulated hosts: blocked (rack by rack) or "
                             "interleaved (rank r in rack r mod racks: the exponential "
                             "graphs' long hops stay inside racks); a list runs every "
-                            "strategy but Horovod under each (Horovod under the first). "
-                            "Default blocked")
-    bench.add_argument("--steps", type=int, help="training steps (default per workload)")
-    bench.add_argument("--eval-every", type=int, default=5)
+                            "strategy but Horovod under each (Horovod under the first)")
+    bench.add_argument("--steps", type=int,
+                       help="training steps (default: per workload; --topk-bytes 5, "
+                            "--overlap 60, --process-sets 64, --soak 2000)")
+    bench.add_argument("--eval-every", type=int, default=5,
+                       help="steps between two accuracy evaluations")
     bench.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     bench.add_argument("--out", default="results/bench", help="output directory")
     bench.add_argument("--selection", action="store_true",
@@ -63,9 +67,9 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
                        help="only time decentralized SGD's step (one-peer exponential "
                             "graph, adapt-then-combine and combine-then-adapt) against the "
                             "same loop with the local optimizer only, on localhost "
-                            "(--ranks; --steps per mode, default 60; --workloads)")
+                            "(--ranks; --steps per mode; --workloads)")
     bench.add_argument("--soak", action="store_true",
-                       help="only run every strategy for --steps steps (default 2000) on "
+                       help="only run every strategy for --steps steps on "
                             "localhost at --ranks ranks and report memory growth and the "
                             "drift between ranks, for Horovod, TopK, DS-Sync and "
                             "decentralized SGD")
@@ -146,10 +150,12 @@ def _process_sets(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """``hvdx bench`` as a program of its own (``python -m hvdx.bench.cli``)."""
+    from hvdx.cli_help import DefaultsHelpFormatter
+
     parser = argparse.ArgumentParser(
         prog="hvdx bench", description="Train each workload under Horovod and every hvdx "
         "strategy on the same emulated cluster and compare step time, time to accuracy "
-        "and bytes.")
+        "and bytes.", formatter_class=DefaultsHelpFormatter)
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:

@@ -326,14 +326,25 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
 
-    group = parser.add_argument_group("emulated cluster")
-    group.add_argument("--cluster-spec", metavar="FILE", help="JSON cluster spec file")
-    group.add_argument("--racks", type=count, help="number of racks (default 2)")
-    group.add_argument("--hosts-per-rack", type=count, help="hosts per rack (default 2)")
-    group.add_argument("--nic", metavar="RATE", help="host NIC rate, e.g. 1gbit")
-    group.add_argument("--uplink", metavar="RATE", help="rack uplink rate, e.g. 100mbit")
-    group.add_argument("--latency", metavar="TIME", help="one-way delay per host, e.g. 1ms")
-    group.add_argument("--uplink-latency", metavar="TIME", help="one-way delay per rack")
+    # The defaults shown are ClusterSpec's, for flags given neither here nor in the file.
+    d = ClusterSpec()
+    group = parser.add_argument_group(
+        "emulated cluster", "a flag given here wins over --cluster-spec's value, which wins "
+                            "over the default shown")
+    group.add_argument("--cluster-spec", metavar="FILE",
+                       help="JSON cluster spec file (default: none)")
+    group.add_argument("--racks", type=count, help=f"number of racks (default: {d.racks})")
+    group.add_argument("--hosts-per-rack", type=count,
+                       help=f"hosts per rack (default: {d.hosts_per_rack})")
+    group.add_argument("--nic", metavar="RATE",
+                       help=f"host NIC rate, e.g. 100mbit (default: {format_rate(d.nic)})")
+    group.add_argument("--uplink", metavar="RATE",
+                       help=f"rack uplink rate, e.g. 10mbit (default: {format_rate(d.uplink)})")
+    group.add_argument("--latency", metavar="TIME",
+                       help="one-way delay per host, e.g. 1ms (default: none)")
+    group.add_argument("--uplink-latency", metavar="TIME",
+                       help="one-way delay per rack, e.g. 5ms (default: none)")
     group.add_argument("--contention", metavar="TARGET=RATE@AT[-UNTIL]", action="append",
-                       help="slow a link during the run, e.g. uplink=10mbit@5-15 (repeatable)")
+                       help="slow a link during the run, e.g. uplink=10mbit@5-15; repeatable "
+                            "(default: none)")
 
