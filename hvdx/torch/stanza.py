@@ -124,8 +124,10 @@ class Stanza:
             features and ``[split:]`` the head (the same modules, so an optimizer over
             ``model.parameters()`` holds them); :meth:`full_model` then returns a
             ``Sequential`` with the model's own layer names.
-        example: with ``fc_workers="auto"``: a batch of the features' input (the first
-            batch of the loader does), on the model's device.
+        example: a batch of the features' input (the first batch of the loader does), on
+            the model's device: with it, a head that cannot take the features' output
+            fails at construction (on every rank, naming both shapes) instead of at the
+            first step; ``fc_workers="auto"`` needs it to time both parts.
         micro_batches: parts each conv worker's batch is split into, to overlap its
             forward and backward passes with the FC side (module docstring); 1 (the
             default) sends the batch whole.
@@ -177,6 +179,11 @@ class Stanza:
             raise error
         #: fc_workers="auto": the agreed probe ``{"conv_s", "head_s", "fc_workers"}``.
         self.probe: Optional[Dict[str, object]] = None
+        if example is not None:
+            error = comm.allgather(_fit_error(features, head, example, rank))
+            error = next((e for e in error if e is not None), None)
+            if error is not None:
+                raise ValueError(error)
         if auto:
             self.probe = _probe(features, head, example, comm)
             roles = stanza_roles(size, self.probe["fc_workers"])
@@ -611,6 +618,29 @@ def _check_example(example, size: int) -> None:
         stanza_roles(size, 1)  # raises: Stanza needs two ranks
 
 
+def _fit_error(features: nn.Module, head: nn.Module, example, rank: int) -> Optional[str]:
+    """Why ``head(features(example))`` fails on this rank, naming the shapes, or
+    ``None``. Without gradients and in eval mode (the training flags are restored), so
+    that no parameter, gradient or BatchNorm statistic changes."""
+    modes = [(m, m.training) for part in (features, head) for m in part.modules()]
+    activations = None
+    try:
+        features.eval()
+        head.eval()
+        with torch.no_grad():
+            activations = features(example)
+            head(activations)
+        return None
+    except Exception as exc:  # whatever the user's model raises on the example
+        if activations is None:
+            return (f"Stanza: rank {rank}'s example ({_what(example)}) does not go through "
+                    f"the features: {type(exc).__name__}: {exc}")
+        return _head_error(head, rank, activations, None, None, exc)
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
 def _timed(run, repeats: int = 3) -> float:
     """Median seconds of ``run()`` after one untimed call (which pays for allocation)."""
     run()
@@ -758,9 +788,14 @@ def _head_error(head, rank, inputs, targets, outputs, exc) -> str:
         attribute = "in_features" if hasattr(first, "in_features") else "in_channels"
         takes = (f"; the head's first layer, {type(first).__name__}, takes "
                  f"{attribute}={getattr(first, attribute)}")
-    return (f"Stanza.step: the head on FC rank {rank} cannot take the features' output: "
+    if targets is None:  # the construction's check on example=
+        where, labels = f"Stanza: on rank {rank}'s example, the head", ""
+    else:
+        where = f"Stanza.step: the head on FC rank {rank}"
+        labels = f" and labels of shape {tuple(targets.shape)}"
+    return (f"{where} cannot take the features' output: "
             f"activations of shape {tuple(inputs.shape)} ({inputs.dtype}, per sample "
-            f"{list(inputs.shape[1:])}) and labels of shape {tuple(targets.shape)}{takes}: "
+            f"{list(inputs.shape[1:])}){labels}{takes}: "
             f"{type(exc).__name__}: {exc}")
 
 

@@ -483,8 +483,10 @@ def test_auto_without_a_fitting_example_fails_on_every_rank(example):
     with pytest.raises(ValueError) as error:
         build_auto(features, head, example)
     message = the_same_everywhere(error)
-    assert "fc_workers='auto'" in message
-    assert ("pass example=" in message) if example is None else ("does not go through" in message)
+    if example is None:
+        assert "fc_workers='auto'" in message and "pass example=" in message
+    else:
+        assert "example (a torch.float64 tensor of shape (4, 7)) does not go through" in message
 
 
 # --- micro-batches ---------------------------------------------------------------------------
@@ -530,3 +532,18 @@ def test_bad_micro_batches_fail_on_every_rank(micro_batches):
     with pytest.raises(ValueError) as error:
         build(micro_batches=micro_batches)
     assert f"micro_batches={micro_batches!r}" in the_same_everywhere(error)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_with_an_example_a_head_that_does_not_fit_fails_at_construction_naming_both_shapes():
+    features, _ = features_and_head()
+    head = nn.Linear(ACTIVATION + 1, CLASSES).double()
+    opt = torch.optim.SGD(itertools.chain(features.parameters(), head.parameters()), lr=LR)
+    before = clone(features)
+    with pytest.raises(ValueError) as error:
+        hvd.Stanza(features, head, opt, example=global_batch(0)[0][:3])
+    message = the_same_everywhere(error)
+    assert f"activations of shape (3, {ACTIVATION})" in message
+    assert f"in_features={ACTIVATION + 1}" in message
+    assert all(torch.equal(v, before[k]) for k, v in features.state_dict().items())
+    assert features.training and head.training  # the check put the modes back
