@@ -640,8 +640,10 @@ def _parts(features, head, split) -> Tuple[_Part, _Part]:
 
 
 def _build(features: _Part, head: _Part, example) -> None:
-    """Create the variables of a model not built yet, with ``example``."""
-    if features.built and head.built:
+    """Create the variables of a model not built yet, with ``example``; with
+    ``example`` also check that the head takes the features' output (``training=False``:
+    no BatchNorm statistic changes), so that a misfit fails at construction."""
+    if features.built and head.built and example is None:
         return
     unbuilt = " and ".join(f"{p.name} ({', '.join(type(l).__name__ for l in p.layers)})"
                            for p in (features, head) if not p.built)
@@ -652,11 +654,17 @@ def _build(features: _Part, head: _Part, example) -> None:
                          "batch, or give its first layer input_shape=), or pass example= "
                          "(a batch of the features' input)")
     try:
-        head(features(example, training=False), training=False)
+        activations = features(example, training=False)
     except Exception as exc:  # whatever Keras raises on an example that does not fit
         raise ValueError(f"Stanza: example= ({_what(example)}) does not go through "
-                         f"features and head, so they cannot be built: "
-                         f"{type(exc).__name__}: {exc}") from exc
+                         f"the features: {type(exc).__name__}: {exc}") from exc
+    try:
+        head(activations, training=False)
+    except Exception as exc:
+        shape = tuple(activations.shape) if tf.is_tensor(activations) else _what(activations)
+        raise ValueError(f"Stanza: on example= ({_what(example)}), the head cannot take "
+                         f"the features' output: activations of shape {shape}"
+                         f"{_takes(head)}: {type(exc).__name__}: {exc}") from exc
 
 
 def _check_training(features: _Part, head: _Part, optimizer, loss_fn) -> None:

@@ -384,6 +384,19 @@ def test_features_that_do_not_fit_the_head_fail_every_rank_at_the_first_step():
 
 
 @pytest.mark.mpi(min_size=2)
+def test_with_an_example_a_head_that_does_not_fit_fails_at_construction_naming_both_shapes():
+    features, _ = features_and_head()
+    head = dense(CLASSES, 5)
+    head.build((None, ACTIVATION - 1))  # takes 5 features, gets 6
+    with pytest.raises(ValueError) as error:
+        hvd.Stanza(features, head, tf.keras.optimizers.SGD(LR), example=global_batch(0)[0][:3])
+    message = the_same_everywhere(error)
+    assert f"activations of shape (3, {ACTIVATION})" in message
+    assert f"to have value {ACTIVATION - 1}" in message  # what the head takes (Keras)
+    everyone(None)
+
+
+@pytest.mark.mpi(min_size=2)
 def test_a_conv_worker_without_a_batch_fails_every_rank_at_the_first_step():
     trainer, _, _ = build()
     x, y = share(0, 1)
@@ -513,6 +526,8 @@ def test_auto_without_a_fitting_example_fails_on_every_rank(example):
     with pytest.raises(ValueError) as error:
         build_auto(features, head, example)
     message = the_same_everywhere(error)
-    assert "fc_workers='auto'" in message
-    assert ("pass example=" in message) if example is None else ("does not go through" in message)
+    if example is None:
+        assert "fc_workers='auto'" in message and "pass example=" in message
+    else:
+        assert "example= (" in message and "does not go through the features" in message
     everyone(None)
