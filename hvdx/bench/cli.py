@@ -50,6 +50,10 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--steps", type=int,
                        help="training steps (default: per workload; --topk-bytes 5, "
                             "--overlap 60, --process-sets 64, --soak 2000)")
+    bench.add_argument("--no-floor", action="store_true",
+                       help="skip the floor run (every rank training alone, no "
+                            "communication: the limit of any strategy), and with it the "
+                            "table's 'x floor' column")
     bench.add_argument("--eval-every", type=int, default=5,
                        help="steps between two accuracy evaluations")
     bench.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
@@ -116,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
     rows = run_bench(spec, args.workloads.split(","), args.strategies.split(","),
                      args.steps, args.eval_every, args.out,
                      ranks_per_host=args.ranks_per_host, localhost_ranks=args.ranks,
-                     timeout=args.timeout, say=say, placements=placements)
+                     timeout=args.timeout, say=say, placements=placements,
+                     floor=not args.no_floor)
     print()
     print(render_table(rows))
     print(f"\nwritten: {args.out}/results.json, results.csv, results.png")

@@ -3,13 +3,16 @@
 Steps:
 1. build the emulated cluster (:mod:`hvdx.cluster`; without root or network
    namespaces, plain localhost, labelled as such: no link is then a bottleneck);
-2. for each workload, run Horovod's ring allreduce first, then every other strategy,
-   each as an MPI job of :mod:`hvdx.bench.runner`, relaying its progress; with several
-   rank placements (``--placement blocked,interleaved``), Horovod runs under the first
-   only (the baseline) and every other strategy under each (:func:`placement_hosts`);
-3. summarise each run: median step time, time to the workload's target accuracy, final
-   accuracy, bytes sent per rank per step by hvdx's count and by the interface
-   counters of the emulated hosts, and the speedups over the Horovod run;
+2. for each workload, run Horovod's ring allreduce first, then the floor (every rank
+   trains alone with the same placement on the same cores: no communication at all,
+   the limit of any strategy), then every other strategy, each as an MPI job of
+   :mod:`hvdx.bench.runner`, relaying its progress; with several rank placements
+   (``--placement blocked,interleaved``), Horovod and the floor run under the first
+   only and every other strategy under each (:func:`placement_hosts`);
+3. summarise each run: median step time and its multiple of the floor's, time to the
+   workload's target accuracy, final accuracy, bytes sent per rank per step by hvdx's
+   count and by the interface counters of the emulated hosts, and the speedups over
+   the Horovod run;
 4. write ``results.json``, ``results.csv`` and ``results.png`` (accuracy against
    training time, and step-time bars), and print the table.
 """
@@ -32,6 +35,8 @@ from hvdx.bench.workloads import WORKLOADS
 
 __all__ = ["Summary", "placement_hosts", "run_bench", "summarize", "render_table"]
 
+#: The strategy with no communication at all (:data:`hvdx.bench.strategies.STRATEGIES`).
+FLOOR = "floor"
 #: Interface bytes per rank against hvdx's count: within this, the counts agree.
 BYTES_TOLERANCE = 0.10
 #: Seconds a job may take to exit after its result is written. MPICH's MPI_Finalize
@@ -59,6 +64,9 @@ class Summary:
     interface_rx_per_step: Optional[float]
     step_speedup: Optional[float] = None
     target_speedup: Optional[float] = None
+    #: The step as a multiple of the floor's (every rank training alone, no
+    #: communication at all: the limit of any strategy on these cores); 1.00 is the floor.
+    floor_multiple: Optional[float] = None
     predicted_step_s: Optional[float] = None
     #: How ranks were placed on the emulated hosts (``None`` on localhost).
     placement: Optional[str] = None
@@ -140,6 +148,15 @@ def _add_speedups(rows: List[Summary]) -> None:
         row.step_speedup = base.median_step_s / row.median_step_s
         if base.time_to_target_s and row.time_to_target_s:
             row.target_speedup = base.time_to_target_s / row.time_to_target_s
+
+
+def _add_floor(rows: List[Summary]) -> None:
+    """Each step as a multiple of the floor run of the same workload, if there is one."""
+    for row in rows:
+        floor = next((r for r in rows if r.workload == row.workload
+                      and r.strategy == FLOOR), None)
+        if floor is not None:
+            row.floor_multiple = row.median_step_s / floor.median_step_s
 
 
 def placement_hosts(spec, placement: str) -> List[int]:
@@ -272,12 +289,15 @@ class _Contention:
             self.cluster.set_rate(event.target, self.cluster.configured_rate(event.target))
 
 
-def _runs(strategies: List[str], placements: List[str]) -> List[tuple]:
-    """``(strategy, placement)`` in run order: Horovod under the first placement, then
-    every other strategy under each placement."""
+def _runs(strategies: List[str], placements: List[str], floor: bool = True) -> List[tuple]:
+    """``(strategy, placement)`` in run order: Horovod under the first placement, the
+    floor there too (unless ``floor`` is false), then every other strategy under each
+    placement."""
     runs = [("horovod", placements[0])]
+    if floor:
+        runs.append((FLOOR, placements[0]))
     for placement in placements:
-        runs += [(s, placement) for s in strategies if s != "horovod"]
+        runs += [(s, placement) for s in strategies if s not in ("horovod", FLOOR)]
     return runs
 
 
@@ -300,9 +320,9 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
               eval_every: int, out_dir: str, ranks_per_host: int = 1,
               localhost_ranks: int = 4, timeout: float = 900.0,
               say: Callable[[str], None] = print,
-              placements: Optional[List[str]] = None):
-    """Run every strategy on every workload (and rank placement); write and return the
-    summaries."""
+              placements: Optional[List[str]] = None, floor: bool = True):
+    """Run every strategy on every workload (and rank placement), and the floor (every
+    rank training alone) unless ``floor`` is false; write and return the summaries."""
     for name, known, what in ((workloads, WORKLOADS, "workload"),
                               (strategies, STRATEGIES, "strategy")):
         for item in name:
@@ -316,7 +336,7 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
         say(f"localhost: one host, so placements {', '.join(placements[1:])} are the same "
             "run; running one")
         placements = placements[:1]
-    runs = _runs(strategies, placements)
+    runs = _runs(strategies, placements, floor)
     ranks = localhost_ranks if cluster is None else len(cluster.hosts) * ranks_per_host
     rows, raw = [], []
     try:
@@ -334,6 +354,7 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
         if cluster is not None:
             cluster.close()
     _add_speedups(rows)
+    _add_floor(rows)
     _add_predictions(rows, raw, spec if cluster_used else None)
     _write(rows, raw, out_dir)
     return rows
@@ -347,9 +368,11 @@ def _start_cluster(spec, say):
     try:
         cluster = EmulatedCluster(spec).start()
     except ClusterUnavailable as e:
-        say(f"no emulated cluster ({e}); running on plain localhost, where no link is "
-            "a bottleneck")
-        return None, "localhost (no emulated bottleneck)"
+        # Loudly, first and in every result: ratios measured here say nothing about a
+        # slow network, and a reader must not take them for the emulated cluster's.
+        say(f"WARNING: no emulated cluster ({e}); FALLING BACK TO PLAIN LOCALHOST, where "
+            "no link is a bottleneck: the ratios below are not the emulated cluster's")
+        return None, f"LOCALHOST FALLBACK (no emulated cluster: {e})"
     if spec.racks == 1:
         # One rack: every flow stays behind the rack's switch; the NICs are the links.
         network = (f"emulated flat {spec.hosts_per_rack} hosts (1 rack), NIC "
@@ -382,7 +405,7 @@ def _fmt(value, spec, none="-"):
 def render_table(rows: List[Summary]) -> str:
     """The comparison table, one row per workload and strategy (and placement, when a
     run placed ranks other than blocked: ``decentralized@interleaved``)."""
-    header = ("workload", "strategy", "step ms", "to target s", "final acc",
+    header = ("workload", "strategy", "step ms", "x floor", "to target s", "final acc",
               "MB/rank/step", "iface rx MB", "agree", "step x", "target x", "plan ms",
               "plan err")
     placed = any(r.placement not in (None, "blocked") for r in rows)
@@ -390,7 +413,7 @@ def render_table(rows: List[Summary]) -> str:
     for r in rows:
         name = f"{r.strategy}@{r.placement}" if placed and r.placement else r.strategy
         table.append((
-            r.workload, name, _fmt(r.median_step_s * 1e3, ".1f"),
+            r.workload, name, _fmt(r.median_step_s * 1e3, ".1f"), _fmt(r.floor_multiple, ".2f"),
             _fmt(r.time_to_target_s, ".1f", "not reached"), _fmt(r.final_accuracy, ".3f"),
             _fmt(r.hvdx_bytes_per_step / 1e6, ".3f"),
             _fmt(r.interface_rx_per_step and r.interface_rx_per_step / 1e6, ".3f"),

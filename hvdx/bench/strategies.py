@@ -352,6 +352,11 @@ STRATEGIES: Dict[str, Strategy] = {
         "stanza_micro", "Stanza layer separation, 1 FC worker, each batch in 4 micro-batches "
         "(the head on one while the features compute the next), Horovod cycle 50 ms", 1,
         default=False, micro_batches=4),
+    # Not a way to train together: the limit of every strategy on these cores.
+    "floor": Strategy("floor", "the floor: every rank trains alone, no communication at all "
+                      "(Horovod idle, cycle 50 ms)", lambda optimizer, model: optimizer,
+                      lambda optimizer, model, size, steps: (0.0, 0.0),
+                      env=dict(TOPK_TUNED_ENV), default=False),
 }
 
 #: What a plain ``hvdx bench`` runs: the adaptive DS-Sync pays off under contention

@@ -103,9 +103,9 @@ def test_the_launch_hands_the_placement_s_host_order_to_mpiexec(monkeypatch):
 
 def test_horovod_runs_once_under_the_first_placement_and_the_others_under_each():
     assert _runs(["horovod", "decentralized", "dssync"], ["blocked", "interleaved"]) == [
-        ("horovod", "blocked"), ("decentralized", "blocked"), ("dssync", "blocked"),
-        ("decentralized", "interleaved"), ("dssync", "interleaved")]
-    assert _runs(["decentralized"], ["interleaved"]) == [
+        ("horovod", "blocked"), ("floor", "blocked"), ("decentralized", "blocked"),
+        ("dssync", "blocked"), ("decentralized", "interleaved"), ("dssync", "interleaved")]
+    assert _runs(["decentralized"], ["interleaved"], floor=False) == [
         ("horovod", "interleaved"), ("decentralized", "interleaved")]
     assert _run_name("w", "decentralized", "interleaved") == "w-decentralized-interleaved"
     assert _run_name("w", "horovod", "blocked") == _run_name("w", "horovod", None) == \
