@@ -24,12 +24,17 @@ def test_horovod_and_stanza_bytes_match_the_interface_counters_within_10_percent
     assert "emulated 2x2, NIC 1gbit, uplink 100mbit" in proc.stdout
     assert "step 6/6" in proc.stdout  # progress was shown
     summary = json.loads((out / "results.json").read_text())["summary"]
-    assert [row["strategy"] for row in summary] == ["horovod", "stanza"]
-    for row in summary:
+    assert [row["strategy"] for row in summary] == ["horovod", "floor", "stanza"]
+    horovod, floor, stanza = summary
+    for row in (horovod, stanza):
         assert abs(row["bytes_agreement"] - 1.0) <= 0.10, row
         assert row["prediction_error"] is not None
+        assert row["floor_multiple"] > 1.0  # communication costs something
+    # The floor trains alone: nothing of hvdx's, next to nothing on the interfaces.
+    assert floor["hvdx_bytes_per_step"] == 0 and floor["floor_multiple"] == 1.0
+    assert floor["interface_rx_per_step"] < 0.01 * horovod["interface_rx_per_step"]
     # One FC worker: far fewer bytes than the allreduce of the whole model.
-    assert summary[1]["hvdx_bytes_per_step"] < 0.1 * summary[0]["hvdx_bytes_per_step"]
+    assert stanza["hvdx_bytes_per_step"] < 0.1 * horovod["hvdx_bytes_per_step"]
     for name in ("results.csv", "results.png"):
         assert (out / name).stat().st_size > 0
 
@@ -46,7 +51,7 @@ def test_contention_events_are_replayed_for_each_run_from_its_launch(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "hvdx.cli", "bench", "--workloads", "digits_cnn",
          "--strategies", "horovod", "--steps", "4", "--eval-every", "2",
-         "--contention", "uplink=20mbit@0", "--out", str(out)],
+         "--contention", "uplink=20mbit@0", "--no-floor", "--out", str(out)],
         capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     run = json.loads((out / "results.json").read_text())["runs"][0]
@@ -61,7 +66,7 @@ def test_decentralized_bytes_match_the_interfaces_under_both_placements(tmp_path
     proc = subprocess.run(
         [sys.executable, "-m", "hvdx.bench.cli", "--workloads", "digits_vgg",
          "--strategies", "horovod,decentralized", "--placement", "blocked,interleaved",
-         "--steps", "6", "--eval-every", "3", "--out", str(out)],
+         "--steps", "6", "--eval-every", "3", "--no-floor", "--out", str(out)],
         capture_output=True, text=True, timeout=600,
         env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
