@@ -48,6 +48,60 @@ def _mpi_library() -> str:
     return " ".join(MPI.Get_library_version().split("\n")[0].split())
 
 
+#: The extensions that load an MPI library: Horovod's two and mpi4py's, by package.
+_MPI_EXTENSIONS = (("horovod.torch", "horovod/torch", "mpi_lib*.so"),
+                   ("horovod.tensorflow", "horovod/tensorflow", "mpi_lib*.so"),
+                   ("mpi4py", "mpi4py", "MPI*.so"))
+
+
+def _linked_mpi(ldd_output: str) -> List[str]:
+    """The MPI libraries (libmpi*, libmpich*) that ``ldd`` resolves, as their paths."""
+    found = []
+    for line in ldd_output.splitlines():
+        name, _, where = line.strip().partition(" => ")
+        if name.startswith(("libmpi.so", "libmpich.so")):
+            found.append(where.split(" (")[0].strip() or name)
+    return found
+
+
+def _same_mpi_verdict(linked: List[Tuple[str, List[str]]]) -> str:
+    """One line from ``(extension, its MPI libraries)`` pairs: do all load one MPI?"""
+    linked = [(name, libs) for name, libs in linked if libs]
+    if not linked:
+        return "unknown (no Horovod or mpi4py extension linked to an MPI found)"
+    libraries = {os.path.realpath(lib) for _, libs in linked for lib in libs}
+    names = ", ".join(name for name, _ in linked)
+    if len(libraries) == 1:
+        return f"yes ({linked[0][1][0]}: {names})"
+    each = "; ".join(f"{name}: {' '.join(libs)}" for name, libs in linked)
+    return (f"NO ({each}). Rebuild mpi4py with the mpicc of Horovod's MPI first on PATH: "
+            "pip install --no-binary=mpi4py --no-cache-dir --force-reinstall mpi4py")
+
+
+def _same_mpi() -> str:
+    """Horovod and mpi4py must load one MPI library: read their extensions' links (ldd),
+    without importing either framework."""
+    import glob
+    import importlib.util
+
+    if shutil.which("ldd") is None:
+        return "unknown (no ldd)"
+    linked = []
+    for name, folder, pattern in _MPI_EXTENSIONS:
+        top = importlib.util.find_spec(folder.split("/")[0])
+        if top is None or not top.submodule_search_locations:
+            continue
+        base = os.path.join(list(top.submodule_search_locations)[0], *folder.split("/")[1:])
+        for path in sorted(glob.glob(os.path.join(base, pattern)))[:1]:
+            try:
+                out = subprocess.run(["ldd", path], capture_output=True, text=True,
+                                     timeout=10).stdout
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            linked.append((name, _linked_mpi(out)))
+    return _same_mpi_verdict(linked)
+
+
 def _run_ok(cmd: List[str]) -> bool:
     try:
         return subprocess.run(cmd, capture_output=True, timeout=10).returncode == 0
@@ -75,6 +129,7 @@ CHECKS: List[Tuple[str, Callable[[], str]]] = [
     ("numpy", lambda: _version("numpy")),
     ("mpi4py", lambda: _version("mpi4py")),
     ("MPI library", _mpi_library),
+    ("same MPI", _same_mpi),
     ("network emulation", _emulation),
 ]
 
