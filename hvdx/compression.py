@@ -12,12 +12,14 @@ Zou, De Sterck & Liu, "Downlink Compression Improves TopK Sparsification", arXiv
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import ClassVar, List, Optional
 
 from hvdx.core.bidirectional_topk import MODES, TopKConfig
 from hvdx.core.topk_selection import DEFAULT_SAMPLE_SIZE
 from hvdx.strategy import Strategy, kept_for_every_rank, validating
+from hvdx.topk_presets import preset_options
 
 __all__ = ["MODES_AUTO", "SELECTIONS", "SMALL_TENSORS", "TopKCompression", "topk"]
 
@@ -162,21 +164,23 @@ class TopKCompression(Strategy):
         return []
 
 
-def topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,
-         mode: str = "auto", min_size: int = DEFAULT_MIN_SIZE,
-         small_tensors: str = "horovod", warmup_steps: int = 0,
-         selector: str = "exact", sample_size: int = DEFAULT_SAMPLE_SIZE,
-         seed: int = 0, error_feedback: bool = True,
-         selection: str = "layerwise",
-         momentum_correction: bool = False,
-         sparsity_warmup_steps: int = 0,
-         momentum_masking: bool = True,
-         autotune_steps: int = 0) -> TopKCompression:
+def topk(*args, preset: Optional[str] = None, **kwargs) -> TopKCompression:
     """Build a :class:`TopKCompression`, validating every argument here.
+
+    The signature is :func:`_topk`'s, plus ``preset``
+    (``topk(ratio=0.01, downlink_ratio=None, *, preset=None, mode="auto", ...)``).
 
     Args:
         ratio: uplink fraction kept per tensor, in (0, 1].
         downlink_ratio: downlink fraction in (0, 1]; ``None`` for unidirectional TopK.
+        preset: ``"fast"`` or ``"safe"``, the benchmark's tuned TopKs
+            (:mod:`hvdx.topk_presets`): ``"fast"`` is the fastest to a target accuracy
+            over a slow uplink (1% up and down, DGC momentum correction without
+            masking); ``"safe"`` stays stable late in a run (a downlink twice as dense,
+            with DGC's masking). Both average the small tensors in hvdx's exchange, so
+            launch them with ``HOROVOD_CYCLE_TIME=50`` (Horovod's background loop has
+            nothing to carry during a step). The other arguments given with a preset
+            override its values. ``None``: the arguments alone.
         mode: ``"auto"``, ``"gathered"`` or ``"sharded"``.
         min_size: tensors with fewer entries go dense.
         small_tensors: ``"horovod"`` (Horovod's allreduce averages the tensors below
@@ -196,18 +200,38 @@ def topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,
             them only if it was faster (0: always compress).
 
     Raises:
-        ValueError: an argument is out of range, named with its value (``ratio=2.0``);
-            in a job of several ranks, raised by the optimizer or tape that takes the
-            spec, on every rank (:func:`hvdx.strategy.validating`).
+        ValueError: an argument is out of range, named with its value (``ratio=2.0``,
+            ``preset='fastest'``); in a job of several ranks, raised by the optimizer or
+            tape that takes the spec, on every rank (:func:`hvdx.strategy.validating`).
+        TypeError: an argument ``topk`` does not take, at once (as any Python call).
     """
+    if preset is not None:
+        # Which arguments the caller gave cannot be read off their values (a default
+        # given on purpose overrides the preset too), hence *args and **kwargs here.
+        given = _TOPK_SIGNATURE.bind(*args, **kwargs).arguments
+        try:
+            args, kwargs = (), dict(preset_options(preset), **given)
+        except ValueError as error:
+            return _invalid(kept_for_every_rank(error))
+    return _topk(*args, **kwargs)
+
+
+def _topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,
+          mode: str = "auto", min_size: int = DEFAULT_MIN_SIZE,
+          small_tensors: str = "horovod", warmup_steps: int = 0,
+          selector: str = "exact", sample_size: int = DEFAULT_SAMPLE_SIZE,
+          seed: int = 0, error_feedback: bool = True,
+          selection: str = "layerwise",
+          momentum_correction: bool = False,
+          sparsity_warmup_steps: int = 0,
+          momentum_masking: bool = True,
+          autotune_steps: int = 0) -> TopKCompression:
+    """:func:`topk` without a preset (its arguments are documented there)."""
     try:
         config = TopKConfig(ratio=ratio, downlink_ratio=downlink_ratio,
                             selector=selector, sample_size=sample_size, seed=seed)
     except ValueError as error:
-        error = kept_for_every_rank(error)
-        invalid = TopKCompression(TopKConfig(ratio=1.0))  # a placeholder: never used
-        object.__setattr__(invalid, "error", error)
-        return invalid
+        return _invalid(kept_for_every_rank(error))
     return TopKCompression(config, mode=mode, min_size=min_size,
                            small_tensors=small_tensors, warmup_steps=warmup_steps,
                            error_feedback=error_feedback, selection=selection,
@@ -215,6 +239,32 @@ def topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,
                            sparsity_warmup_steps=sparsity_warmup_steps,
                            momentum_masking=momentum_masking,
                            autotune_steps=autotune_steps)
+
+
+def _invalid(error: Exception) -> TopKCompression:
+    """A spec that carries ``error`` for the entry point (its settings are never used)."""
+    invalid = TopKCompression(TopKConfig(ratio=1.0))  # a placeholder
+    object.__setattr__(invalid, "error", error)
+    return invalid
+
+
+_TOPK_SIGNATURE = inspect.signature(_topk)
+
+
+def _with_preset(signature: inspect.Signature) -> inspect.Signature:
+    """``signature`` with ``preset=None`` as the first keyword-only parameter."""
+    parameters = list(signature.parameters.values())
+    first = next(i for i, p in enumerate(parameters) if p.kind is p.KEYWORD_ONLY)
+    preset = inspect.Parameter("preset", inspect.Parameter.KEYWORD_ONLY, default=None,
+                               annotation="Optional[str]")
+    return signature.replace(parameters=parameters[:first] + [preset] + parameters[first:])
+
+
+# help(topk) and IDEs show the real arguments, not *args and **kwargs.
+topk.__signature__ = _with_preset(_TOPK_SIGNATURE)
+#: ``compression=hvd.Compression.topk`` (not called) is refused by this mark
+#: (:func:`hvdx.strategy.strategy_of`): Horovod's compressors are passed uncalled.
+topk.hvdx_builds = "compression"
 
 
 def _check_integer(name: str, value: object, low: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import List, Tuple
 
 from hvdx._version import __version__
@@ -32,7 +33,8 @@ def horovod_settings(**settings) -> List[Tuple[str, object]]:
             continue
         if isinstance(value, Strategy):
             value = value.describe()
-        elif isinstance(value, type):
+        elif isinstance(value, type) or inspect.isfunction(value):
+            # (a function: compression=hvd.Compression.topk, refused on every rank)
             value = f"{value.__module__}.{value.__qualname__}"
         elif hasattr(value, "process_set_id") and hasattr(value, "ranks"):
             value = ("process_set", value.ranks)

@@ -194,7 +194,15 @@ def strategy_of(compression, sync) -> Optional[Strategy]:
 
     Raises:
         TypeError: ``sync=`` is neither ``None`` nor a synchronization strategy.
+        ValueError: ``compression=`` is hvdx's spec builder itself, not called
+            (``compression=hvd.Compression.topk``, as Horovod's ``Compression.fp16``
+            is passed): Horovod would take the function for a compressor.
     """
+    if getattr(compression, "hvdx_builds", None) == "compression":
+        raise ValueError(
+            f"compression={getattr(compression, '__name__', compression)}: call it: "
+            "compression=hvd.Compression.topk(ratio, downlink_ratio, ...) or "
+            "hvd.Compression.topk(preset='fast')")
     if sync is not None:
         if not isinstance(sync, Strategy) or sync.argument != "sync":
             raise TypeError(
@@ -208,12 +216,12 @@ def strategy_of(compression, sync) -> Optional[Strategy]:
 
 
 def strategy_or_error(compression, sync) -> Tuple[Optional[Strategy], Optional[Exception]]:
-    """:func:`strategy_of`, with its ``TypeError`` returned instead of raised in a job
-    of several ranks: the entry point raises it on every rank after the cross-rank
-    check (a wrong ``sync=`` on one rank only must not end that rank alone)."""
+    """:func:`strategy_of`, with its ``TypeError`` or ``ValueError`` returned instead of
+    raised in a job of several ranks: the entry point raises it on every rank after the
+    cross-rank check (a wrong ``sync=`` on one rank only must not end that rank alone)."""
     try:
         return strategy_of(compression, sync), None
-    except TypeError as error:
+    except (TypeError, ValueError) as error:
         return None, kept_for_every_rank(error)
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional
 
+from hvdx import topk_presets
+
 __all__ = ["DEFAULT_STRATEGIES", "Strategy", "STRATEGIES", "allreduce_bytes_per_rank",
            "decentralized_bytes"]
 
@@ -90,37 +92,32 @@ def _counted_bytes(optimizer, model, size, steps):
     return stats.total_sent / steps, stats.total_received / steps
 
 
-#: The benchmark's TopK setting: the issue's 1% both ways.
-TOPK_RATIO = 0.01
-#: The sampled-threshold selector (DGC): the exact top k whenever the sampled threshold
-#: lets k entries through (recall 1.000 in ``hvdx bench --selection``), at a fraction of
-#: the cost of a full partition.
-TOPK_SELECTOR = "threshold"
-#: The tuned TopK of the benchmark, same ratios. Measured on digits_vgg at 4 ranks (steps
-#: to 0.95, evaluated every 5; Horovod 35): DGC's momentum correction with factor
-#: masking 45, with global selection 45, without masking and with global selection 35.
-#: Masking zeroes the momentum of every entry sent, so the entries that matter most
-#: train without momentum; global selection gives the budget to the layers whose
-#: gradients are large. DGC's sparsity warm-up (4 or 10 steps) changed nothing here and
-#: costs bytes, so it is left out.
-TOPK_DGC_OPTIONS: Dict = {"momentum_correction": True, "momentum_masking": False,
-                          "selection": "global", "small_tensors": "hvdx"}
-#: The TopK for a run that must end well: without masking, topk_dgc swings late in a
-#: run (digits_vgg, 100 steps: between 0.64 and 0.97 after step 60); with DGC's factor
-#: masking and a downlink twice as dense as the uplink it stays at 0.97-0.99 and ends at
-#: 0.991, reaching 0.95 at step 40 (emulated 2x2 cluster; Horovod: 35).
-TOPK_MASKED_OPTIONS: Dict = {"downlink_ratio": 2 * TOPK_RATIO, "momentum_correction": True,
-                             "momentum_masking": True, "selection": "global",
-                             "small_tensors": "hvdx"}
-#: Both tuned TopKs also average the small tensors themselves (``small_tensors="hvdx"``),
-#: so Horovod's background loop has nothing to carry during a step; it still meets the
-#: other ranks in a small collective every HOROVOD_CYCLE_TIME (1 ms by default), and
-#: MPICH spins while it waits for ranks whose cores are busy. A 50 ms cycle gives that
-#: CPU back to training. topk_dgc on digits_vgg (emulated 2x2, 4 ranks on 2 cores,
-#: alternating runs): median step 111-127 ms against 151-175 ms with Horovod's default
-#: cycle and Horovod averaging the small tensors; the cycle alone (Horovod still
-#: averaging them, so waiting a cycle for them each step): 121-129 ms.
-TOPK_TUNED_ENV: Dict[str, str] = {"HOROVOD_CYCLE_TIME": "50"}
+#: The benchmark's TopK setting: the issue's 1% both ways, with the sampled-threshold
+#: selector of the presets (:mod:`hvdx.topk_presets`).
+TOPK_RATIO = topk_presets.RATIO
+TOPK_SELECTOR = topk_presets.SELECTOR
+#: The tuned TopKs are the presets ``Compression.topk(preset="fast")`` (``topk_dgc``:
+#: global selection, DGC momentum correction without masking) and ``preset="safe"``
+#: (``topk_masked``: with masking, the downlink twice as dense); the measurements behind
+#: them are in :mod:`hvdx.topk_presets`. Their arguments, for the labels and the cost
+#: model:
+TOPK_DGC_OPTIONS: Dict = topk_presets.preset_options("fast")
+TOPK_MASKED_OPTIONS: Dict = topk_presets.preset_options("safe")
+#: Both tuned TopKs average the small tensors themselves (``small_tensors="hvdx"``), so
+#: Horovod's background loop has nothing to carry during a step: a 50 ms cycle gives
+#: the CPU its idle loop would spin in back to training (measured in
+#: :data:`hvdx.topk_presets.HOROVOD_CYCLE_ENV`).
+TOPK_TUNED_ENV: Dict[str, str] = dict(topk_presets.HOROVOD_CYCLE_ENV)
+
+
+def _topk_preset(preset: str):
+    """The builder of a tuned TopK strategy: ``Compression.topk(preset=preset)``."""
+    def build(optimizer, model):
+        import hvdx.torch as hvd
+
+        return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                        compression=hvd.Compression.topk(preset=preset))
+    return build
 
 
 #: The benchmark's DS-Sync: the rotation with its default parameters, which the cost of
@@ -303,20 +300,23 @@ STRATEGIES: Dict[str, Strategy] = {
                      _counted_bytes, cost_model="topk",
                      cost_options={"ratio": TOPK_RATIO, "downlink_ratio": TOPK_RATIO,
                                    "mode": "sharded"}),
-    "topk_dgc": Strategy("topk_dgc", f"bidirectional TopK {TOPK_RATIO:g}/{TOPK_RATIO:g}, "
+    "topk_dgc": Strategy("topk_dgc", f"bidirectional TopK {TOPK_DGC_OPTIONS['ratio']:g}/"
+                         f"{TOPK_DGC_OPTIONS['downlink_ratio']:g}, "
                          "global selection, DGC momentum correction without masking, "
                          "small tensors averaged by hvdx, Horovod cycle 50 ms",
-                         _topk_with(downlink_ratio=TOPK_RATIO, **TOPK_DGC_OPTIONS),
+                         _topk_preset("fast"),
                          _counted_bytes, cost_model="topk",
-                         cost_options={"ratio": TOPK_RATIO, "downlink_ratio": TOPK_RATIO,
+                         cost_options={"ratio": TOPK_DGC_OPTIONS["ratio"],
+                                       "downlink_ratio": TOPK_DGC_OPTIONS["downlink_ratio"],
                                        "mode": "sharded"}, env=TOPK_TUNED_ENV),
-    "topk_masked": Strategy("topk_masked", f"bidirectional TopK {TOPK_RATIO:g} up, "
+    "topk_masked": Strategy("topk_masked", f"bidirectional TopK "
+                            f"{TOPK_MASKED_OPTIONS['ratio']:g} up, "
                             f"{TOPK_MASKED_OPTIONS['downlink_ratio']:g} down, global "
                             "selection, DGC momentum correction with masking, small "
                             "tensors averaged by hvdx, Horovod cycle 50 ms",
-                            _topk_with(**TOPK_MASKED_OPTIONS), _counted_bytes,
+                            _topk_preset("safe"), _counted_bytes,
                             cost_model="topk",
-                            cost_options={"ratio": TOPK_RATIO,
+                            cost_options={"ratio": TOPK_MASKED_OPTIONS["ratio"],
                                           "downlink_ratio": TOPK_MASKED_OPTIONS["downlink_ratio"],
                                           "mode": "sharded"}, env=TOPK_TUNED_ENV),
     "dssync": Strategy("dssync", "DS-Sync rotation, parameters from the cost of crossing",

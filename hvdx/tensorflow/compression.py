@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import functools
+
 import horovod.tensorflow as _hvd
 import tensorflow as tf
 
 from hvdx.compression import TopKCompression, topk as _topk
+from hvdx.topk_presets import WITHOUT_MOMENTUM_CORRECTION
 
 __all__ = ["Compression", "TopKCompression"]
+
+
+# hvdx.compression.topk (its name, docstring and signature), whose presets leave DGC's
+# momentum correction off unless it is given (WITHOUT_MOMENTUM_CORRECTION).
+@functools.wraps(_topk)
+def _tensorflow_topk(*args, preset=None, **kwargs):
+    if preset is not None:
+        kwargs = dict(WITHOUT_MOMENTUM_CORRECTION, **kwargs)
+    return _topk(*args, preset=preset, **kwargs)
 
 
 class Compression(_hvd.Compression):
@@ -20,9 +32,16 @@ class Compression(_hvd.Compression):
     synchronization (see :mod:`hvdx.tensorflow.topk`)::
 
         compression=hvd.Compression.topk(ratio=0.01, downlink_ratio=0.01)
+
+    ``topk(preset="fast")`` / ``"safe"`` run the presets of :mod:`hvdx.topk_presets`
+    without DGC's momentum correction, which is implemented for PyTorch's SGD only.
     """
 
     # Scripts often build the spec inside a tf.function (next to the tape): AutoGraph
     # would convert hvdx's plain-Python validation, which is slow and was seen to fail
     # intermittently inside AutoGraph's converted code, so it is left unconverted.
-    topk = staticmethod(tf.autograph.experimental.do_not_convert(_topk))
+    topk = staticmethod(tf.autograph.experimental.do_not_convert(_tensorflow_topk))
+
+
+# Refused uncalled, as the neutral topk (hvdx.strategy.strategy_of).
+Compression.topk.hvdx_builds = _topk.hvdx_builds
