@@ -24,10 +24,14 @@ def horovod_settings(**settings) -> List[Tuple[str, object]]:
     ranks, hvdx strategies by :meth:`~hvdx.strategy.Strategy.describe`, so that the
     same settings give the same text on every rank. A strategy whose constructor failed
     (:func:`hvdx.strategy.validating`) adds its error as ``<strategy>.error``, which
-    :func:`hvdx.mpi.check_consistent` reports on every rank.
+    :func:`hvdx.mpi.check_consistent` reports on every rank. A strategy built from the
+    environment (:mod:`hvdx.environment`) adds ``(variable, raw value)`` first, so that
+    ranks launched with different values name the variable where they disagree.
     """
     entries: List[Tuple[str, object]] = [("hvdx.version", __version__)]
     for name, value in settings.items():
+        if isinstance(value, Strategy) and value.environment is not None:
+            entries.append(value.environment)
         if isinstance(value, Strategy) and value.error is not None:
             entries += [(name, value.name), (f"{value.name}.error", str(value.error))]
             continue

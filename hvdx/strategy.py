@@ -89,6 +89,9 @@ class Strategy(abc.ABC):
     #: The constructor's ``ValueError``, kept for the entry point in a job of several
     #: ranks (:func:`validating`); ``None`` for a valid spec.
     error: Optional[ValueError] = None
+    #: ``(variable, raw value)`` for a spec built from the environment
+    #: (:mod:`hvdx.environment`), which the fingerprint compares too; ``None`` otherwise.
+    environment: Optional[Tuple[str, str]] = None
 
     def invalid_repr(self) -> str:
         """What ``repr`` shows of a spec whose constructor failed (its fields may be

@@ -25,10 +25,14 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence, Tuple
 
-__all__ = ["Entry", "Fingerprint", "first_difference", "first_error"]
+__all__ = ["Entry", "Fingerprint", "LAUNCH_PREFIX", "first_difference", "first_error"]
 
 #: ``(kind, key, value)``: kind is ``"parameter"`` or ``"setting"``.
 Entry = Tuple[str, str, str]
+
+#: Settings whose key starts with this were read from the launch environment
+#: (:mod:`hvdx.environment`): :func:`first_difference` reports them first.
+LAUNCH_PREFIX = "HVDX_"
 
 
 @dataclass(frozen=True)
@@ -89,10 +93,14 @@ def first_error(fingerprints: Sequence[Fingerprint]) -> Optional[str]:
 def first_difference(fingerprints: Sequence[Fingerprint]) -> Optional[str]:
     """Describe the first entry on which the ranks disagree, or return ``None``.
 
-    Parameters are compared first, then settings; within each kind, position by
-    position (order matters: Horovod matches collectives in order). The result depends
-    only on the list of fingerprints (index = rank), so every rank that evaluates it on
-    the same gathered list produces the same message.
+    Settings read from the launch environment (keys starting with
+    :data:`LAUNCH_PREFIX`, such as ``HVDX_SYNC``) are compared first: ranks launched
+    with different values build different strategies, which then differ in everything
+    else too (the variables may even be checked at another point). Then parameters,
+    then the other settings; within each group, position by position (order matters:
+    Horovod matches collectives in order). The result depends only on the list of
+    fingerprints (index = rank), so every rank that evaluates it on the same gathered
+    list produces the same message.
     """
     if not fingerprints:
         return None
@@ -100,16 +108,23 @@ def first_difference(fingerprints: Sequence[Fingerprint]) -> Optional[str]:
     for rank, other in enumerate(fingerprints[1:], start=1):
         if other == base:
             continue
-        for kind in ("parameter", "setting"):
-            message = _compare_kind(kind, base, other, rank)
+        for group in ("launch", "parameter", "setting"):
+            message = _compare_group(group, base, other, rank)
             if message:
                 return message
     return None
 
 
-def _compare_kind(kind: str, base: Fingerprint, other: Fingerprint, rank: int) -> Optional[str]:
-    a = [i for i, e in enumerate(base.entries) if e[0] == kind]
-    b = [i for i, e in enumerate(other.entries) if e[0] == kind]
+def _group(entry: Entry) -> str:
+    kind, key, _ = entry
+    return "launch" if kind == "setting" and key.startswith(LAUNCH_PREFIX) else kind
+
+
+def _compare_group(group: str, base: Fingerprint, other: Fingerprint,
+                   rank: int) -> Optional[str]:
+    kind = "parameter" if group == "parameter" else "setting"
+    a = [i for i, e in enumerate(base.entries) if _group(e) == group]
+    b = [i for i, e in enumerate(other.entries) if _group(e) == group]
     for i, j in zip(a, b):
         ea, eb = base.entries[i], other.entries[j]
         if ea == eb:

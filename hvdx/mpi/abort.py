@@ -14,6 +14,8 @@ import sys
 import time
 import traceback
 
+from hvdx.mpi.init_environment import init_arguments
+
 __all__ = ["install_abort_on_error", "wrap_init"]
 
 _installed = False
@@ -56,10 +58,13 @@ def install_abort_on_error() -> None:
 
 
 def wrap_init(horovod_init):
-    """Horovod's ``init`` (same arguments), then abort-on-uncaught-exception for the job."""
+    """Horovod's ``init`` (same arguments), after the ranks compared ``HVDX_COMPRESSION``
+    and ``HVDX_SYNC`` (dynamic process sets where DS-Sync is asked for:
+    :mod:`hvdx.mpi.init_environment`), then abort-on-uncaught-exception for the job."""
 
     @functools.wraps(horovod_init)
     def init(*args, **kwargs):
+        args, kwargs = init_arguments(args, kwargs)
         result = horovod_init(*args, **kwargs)
         install_abort_on_error()
         return result

@@ -3,9 +3,11 @@
 import horovod.tensorflow as _hvd
 import tensorflow as tf
 
+from hvdx import environment
 from hvdx.settings import group_sizes, horovod_settings
 from hvdx.strategy import strategy_or_error
 from hvdx.tensorflow import registry
+from hvdx.tensorflow.compression import Compression
 from hvdx.tensorflow.runtime import check_variables_once, flat_variables
 
 __all__ = ["DistributedGradientTape"]
@@ -38,8 +40,15 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     ``compression=hvd.Compression.topk(...)``: bidirectional TopK with error feedback,
     synchronized by hvdx (see :mod:`hvdx.tensorflow.topk`); ``op`` must be ``Average``
     or ``Sum``, and :func:`hvdx.tensorflow.topk_state` gives the residuals to checkpoint.
+
+    ``compression`` left at Horovod's ``Compression.none`` and ``sync=None`` are taken
+    from ``HVDX_COMPRESSION`` and ``HVDX_SYNC`` where set (:mod:`hvdx.environment`).
     """
+    compression, sync, from_environment = environment.choose(
+        compression, sync, _hvd.Compression.none, Compression.topk,
+        "DistributedGradientTape")
     strategy, problem = strategy_or_error(compression, sync)
+    problem = problem or from_environment
 
     def horovod():
         return _hvd.DistributedGradientTape(

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import horovod.torch as _hvd
 
+from hvdx import environment
 from hvdx.mpi import communicator_for
 from hvdx.mpi.consistency import resolve_checked
 from hvdx.settings import group_sizes, horovod_settings
 from hvdx.strategy import strategy_or_error
 from hvdx.torch import registry
+from hvdx.torch.compression import Compression
 
 __all__ = ["DistributedOptimizer"]
 
@@ -51,12 +53,18 @@ def DistributedOptimizer(optimizer, named_parameters=None,
     shapes and dtypes and the settings; a mismatch raises the same ``ValueError`` on
     every rank instead of hanging in an allreduce.
 
+    ``compression`` left at Horovod's ``Compression.none`` and ``sync=None`` are taken
+    from ``HVDX_COMPRESSION`` and ``HVDX_SYNC`` where set (:mod:`hvdx.environment`).
+
     Returns:
         With no hvdx feature switched on, Horovod's own optimizer object; with an hvdx
         strategy, an instance of a class made from the optimizer's class
         (``isinstance`` holds).
     """
+    compression, sync, from_environment = environment.choose(
+        compression, sync, _hvd.Compression.none, Compression.topk, "DistributedOptimizer")
     strategy, problem = strategy_or_error(compression, sync)
+    problem = problem or from_environment
     if named_parameters is not None:
         # Often a generator (model.named_parameters()): read it once, hand Horovod a list.
         named_parameters = list(named_parameters)

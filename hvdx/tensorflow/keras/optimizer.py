@@ -3,9 +3,11 @@
 import horovod.tensorflow.keras as _hvd_keras
 from horovod.tensorflow import Average, Compression, global_process_set
 
+from hvdx import environment
 from hvdx.settings import group_sizes, horovod_settings
 from hvdx.strategy import strategy_or_error
 from hvdx.tensorflow import registry
+from hvdx.tensorflow.compression import Compression as _Compression
 from hvdx.tensorflow.runtime import check_variables_once
 
 __all__ = ["DistributedOptimizer"]
@@ -39,8 +41,15 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     or ``Sum``; ``backward_passes_per_step > 1`` works (Horovod's local aggregation
     hands the summed gradients to TopK every N passes). The residuals are the tracked
     ``optimizer.hvdx_topk`` (saved with the optimizer), the bytes ``optimizer.hvdx_stats``.
+
+    ``compression`` left at Horovod's ``Compression.none`` and ``sync=None`` are taken
+    from ``HVDX_COMPRESSION`` and ``HVDX_SYNC`` where set (:mod:`hvdx.environment`).
     """
+    compression, sync, from_environment = environment.choose(
+        compression, sync, Compression.none, _Compression.topk,
+        "keras DistributedOptimizer")
     strategy, problem = strategy_or_error(compression, sync)
+    problem = problem or from_environment
 
     def horovod(compression=compression, gradient_predivide_factor=gradient_predivide_factor,
                 op=op):

@@ -1,0 +1,265 @@
+"""Strategies chosen by the job's environment: ``HVDX_COMPRESSION`` and ``HVDX_SYNC``.
+
+Horovod takes its knobs from ``HOROVOD_*`` variables; hvdx takes its strategies the same
+way, so that a Horovod script whose only change is its import line
+(``import hvdx.torch as hvd``) switches strategy at launch::
+
+    mpirun -n 8 -genv HVDX_SYNC "DSSync()" python train.py
+    HVDX_COMPRESSION=fast horovodrun -np 8 python train.py
+
+The grammar (user documentation: ``docs/environment.md``)::
+
+    HVDX_COMPRESSION = none | fast | safe | topk | topk(<literal arguments>)
+    HVDX_SYNC        = none | DSSync | DSSync(...) | Decentralized | Decentralized(...)
+
+where ``fast`` / ``safe`` are ``topk(preset="fast")`` / ``topk(preset="safe")``
+(:mod:`hvdx.topk_presets`) and the arguments are those of ``hvd.Compression.topk``,
+``hvdx.DSSync`` and ``hvdx.Decentralized``, positional or keyword, each a Python literal.
+
+Every entry point (``DistributedOptimizer`` of torch and Keras,
+``DistributedGradientTape``) calls :func:`choose` first:
+
+1. an argument the code passes wins: ``compression=`` other than Horovod's
+   ``Compression.none``, ``sync=`` other than ``None``; the variable for it is ignored,
+   and rank 0 says so (once per entry point and value);
+2. otherwise the variable, unless unset, empty or ``none``, is parsed without ``eval``
+   (:func:`parse`): ``ast.parse(mode="eval")``, then only a bare name or a call of an
+   accepted constructor, each argument read by ``ast.literal_eval``;
+3. the spec is built by the constructor the code would call (the framework's
+   ``Compression.topk``, ``hvdx.DSSync``, ``hvdx.Decentralized``), so it is validated
+   the same way, and it carries ``(variable, raw value)``
+   (:attr:`hvdx.strategy.Strategy.environment`): the entry point's cross-rank check
+   compares that entry, so a rank launched with another value fails every rank;
+4. an error (syntax, an unknown name, a forbidden expression, an argument the
+   constructor refuses) is a ``ValueError`` naming the variable and its value; in a job
+   of several ranks it is kept and raised on every rank after the entry point's
+   cross-rank check (:func:`hvdx.strategy.kept_for_every_rank`);
+5. one spec per framework, variable and value in a process (a TensorFlow tape is made
+   every step and keeps the DS-Sync or graph state on its spec); rank 0 prints the
+   choice once per entry point and value.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import os
+import sys
+from typing import Callable, Dict, Optional, Set, Tuple
+
+from hvdx.decentralized import Decentralized
+from hvdx.dssync import DSSync
+from hvdx.strategy import Strategy, kept_for_every_rank
+from hvdx.topk_presets import PRESETS
+
+__all__ = ["COMPRESSION_VARIABLE", "SYNC_VARIABLE", "asks_for_dssync", "choose",
+           "forget", "parse"]
+
+COMPRESSION_VARIABLE = "HVDX_COMPRESSION"
+SYNC_VARIABLE = "HVDX_SYNC"
+
+#: What each variable accepts, for error messages.
+ACCEPTED = {
+    COMPRESSION_VARIABLE: "none, " + ", ".join(PRESETS) + ", topk or topk(...) with "
+                          "literal arguments, e.g. \"topk(0.01, 0.01)\" or "
+                          "\"topk(preset='safe', downlink_ratio=0.05)\"",
+    SYNC_VARIABLE: "none, DSSync, Decentralized, or a call of either with literal "
+                   "arguments, e.g. \"DSSync(intra_phases=4)\" or "
+                   "\"Decentralized(topology='one-peer-exp')\"",
+}
+
+#: Words that mean "no hvdx strategy", as an unset variable.
+NONE_VALUES = ("", "none")
+
+# (variable, value, builder) -> the spec built from it; (entry point, variable, value)
+# already printed by rank 0.
+_SPECS: Dict[Tuple[str, str, Callable], Strategy] = {}
+_SAID: Set[Tuple[str, str, str]] = set()
+
+_STRATEGY_NAMES = {"topk": "TopK", "dssync": "DS-Sync", "decentralized": "decentralized SGD"}
+
+
+def choose(compression, sync, no_compression, topk: Callable, what: str):
+    """The entry point's ``compression`` and ``sync``, filled from the environment.
+
+    Args:
+        compression, sync: the entry point's arguments as the code passed them.
+        no_compression: the framework's ``Compression.none`` (Horovod's default).
+        topk: the framework's ``Compression.topk``, which builds ``HVDX_COMPRESSION``.
+        what: the entry point, for rank 0's message.
+
+    Returns:
+        ``(compression, sync, error)``: the arguments to use, and a ``ValueError`` this
+        rank kept for the cross-rank check (the arguments are then the code's).
+
+    Raises:
+        ValueError: in a job of one rank, at once (see the module docstring).
+    """
+    try:
+        if compression is no_compression:
+            compression = _chosen(COMPRESSION_VARIABLE, topk, what, compression)
+        else:
+            _ignored(COMPRESSION_VARIABLE, f"compression={_name(compression)}", what)
+        if sync is None:
+            sync = _chosen(SYNC_VARIABLE, None, what, None)
+        else:
+            _ignored(SYNC_VARIABLE, f"sync={_name(sync)}", what)
+    except ValueError as error:
+        return compression, sync, kept_for_every_rank(error)
+    return compression, sync, None
+
+
+def parse(variable: str, raw: str, topk: Optional[Callable] = None) -> Optional[Strategy]:
+    """The spec ``raw`` describes for ``variable`` (``None`` for ``none``), built by its
+    constructor (``topk`` for ``HVDX_COMPRESSION``: the framework's
+    ``Compression.topk``).
+
+    Raises:
+        ValueError: naming ``variable``, ``raw`` and what it accepts; a constructor's
+            ``ValueError`` too, with the same prefix (in a job of several ranks the
+            constructor keeps it in the spec's ``error`` instead, prefixed alike).
+    """
+    if raw.strip() in NONE_VALUES:
+        return None
+    name, args, kwargs = _call_of(variable, raw)
+    if variable == COMPRESSION_VARIABLE:
+        constructors: Dict[str, Callable] = {"topk": topk}
+        if name in PRESETS:
+            if not isinstance(_expression(raw), ast.Name):
+                raise _refused(variable, raw, f"the preset {name} is a bare name; give "
+                               f"arguments as topk(preset={name!r}, ...)")
+            name, kwargs = "topk", {"preset": name}
+    else:
+        constructors = {"DSSync": DSSync, "Decentralized": Decentralized}
+    if name not in constructors:
+        raise _refused(variable, raw, f"unknown name {name!r}")
+    constructor = constructors[name]
+    try:
+        inspect.signature(constructor).bind(*args, **kwargs)
+    except TypeError as error:
+        raise _refused(variable, raw, f"{name}() does not take these arguments ({error})")
+    try:
+        spec = constructor(*args, **kwargs)
+    except (TypeError, ValueError) as error:  # TypeError: a literal of the wrong type
+        raise _refused(variable, raw, str(error)) from None
+    if spec.error is not None:  # kept for the entry point (a job of several ranks)
+        object.__setattr__(spec, "error", _refused(variable, raw, str(spec.error)))
+    object.__setattr__(spec, "environment", (variable, raw))
+    return spec
+
+
+def asks_for_dssync(raw: Optional[str]) -> bool:
+    """Whether ``HVDX_SYNC=raw`` names DS-Sync (``DSSync`` or ``DSSync(...)``), whatever
+    its arguments; ``False`` for anything unparsable (the entry point reports that)."""
+    try:
+        return raw is not None and _call_of(SYNC_VARIABLE, raw)[0] == "DSSync"
+    except ValueError:
+        return False
+
+
+def forget() -> None:
+    """Build fresh specs from the environment at the next entry point (and print the
+    choice again). For tests and notebooks: a TensorFlow tape's DS-Sync or graph state
+    lives on its spec, so a new model needs a new spec."""
+    _SPECS.clear()
+    _SAID.clear()
+
+
+# --- parsing ----------------------------------------------------------------------------
+
+def _expression(raw: str) -> ast.expr:
+    return ast.parse(raw.strip(), mode="eval").body
+
+
+def _call_of(variable: str, raw: str) -> Tuple[str, tuple, dict]:
+    """``(name, args, kwargs)`` of ``raw``, a bare name or a call of a name whose
+    arguments are literals; nothing is evaluated but the literals."""
+    try:
+        node = _expression(raw)
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as error:
+        raise _refused(variable, raw, f"not an expression ({error.__class__.__name__}: "
+                       f"{getattr(error, 'msg', error)})") from None
+    if isinstance(node, ast.Name):
+        return node.id, (), {}
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+        raise _refused(variable, raw, "neither a name nor a call of one")
+    if any(isinstance(a, ast.Starred) for a in node.args) or \
+            any(k.arg is None for k in node.keywords):
+        raise _refused(variable, raw, "* and ** arguments are not accepted")
+    args = tuple(_literal(variable, raw, a) for a in node.args)
+    kwargs = {k.arg: _literal(variable, raw, k.value) for k in node.keywords}
+    return node.func.id, args, kwargs
+
+
+def _literal(variable: str, raw: str, node: ast.expr):
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        raise _refused(variable, raw, f"the argument {ast.unparse(node)!r} is not a "
+                       "Python literal (a number, string, True/False/None, or a "
+                       "list, tuple or dict of them)") from None
+
+
+def _refused(variable: str, raw: str, reason: str) -> ValueError:
+    return ValueError(f"{variable}={raw!r}: {reason}. {variable} accepts "
+                      f"{ACCEPTED[variable]}")
+
+
+# --- choosing and saying so -------------------------------------------------------------
+
+def _chosen(variable: str, topk: Optional[Callable], what: str, default):
+    """The spec of ``variable``'s value (cached), or ``default`` if unset or none."""
+    raw = os.environ.get(variable)
+    if raw is None:
+        return default
+    key = (variable, raw, topk)
+    if key not in _SPECS:
+        spec = parse(variable, raw, topk)
+        if spec is None:
+            _say(what, variable, raw, "no hvdx strategy (Horovod's own default)")
+            return default
+        _SPECS[key] = spec
+    spec = _SPECS[key]
+    if spec.error is None:
+        _say(what, variable, raw, _summary(spec))
+    return spec
+
+
+def _ignored(variable: str, passed: str, what: str) -> None:
+    raw = os.environ.get(variable)
+    if raw is not None and raw.strip() not in NONE_VALUES:
+        _say(what, variable, raw, f"ignored: the code passes {passed}")
+
+
+def _say(what: str, variable: str, raw: str, text: str) -> None:
+    """Rank 0 prints ``text`` once per entry point, variable and value."""
+    key = (what, variable, raw)
+    if key in _SAID:
+        return
+    _SAID.add(key)
+    if _rank() == 0:
+        print(f"[hvdx] {variable}={raw!r}: {text} ({what})", file=sys.stderr, flush=True)
+
+
+def _summary(spec: Strategy) -> str:
+    """The strategy's name and every setting, for rank 0's message."""
+    if spec.name == "topk":
+        way = "bidirectional" if spec.downlink_ratio is not None else "unidirectional"
+        return f"{way} TopK, {spec.describe()[len('topk '):]}"
+    return f"{_STRATEGY_NAMES.get(spec.name, spec.name)}, {spec!r}"
+
+
+def _name(argument) -> str:
+    if isinstance(argument, Strategy):
+        return _summary(argument) if argument.error is None else argument.invalid_repr()
+    if isinstance(argument, type):
+        return argument.__name__
+    return repr(argument)
+
+
+def _rank() -> int:
+    """This process's rank in ``MPI.COMM_WORLD`` (0 without MPI)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+        return 0
+    return mpi.COMM_WORLD.Get_rank()

@@ -1,0 +1,198 @@
+"""``HVDX_COMPRESSION`` / ``HVDX_SYNC``: parsed without eval, built by the constructors
+the code would call, the code's arguments first; and what ``hvd.init`` does with them.
+
+The MPI tests (tests/mpi/*/test_*environment*.py) train with them at 1, 2 and 4 ranks.
+"""
+
+import pytest
+
+import hvdx
+from hvdx import environment
+from hvdx.compression import topk
+from hvdx.mpi.init_environment import init_arguments, launch_difference
+
+NONE = object()  # a framework's Compression.none
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    for name in ("HVDX_COMPRESSION", "HVDX_SYNC"):
+        monkeypatch.delenv(name, raising=False)
+    environment.forget()
+    yield
+    environment.forget()
+
+
+def compression(raw):
+    return environment.parse("HVDX_COMPRESSION", raw, topk)
+
+
+def sync(raw):
+    return environment.parse("HVDX_SYNC", raw)
+
+
+@pytest.mark.parametrize("raw, in_code", [
+    ("topk(0.01, 0.01)", lambda: topk(0.01, 0.01)),
+    ("topk(ratio=0.05, mode='sharded', min_size=0)",
+     lambda: topk(0.05, mode="sharded", min_size=0)),
+    ("topk", lambda: topk()),
+    ("fast", lambda: topk(preset="fast")),
+    (" safe ", lambda: topk(preset="safe")),
+    ("topk(preset='safe', downlink_ratio=0.05)",
+     lambda: topk(preset="safe", downlink_ratio=0.05)),
+])
+def test_a_compression_is_the_spec_the_same_call_builds_in_code(raw, in_code):
+    spec = compression(raw)
+    assert spec == in_code()
+    assert spec.environment == ("HVDX_COMPRESSION", raw)  # compared across ranks
+
+
+@pytest.mark.parametrize("raw, in_code", [
+    ("DSSync", lambda: hvdx.DSSync()),
+    ("DSSync('shuffle', group_size=2, seed=3)",
+     lambda: hvdx.DSSync("shuffle", group_size=2, seed=3)),
+    ("DSSync(schedule=[[[0, 1], [2, 3]], [[0, 2], [1, 3]]])",
+     lambda: hvdx.DSSync([[[0, 1], [2, 3]], [[0, 2], [1, 3]]])),
+    ("Decentralized(topology='one-peer-exp')", lambda: hvdx.Decentralized("one-peer-exp")),
+    ("Decentralized([[0.5, 0.5], [0.5, 0.5]], mix_every=2)",
+     lambda: hvdx.Decentralized([[0.5, 0.5], [0.5, 0.5]], mix_every=2)),
+])
+def test_a_sync_is_the_spec_the_same_call_builds_in_code(raw, in_code):
+    spec = sync(raw)
+    assert type(spec) is type(in_code()) and repr(spec) == repr(in_code())
+    assert spec.environment == ("HVDX_SYNC", raw)
+
+
+@pytest.mark.parametrize("raw", ["none", "", "  ", " none "])
+def test_none_and_empty_are_no_strategy(raw):
+    assert compression(raw) is None and sync(raw) is None
+
+
+@pytest.mark.parametrize("variable, raw, reason", [
+    ("HVDX_COMPRESSION", "topk(0.1", "not an expression (SyntaxError"),
+    ("HVDX_COMPRESSION", "gzip", "unknown name 'gzip'"),
+    ("HVDX_COMPRESSION", "fast(0.1)", "the preset fast is a bare name"),
+    ("HVDX_COMPRESSION", "hvd.Compression.topk(0.1)", "neither a name nor a call"),
+    ("HVDX_COMPRESSION", "__import__('os').system('x')", "neither a name nor a call"),
+    ("HVDX_COMPRESSION", "topk(__import__('os').getpid())", "is not a Python literal"),
+    ("HVDX_COMPRESSION", "topk(0.1 + 0.1)", "is not a Python literal"),
+    ("HVDX_COMPRESSION", "topk(*[0.1])", "* and ** arguments are not accepted"),
+    ("HVDX_COMPRESSION", "topk(0.1, 0.1, 'auto')", "too many positional arguments"),
+    ("HVDX_COMPRESSION", "topk(0.1, ratio=0.2)", "multiple values for argument 'ratio'"),
+    ("HVDX_COMPRESSION", "topk(2.0)", "ratio=2.0 must be in (0, 1]"),
+    ("HVDX_COMPRESSION", "topk(mode=3)", "mode=3 must be one of"),
+    ("HVDX_COMPRESSION", "topk(preset='fastest')", "preset='fastest' must be one of"),
+    ("HVDX_SYNC", "DSSync(cross_every=4)", "unexpected keyword argument 'cross_every'"),
+    ("HVDX_SYNC", "dssync()", "unknown name 'dssync'"),
+    ("HVDX_SYNC", "topk(0.1)", "unknown name 'topk'"),
+    ("HVDX_SYNC", "DSSync(intra_phases=0)", "intra_phases=0 must be an integer"),
+    ("HVDX_SYNC", "Decentralized(topology='star')", "topology='star'"),
+    ("HVDX_SYNC", "DSSync(); import os", "not an expression"),
+    ("HVDX_SYNC", "(" * 1000, "not an expression"),
+])
+def test_a_value_not_accepted_is_a_value_error_naming_the_variable_and_the_forms(
+        variable, raw, reason):
+    with pytest.raises(ValueError) as info:
+        environment.parse(variable, raw, topk)
+    message = str(info.value)
+    assert message.startswith(f"{variable}={raw!r}: ") and reason in message
+    assert f"{variable} accepts none, " in message
+
+
+def test_nothing_is_evaluated(tmp_path):
+    witness = tmp_path / "evaluated"
+    for raw in (f"open({str(witness)!r}, 'w')", f"topk(open({str(witness)!r}, 'w'))"):
+        with pytest.raises(ValueError):
+            compression(raw)
+    assert not witness.exists()
+
+
+def test_asks_for_dssync_reads_the_name_only():
+    assert environment.asks_for_dssync("DSSync")
+    assert environment.asks_for_dssync("DSSync('shuffle', group_size=2)")
+    assert not environment.asks_for_dssync("Decentralized()")
+    assert not environment.asks_for_dssync("DSSync(")  # the entry point reports it
+    assert not environment.asks_for_dssync(None)
+
+
+def test_the_environment_fills_arguments_the_code_left_at_their_defaults(
+        monkeypatch, capsys):
+    monkeypatch.setenv("HVDX_COMPRESSION", "topk(0.1, 0.1)")
+    monkeypatch.setenv("HVDX_SYNC", "Decentralized('ring')")
+    chosen, synced, error = environment.choose(NONE, None, NONE, topk, "Entry")
+    assert (chosen, error) == (topk(0.1, 0.1), None)
+    assert repr(synced) == repr(hvdx.Decentralized("ring"))
+    # One spec per value: a TensorFlow tape, made every step, keeps its state on it.
+    again = environment.choose(NONE, None, NONE, topk, "Entry")
+    assert again[0] is chosen and again[1] is synced
+    assert capsys.readouterr().err.splitlines() == [
+        "[hvdx] HVDX_COMPRESSION='topk(0.1, 0.1)': bidirectional TopK, ratio=0.1 "
+        "downlink=0.1 mode=auto min_size=1024 warmup_steps=0 selector=exact "
+        "sample_size=65536 seed=0 error_feedback=True selection=layerwise (Entry)",
+        "[hvdx] HVDX_SYNC=\"Decentralized('ring')\": decentralized SGD, "
+        "Decentralized(topology='ring', order='adapt_then_combine', mix_every=1, "
+        "global_every=0, swa_start=None, swa_every=1, average_optimizer_state=False) "
+        "(Entry)"]
+
+
+def test_an_argument_in_the_code_wins_and_the_variable_is_ignored_aloud(
+        monkeypatch, capsys):
+    monkeypatch.setenv("HVDX_COMPRESSION", "fast")
+    monkeypatch.setenv("HVDX_SYNC", "DSSync()")
+    code_sync = hvdx.Decentralized()
+
+    class Fp16:
+        pass
+
+    chosen, synced, error = environment.choose(Fp16, code_sync, NONE, topk, "Entry")
+    assert (chosen, synced, error) == (Fp16, code_sync, None)
+    said = capsys.readouterr().err.splitlines()
+    assert said[0] == "[hvdx] HVDX_COMPRESSION='fast': ignored: the code passes " \
+                      "compression=Fp16 (Entry)"
+    assert said[1].startswith("[hvdx] HVDX_SYNC='DSSync()': ignored: the code passes "
+                              "sync=decentralized SGD, Decentralized(")
+
+
+def test_unset_or_none_leaves_the_arguments_as_they_are(monkeypatch):
+    assert environment.choose(NONE, None, NONE, topk, "Entry") == (NONE, None, None)
+    monkeypatch.setenv("HVDX_COMPRESSION", "none")
+    assert environment.choose(NONE, None, NONE, topk, "Entry") == (NONE, None, None)
+
+
+def test_alone_a_value_not_accepted_raises_at_once(monkeypatch):
+    monkeypatch.setenv("HVDX_SYNC", "DSSync(")
+    with pytest.raises(ValueError, match=r"HVDX_SYNC='DSSync\('"):
+        environment.choose(NONE, None, NONE, topk, "Entry")
+
+
+def test_init_switches_dynamic_process_sets_on_for_dssync_only(monkeypatch, capsys):
+    monkeypatch.setenv("HVDX_SYNC", "DSSync('shuffle', group_size=2)")
+    assert init_arguments((), {}) == ((), {"process_sets": "dynamic"})
+    assert "hvd.init(process_sets=\"dynamic\")" in capsys.readouterr().err
+    static = ["a static set"]
+    assert init_arguments((), {"process_sets": static}) == ((), {"process_sets": static})
+    assert init_arguments((None, static), {}) == ((None, static), {})
+    monkeypatch.setenv("HVDX_SYNC", "Decentralized()")
+    assert init_arguments((), {}) == ((), {})
+
+
+def test_init_names_the_variable_a_rank_was_launched_with_differently():
+    assert launch_difference([("fast", None), ("fast", "none")]) is None
+    assert launch_difference([(None, ""), ("none", None)]) is None
+    message = launch_difference([(None, "DSSync()"), (None, "DSSync()"), (None, None)])
+    assert message.startswith("hvdx init: HVDX_SYNC differs between ranks (rank 0: "
+                              "'DSSync()', rank 1: 'DSSync()', rank 2: unset); launch "
+                              "every rank with the same value")
+    assert "HVDX_COMPRESSION differs" in launch_difference([("fast", None), ("safe", None)])
+
+
+def test_a_rank_launched_with_another_value_is_named_before_what_it_changed():
+    """Ranks launched differently build different strategies: at different points, with
+    other parameters; the variable is the cause to report."""
+    from hvdx.core.fingerprint import Fingerprint, first_difference
+
+    horovods = Fingerprint.build(parameters=[("w", "float32", (3,))],
+                                 settings=[("compression", "none"), ("sync", None)])
+    dssyncs = Fingerprint.build(settings=[("HVDX_SYNC", "DSSync()"), ("sync", "dssync")])
+    assert first_difference([horovods, dssyncs]) == (
+        "setting 'HVDX_SYNC' ('DSSync()') exists on rank 1 but not on rank 0")
