@@ -1,0 +1,19 @@
+"""examples/keras_digits.py (fit) and examples/tf_tape_digits.py (a tape) with DS-Sync
+and decentralized SGD, run briefly in this job of dynamic process sets
+(:mod:`example_runs`)."""
+
+import pathlib
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from example_runs import TWO_RANKS, run_and_resume  # noqa: E402
+
+
+@TWO_RANKS
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("example", ["keras_digits", "tf_tape_digits"])
+@pytest.mark.parametrize("strategy", ["dssync", "decentralized"])
+def test_tf_example_trains_checkpoints_and_resumes(example, strategy, tmp_path, capsys):
+    run_and_resume(example, strategy, tmp_path, capsys)

@@ -1,0 +1,17 @@
+"""examples/torch_digits.py with Horovod's allreduce, TopK and Stanza, run briefly in
+this job (:mod:`example_runs`); DS-Sync and decentralized SGD run in torch_mixing."""
+
+import pathlib
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from example_runs import TWO_RANKS, run_and_resume  # noqa: E402
+
+
+@TWO_RANKS
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("strategy", ["none", "topk", "stanza"])
+def test_torch_example_trains_checkpoints_and_resumes(strategy, tmp_path, capsys):
+    run_and_resume("torch_digits", strategy, tmp_path, capsys)
