@@ -99,10 +99,10 @@ def stanza_roles(size: int, fc_workers: int) -> StanzaRoles:
         raise ValueError(f"size={size!r} must be an integer of at least 1")
     size = int(size)
     limit = size // 2
-    allowed = (f"an integer from 1 to {limit}" if limit >= 1 else
-               "impossible: Stanza needs at least 2 ranks, one conv worker and one FC "
+    allowed = (f"must be an integer from 1 to {limit}" if limit >= 1 else
+               "cannot be met: Stanza needs at least 2 ranks, one conv worker and one FC "
                "worker")
-    base = f"fc_workers={fc_workers!r} in a world of {size} ranks: must be {allowed}"
+    base = f"fc_workers={fc_workers!r} in a world of {size} ranks: {allowed}"
     if isinstance(fc_workers, bool) or not isinstance(fc_workers, (int, np.integer)):
         raise ValueError(f"{base} (the number of FC workers)")
     f = int(fc_workers)
