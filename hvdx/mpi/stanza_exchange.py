@@ -45,10 +45,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from hvdx.core.stanza_roles import CONV, StanzaRoles
+from hvdx.core.stanza_roles import CONV, StanzaRoles, auto_fc_workers, median_probe
 from hvdx.mpi import sparse
 
-__all__ = ["KINDS", "StanzaExchange", "StanzaStats", "role_communicators"]
+__all__ = ["KINDS", "StanzaExchange", "StanzaStats", "agree_on_probe", "role_communicators"]
 
 #: Byte-counter kinds, in report order.
 KINDS = ("activations", "activation_gradients", "conv_allreduce", "fc_allreduce",
@@ -114,6 +114,21 @@ def role_communicators(world_comm: MPI.Comm, roles: StanzaRoles) -> Tuple[MPI.Co
         rank = comm.Get_rank()
         _cache[key] = comm.Split(0 if roles.role(rank) == CONV else 1, rank)
     return comm, _cache[key]
+
+
+def agree_on_probe(comm: MPI.Comm, batch: int, figures, error: Optional[str]) -> Dict:
+    """``fc_workers="auto"``'s agreement (collective over ``comm``): every rank's probe
+    ``figures`` (``(conv_seconds, {samples: head_seconds})``) or ``error``; the first
+    error in rank order is raised on every rank as a ``ValueError``, else the median of
+    each figure over the ranks gives ``{"conv_s", "head_s", "fc_workers"}``, the same
+    on every rank (:func:`hvdx.core.stanza_roles.auto_fc_workers`)."""
+    everyone = comm.allgather((figures, error))
+    error = next((e for _, e in everyone if e is not None), None)
+    if error is not None:
+        raise ValueError(error)
+    conv_s, head_s = median_probe([f for f, _ in everyone])
+    return {"conv_s": conv_s, "head_s": head_s,
+            "fc_workers": auto_fc_workers(comm.Get_size(), batch, conv_s, head_s)}
 
 
 class StanzaExchange:

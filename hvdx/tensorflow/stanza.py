@@ -77,8 +77,7 @@ from __future__ import annotations
 import io
 import json
 import sys
-import time
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import horovod.tensorflow as _hvd
 import numpy as np
@@ -86,28 +85,16 @@ import tensorflow as tf
 
 from hvdx.core.fingerprint import Fingerprint
 from hvdx.core.fused_layout import FusedLayout
-from hvdx.core.stanza_roles import (AUTO, CONV, FC, auto_fc_workers, loss_weights, median_probe,
-                                     probe_counts, stanza_roles)
+from hvdx.core.stanza_checks import Samples, describe_layout, timed
+from hvdx.core.stanza_roles import AUTO, CONV, FC, loss_weights, probe_counts, stanza_roles
 from hvdx.mpi import check_consistent, communicator_for
-from hvdx.mpi.stanza_exchange import StanzaExchange, StanzaStats, role_communicators
+from hvdx.mpi.stanza_exchange import (StanzaExchange, StanzaStats, agree_on_probe,
+                                      role_communicators)
 
 __all__ = ["FORMAT", "Stanza", "StanzaState", "StanzaStats"]
 
 #: The ``format`` entry of a Stanza checkpoint (:class:`StanzaState`).
 FORMAT = "hvdx-tf-stanza-1"
-
-
-class _Samples(NamedTuple):
-    """Per-sample shapes and dtypes of the activations and labels (agreed at step 1)."""
-
-    activation_shape: Tuple[int, ...]
-    activation_dtype: str
-    label_shape: Tuple[int, ...]
-    label_dtype: str
-
-    def describe(self) -> str:
-        return (f"activations {_star(self.activation_shape)} {self.activation_dtype}, "
-                f"labels {_star(self.label_shape)} {self.label_dtype}")
 
 
 class _Part:
@@ -231,7 +218,7 @@ class Stanza:
         self.steps = 0
         self._model = features if split is not None else None
         self._split = split
-        self._samples: Optional[_Samples] = None
+        self._samples: Optional[Samples] = None
         # The features' per-sample input shape, for full_model's copy of a layer built
         # without one on record: the example's, then the first conv worker's at step 1.
         self._input_shape = None if example is None else _per_sample(example)
@@ -385,7 +372,7 @@ class Stanza:
         if labels.ndim < 1 or labels.shape[0] != activations.shape[0]:
             raise ValueError(f"Stanza.step: rank {self.rank} has {activations.shape[0]} "
                              f"samples of activations but labels of shape {labels.shape}")
-        samples = _Samples(tuple(int(d) for d in activations.shape[1:]),
+        samples = Samples(tuple(int(d) for d in activations.shape[1:]),
                            _dtype_name(activations.dtype), tuple(labels.shape[1:]),
                            labels.dtype.name)
         if _sample_bytes(samples.activation_shape, samples.activation_dtype) == 0:
@@ -393,7 +380,7 @@ class Stanza:
                              f"{samples.describe()}: no bytes per sample")
         return tape, activations, labels, samples
 
-    def _agree(self, samples: Optional[_Samples], error: Optional[Exception],
+    def _agree(self, samples: Optional[Samples], error: Optional[Exception],
                input_shape: Optional[tuple] = None) -> None:
         """The first step's check of the data, on every rank (collective): the same
         ``ValueError`` everywhere, or ``self._samples`` set alike everywhere (and the
@@ -551,7 +538,7 @@ class Stanza:
             elif header.get("layout") != expected:
                 saved = header.get("layout") or {}
                 error = (f"Stanza.state: rank {self.rank}'s state was saved as "
-                         f"{_layout(saved)}; this trainer runs it as {_layout(expected)}: "
+                         f"{describe_layout(saved)}; this trainer runs it as {describe_layout(expected)}: "
                          "resume with the same number of ranks and fc_workers")
             else:
                 error = (_mismatch("module", module_vars, header.get("module"), self.rank)
@@ -708,17 +695,6 @@ def _check_example(example, size: int) -> None:
         stanza_roles(size, 1)  # raises: Stanza needs two ranks
 
 
-def _timed(run, repeats: int = 3) -> float:
-    """Median seconds of ``run()`` after one untimed call (which pays for allocation)."""
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-
 def _finish(tensors) -> None:
     """Wait for ``tensors`` (an accelerator runs eager ops asynchronously)."""
     tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32)) for t in tensors if t is not None]).numpy()
@@ -750,18 +726,12 @@ def _probe(features: _Part, head: _Part, example, comm) -> Dict[str, object]:
                 _finish(tape.gradient(total, [inputs] + head_vars))
             return run
 
-        figures = (_timed(conv), {count: _timed(fc(count)) for count in probe_counts(size, batch)})
+        figures = (timed(conv), {count: timed(fc(count)) for count in probe_counts(size, batch)})
     except Exception as exc:  # whatever the user's model raises on the example
         error = (f"Stanza fc_workers='auto': rank {comm.Get_rank()}'s example "
                  f"({_what(example)}) does not go through features and head: "
                  f"{type(exc).__name__}: {exc}")
-    everyone = comm.allgather((figures, error))
-    error = next((e for _, e in everyone if e is not None), None)
-    if error is not None:
-        raise ValueError(error)
-    conv_s, head_s = median_probe([f for f, _ in everyone])
-    return {"conv_s": conv_s, "head_s": head_s,
-            "fc_workers": auto_fc_workers(size, batch, conv_s, head_s)}
+    return agree_on_probe(comm, batch, figures, error)
 
 
 def _entries(features: _Part, head: _Part):
@@ -887,11 +857,6 @@ def _mismatch(what: str, variables: Sequence[tf.Variable], saved, rank: int) -> 
     return None
 
 
-def _layout(layout: dict) -> str:
-    return (f"a {layout.get('role')} worker (rank {layout.get('rank')}) of {layout.get('size')} "
-            f"ranks with fc_workers={layout.get('fc_workers')}")
-
-
 def _takes(head: _Part) -> str:
     """What the head's first layer takes, for the first step's message, or ``""``."""
     layer = head.layers[0]
@@ -924,11 +889,6 @@ def _head_error(head: _Part, rank, inputs, targets, outputs, exc) -> str:
             f"activations of shape {tuple(inputs.shape)} ({_dtype_name(inputs.dtype)}, per "
             f"sample {list(inputs.shape[1:])}) and labels of shape "
             f"{tuple(targets.shape)}{_takes(head)}: {type(exc).__name__}: {exc}")
-
-
-def _star(shape: Sequence[int]) -> str:
-    """A per-sample shape with the batch dimension as ``*``: ``[*, 3, 8]``."""
-    return "[" + ", ".join(["*"] + [str(d) for d in shape]) + "]"
 
 
 def _what(value) -> str:

@@ -66,9 +66,8 @@ from __future__ import annotations
 
 import copy
 import sys
-import time
 from collections import OrderedDict
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import horovod.torch as _hvd
 import numpy as np
@@ -78,29 +77,17 @@ import torch.nn.functional as F
 
 from hvdx.core.fingerprint import Fingerprint
 from hvdx.core.fused_layout import FusedLayout
-from hvdx.core.stanza_roles import (AUTO, CONV, FC, auto_fc_workers, loss_weights, median_probe,
-                                     probe_counts, stanza_roles)
+from hvdx.core.stanza_checks import Samples, describe_layout, timed
+from hvdx.core.stanza_roles import AUTO, CONV, FC, loss_weights, probe_counts, stanza_roles
 from hvdx.mpi import check_consistent, communicator_for
-from hvdx.mpi.stanza_exchange import StanzaExchange, StanzaStats, role_communicators
+from hvdx.mpi.stanza_exchange import (StanzaExchange, StanzaStats, agree_on_probe,
+                                      role_communicators)
 from hvdx.torch.host_buffers import family_dtype, pack, unpack
 
 __all__ = ["FORMAT", "Stanza", "StanzaStats"]
 
 #: The ``format`` entry of :meth:`Stanza.state_dict`.
 FORMAT = "hvdx-stanza-1"
-
-
-class _Samples(NamedTuple):
-    """Per-sample shapes and dtypes of the activations and labels (agreed at step 1)."""
-
-    activation_shape: Tuple[int, ...]
-    activation_dtype: str
-    label_shape: Tuple[int, ...]
-    label_dtype: str
-
-    def describe(self) -> str:
-        return (f"activations {_star(self.activation_shape)} {self.activation_dtype}, "
-                f"labels {_star(self.label_shape)} {self.label_dtype}")
 
 
 class Stanza:
@@ -203,7 +190,7 @@ class Stanza:
         self.stats = StanzaStats()
         self._keep_names = keep_names
         self._steps = 0
-        self._samples: Optional[_Samples] = None
+        self._samples: Optional[Samples] = None
         world, role_comm = role_communicators(comm, roles)
         self._exchange = StanzaExchange(world, role_comm, roles, self.stats)
         # Step 5's host buffers, one per dtype family (the role's gradients).
@@ -361,7 +348,7 @@ class Stanza:
         gradient = inputs.grad if inputs.grad is not None else torch.zeros_like(inputs)
         return gradient.detach().to("cpu").contiguous(), losses
 
-    def _check_samples(self, samples: "_Samples") -> None:
+    def _check_samples(self, samples: "Samples") -> None:
         if samples != self._samples:
             # Alone: the FC worker cannot learn of it without a collective per step.
             raise ValueError(f"Stanza.step: rank {self.rank}'s batch gives "
@@ -386,14 +373,14 @@ class Stanza:
         if y.dim() < 1 or y.shape[0] != activations.shape[0]:
             raise ValueError(f"Stanza.step: rank {self.rank} has {activations.shape[0]} "
                              f"samples of activations but labels of shape {tuple(y.shape)}")
-        samples = _Samples(tuple(activations.shape[1:]), str(activations.dtype),
+        samples = Samples(tuple(activations.shape[1:]), str(activations.dtype),
                            tuple(y.shape[1:]), str(y.dtype))
         if _sample_bytes(samples.activation_shape, samples.activation_dtype) == 0:
             raise ValueError(f"Stanza.step: rank {self.rank}'s features give "
                              f"{samples.describe()}: no bytes per sample")
         return activations, samples
 
-    def _agree(self, samples: Optional[_Samples], error: Optional[Exception]) -> None:
+    def _agree(self, samples: Optional[Samples], error: Optional[Exception]) -> None:
         """The first step's check of the data, on every rank (collective): the same
         ``ValueError`` everywhere, or ``self._samples`` set alike everywhere."""
         message = None
@@ -517,7 +504,7 @@ class Stanza:
         elif state.get("layout") != expected:
             saved = state.get("layout") or {}
             error = (f"Stanza.load_state_dict: rank {self.rank}'s state was saved as "
-                     f"{_layout(saved)}; this trainer runs it as {_layout(expected)}: resume "
+                     f"{describe_layout(saved)}; this trainer runs it as {describe_layout(expected)}: resume "
                      "with the same number of ranks and fc_workers")
         else:
             error = _module_mismatch(module, state.get("module"), self.rank)
@@ -641,17 +628,6 @@ def _fit_error(features: nn.Module, head: nn.Module, example, rank: int) -> Opti
             module.training = training
 
 
-def _timed(run, repeats: int = 3) -> float:
-    """Median seconds of ``run()`` after one untimed call (which pays for allocation)."""
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-
 def _probe(features: nn.Module, head: nn.Module, example: torch.Tensor,
            comm) -> Dict[str, object]:
     """fc_workers="auto" (collective): time features and head forward + backward on
@@ -675,18 +651,12 @@ def _probe(features: nn.Module, head: nn.Module, example: torch.Tensor,
             inputs = activations[index].requires_grad_(True)
             return lambda: head(inputs).sum().backward()
 
-        figures = (_timed(conv), {count: _timed(fc(count)) for count in probe_counts(size, batch)})
+        figures = (timed(conv), {count: timed(fc(count)) for count in probe_counts(size, batch)})
     except Exception as exc:  # whatever the user's model raises on the example
         error = (f"Stanza fc_workers='auto': rank {comm.Get_rank()}'s example "
                  f"({_what(example)}) does not go through features and head: "
                  f"{type(exc).__name__}: {exc}")
-    everyone = comm.allgather((figures, error))
-    error = next((e for _, e in everyone if e is not None), None)
-    if error is not None:
-        raise ValueError(error)
-    conv_s, head_s = median_probe([f for f, _ in everyone])
-    return {"conv_s": conv_s, "head_s": head_s,
-            "fc_workers": auto_fc_workers(size, batch, conv_s, head_s)}
+    return agree_on_probe(comm, batch, figures, error)
 
 
 def _entries(features, head):
@@ -769,11 +739,6 @@ def _module_mismatch(module: nn.Module, state, rank: int) -> Optional[str]:
     return None
 
 
-def _layout(layout: dict) -> str:
-    return (f"a {layout.get('role')} worker (rank {layout.get('rank')}) of {layout.get('size')} "
-            f"ranks with fc_workers={layout.get('fc_workers')}")
-
-
 def _head_error(head, rank, inputs, targets, outputs, exc) -> str:
     """The first step's message for a head (or loss) that cannot take the activations."""
     if outputs is not None:
@@ -797,11 +762,6 @@ def _head_error(head, rank, inputs, targets, outputs, exc) -> str:
             f"activations of shape {tuple(inputs.shape)} ({inputs.dtype}, per sample "
             f"{list(inputs.shape[1:])}){labels}{takes}: "
             f"{type(exc).__name__}: {exc}")
-
-
-def _star(shape: Sequence[int]) -> str:
-    """A per-sample shape with the batch dimension as ``*``: ``[*, 3, 8]``."""
-    return "[" + ", ".join(["*"] + [str(d) for d in shape]) + "]"
 
 
 def _what(value) -> str:
