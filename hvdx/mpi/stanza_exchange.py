@@ -45,7 +45,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from hvdx.core.stanza_roles import CONV, StanzaRoles, auto_fc_workers, median_probe
+from hvdx.core.stanza_roles import CONV, FC, StanzaRoles, auto_fc_workers, median_probe
 from hvdx.mpi import sparse
 
 __all__ = ["KINDS", "StanzaExchange", "StanzaStats", "agree_on_probe", "role_communicators"]
@@ -311,6 +311,31 @@ class StanzaExchange:
         return next((m for m in self.gather_all(message) if m is not None), None)
 
     # --- one-off transfers of parameters (counted as "setup") --------------------------
+
+    def share_initial(self, part_bytes, part_size, load) -> None:
+        """Start (collective): the conv workers take rank 0's features, the FC workers
+        rank 0's head (rank 0 sends it to the first FC worker, which broadcasts it over
+        the FC role), as ``hvd.broadcast_parameters(..., root_rank=0)`` would.
+
+        ``part_bytes(role)``: this rank's part of ``role`` (:data:`CONV`: the features,
+        :data:`FC`: the head) as host bytes; ``part_size(role)``: its size in bytes;
+        ``load(role, buffer)``: writes received bytes into that part.
+        """
+        if self.role == CONV:
+            buffer = part_bytes(CONV) if self.rank == 0 else \
+                np.empty(part_size(CONV), np.uint8)
+            self.broadcast_role(buffer, root=0)
+            if self.rank != 0:
+                load(CONV, buffer)
+        fc_root = self.roles.fc_ranks[0]
+        if self.rank == 0:
+            self.send(part_bytes(FC), fc_root)
+        if self.role == FC:
+            buffer = np.empty(part_size(FC), np.uint8)
+            if self.rank == fc_root:
+                self.recv(buffer, 0)
+            self.broadcast_role(buffer, root=0)
+            load(FC, buffer)
 
     def broadcast_role(self, buffer: np.ndarray, root: int = 0) -> None:
         """Broadcast ``buffer`` (bytes) from role rank ``root`` over the role."""

@@ -555,22 +555,10 @@ class Stanza:
 
     def _broadcast_initial(self) -> None:
         """The conv workers take rank 0's features, the FC workers rank 0's head."""
-        ex = self._exchange
-        if self.role == CONV:
-            buffer = _weights_bytes(self._features) if self.rank == 0 else \
-                np.empty(_weights_size(self._features), np.uint8)
-            ex.broadcast_role(buffer, root=0)
-            if self.rank != 0:
-                _load_bytes(self._features.weights, buffer)
-        fc_root = self.roles.fc_ranks[0]
-        if self.rank == 0:
-            ex.send(_weights_bytes(self._head), fc_root)
-        if self.role == FC:
-            buffer = np.empty(_weights_size(self._head), np.uint8)
-            if self.rank == fc_root:
-                ex.recv(buffer, 0)
-            ex.broadcast_role(buffer, root=0)
-            _load_bytes(self._head.weights, buffer)
+        parts = {CONV: self._features, FC: self._head}
+        self._exchange.share_initial(lambda role: _weights_bytes(parts[role]),
+                                     lambda role: _weights_size(parts[role]),
+                                     lambda role, buffer: _load_bytes(parts[role].weights, buffer))
 
 
 class StanzaState(tf.Module):

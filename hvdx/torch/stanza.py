@@ -519,22 +519,10 @@ class Stanza:
 
     def _broadcast_initial(self) -> None:
         """The conv workers take rank 0's features, the FC workers rank 0's head."""
-        ex = self._exchange
-        if self.role == CONV:
-            buffer = _state_bytes(self.features) if self.rank == 0 else \
-                np.empty(_state_size(self.features), np.uint8)
-            ex.broadcast_role(buffer, root=0)
-            if self.rank != 0:
-                _load_state_bytes(self.features, buffer)
-        fc_root = self.roles.fc_ranks[0]
-        if self.rank == 0:
-            ex.send(_state_bytes(self.head), fc_root)
-        if self.role == FC:
-            buffer = np.empty(_state_size(self.head), np.uint8)
-            if self.rank == fc_root:
-                ex.recv(buffer, 0)
-            ex.broadcast_role(buffer, root=0)
-            _load_state_bytes(self.head, buffer)
+        parts = {CONV: self.features, FC: self.head}
+        self._exchange.share_initial(lambda role: _state_bytes(parts[role]),
+                                     lambda role: _state_size(parts[role]),
+                                     lambda role, buffer: _load_state_bytes(parts[role], buffer))
 
 
 # --- helpers -----------------------------------------------------------------------------
