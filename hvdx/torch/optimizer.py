@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import horovod.torch as _hvd
 
-from hvdx import environment
+from hvdx import environment, step_log
 from hvdx.mpi import communicator_for
 from hvdx.mpi.consistency import resolve_checked
 from hvdx.settings import group_sizes, horovod_settings
@@ -83,14 +83,19 @@ def DistributedOptimizer(optimizer, named_parameters=None,
         "DistributedOptimizer", parameters=_parameter_entries(optimizer, named_parameters),
         more_settings=_buffer_entries(sync, named_buffers), kept=problem)
     if strategy is None:
-        return _hvd.DistributedOptimizer(
+        distributed = _hvd.DistributedOptimizer(
             optimizer, named_parameters=named_parameters, compression=compression,
             backward_passes_per_step=backward_passes_per_step, op=op,
             gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
             groups=groups, sparse_as_dense=sparse_as_dense, process_set=process_set)
-    return registry.build(optimizer, strategy, resolved.plan, registry.OptimizerArguments(
-        named_parameters, backward_passes_per_step, op, gradient_predivide_factor,
-        sparse_as_dense, process_set, comm, named_buffers if sync is not None else None))
+    else:
+        distributed = registry.build(
+            optimizer, strategy, resolved.plan, registry.OptimizerArguments(
+                named_parameters, backward_passes_per_step, op, gradient_predivide_factor,
+                sparse_as_dense, process_set, comm,
+                named_buffers if sync is not None else None))
+    # HVDX_BENCH_STEP_LOG (hvdx bench --script): step times; unset, nothing is added.
+    return step_log.watch_torch(distributed, _hvd.rank())
 
 
 def _buffer_entries(sync, named_buffers):
