@@ -79,8 +79,9 @@ def _register(rank: int, watch: Watch) -> None:
     _WATCHES.append(watch)
 
 
-def watch_torch(optimizer, rank: int):
-    """``optimizer``, timed after every ``step()`` when :data:`VARIABLE` is set.
+def watch_torch(optimizer, rank):
+    """``optimizer``, timed after every ``step()`` when :data:`VARIABLE` is set;
+    ``rank``: this process's rank, or a function returning it (called only then).
 
     Uses torch's per-instance step hooks: the object is the same, its class too. Torch
     runs a subclass's hooks in every ``step()`` of the chain (Horovod's optimizer calls
@@ -91,6 +92,7 @@ def watch_torch(optimizer, rank: int):
     nbytes = sum(p.numel() * p.element_size() for group in optimizer.param_groups
                  for p in group["params"] if p.requires_grad)
     watch = Watch(optimizer, nbytes)
+    rank = rank() if callable(rank) else rank
 
     def before(*_):
         watch.depth += 1

@@ -95,7 +95,7 @@ def DistributedOptimizer(optimizer, named_parameters=None,
                 sparse_as_dense, process_set, comm,
                 named_buffers if sync is not None else None))
     # HVDX_BENCH_STEP_LOG (hvdx bench --script): step times; unset, nothing is added.
-    return step_log.watch_torch(distributed, _hvd.rank())
+    return step_log.watch_torch(distributed, _hvd.rank)
 
 
 def _buffer_entries(sync, named_buffers):
