@@ -3,7 +3,8 @@
 :func:`add_arguments` adds every ``hvdx bench`` flag to a parser; :func:`run` runs what
 they ask for: the comparison against Horovod (:mod:`hvdx.bench.harness`), or one of the
 focused measurements (``--selection``, ``--topk-bytes``, ``--process-sets``,
-``--overlap``, ``--soak``). ``hvdx bench`` (:mod:`hvdx.cli`) hands its subparser to these two;
+``--overlap``, ``--soak``), or the user's own script (``--script``,
+:mod:`hvdx.bench.script_run`). ``hvdx bench`` (:mod:`hvdx.cli`) hands its subparser to these two;
 ``python -m hvdx.bench.cli`` is the same command as a program of its own.
 
 Examples::
@@ -15,6 +16,7 @@ Examples::
         --placement blocked,interleaved
     hvdx bench --overlap --workloads digits_vgg
     hvdx bench --soak --ranks 4 --steps 2000
+    hvdx bench --script train.py --script-args "--epochs 1" --strategies horovod,topk_dgc
 """
 
 from __future__ import annotations
@@ -58,6 +60,18 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
                        help="steps between two accuracy evaluations")
     bench.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     bench.add_argument("--out", default="results/bench", help="output directory")
+    bench.add_argument("--script", metavar="PATH",
+                       help="instead of the workloads, run this Horovod script (import "
+                            "horovod.torch as hvd) under Horovod and each --strategies "
+                            "strategy that the environment can switch it to "
+                            "(HVDX_COMPRESSION, HVDX_SYNC); a copy with its import line "
+                            "switched to hvdx runs, the file is not changed; reports wall "
+                            "time, median optimizer step, img/sec where printed and bytes "
+                            "per rank per step (default: none: the built-in workloads)")
+    bench.add_argument("--script-args", metavar="ARGS",
+                       help="the script's own arguments, one string split as a shell "
+                            "would, e.g. \"--num-iters 3 --batch-size 16\" "
+                            "(default: none)")
     bench.add_argument("--selection", action="store_true",
                        help="only time TopK selection (10M elements, 1%%) against abs and "
                             "torch.topk")
@@ -115,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nSoak: {args.ranks} ranks on localhost, digits_cnn:")
         print(render(rows))
         return 0
+    if args.script:
+        return _script(args)
     placements = check_placements(args.placement.split(","))
     spec = None if args.localhost else ClusterSpec.from_args(args)
     rows = run_bench(spec, args.workloads.split(","), args.strategies.split(","),
@@ -122,6 +138,40 @@ def run(args: argparse.Namespace) -> int:
                      ranks_per_host=args.ranks_per_host, localhost_ranks=args.ranks,
                      timeout=args.timeout, say=say, placements=placements,
                      floor=not args.no_floor)
+    print()
+    print(render_table(rows))
+    print(f"\nwritten: {args.out}/results.json, results.csv, results.png")
+    return 0
+
+
+def _script(args: argparse.Namespace) -> int:
+    """``--script``: the user's Horovod script under Horovod and each strategy."""
+    import shlex
+
+    from hvdx.bench.harness import check_placements
+    from hvdx.bench.script import script_strategies
+    from hvdx.bench.script_run import prepare, render_table, run_script_bench
+    from hvdx.bench.strategies import DEFAULT_STRATEGIES
+    from hvdx.cluster import ClusterSpec
+
+    say = lambda s: print(s, flush=True)  # noqa: E731
+    if args.steps is not None:
+        raise ValueError("--steps does not apply to --script: the script decides its "
+                         "steps; pass its own flags with --script-args")
+    prepare(args.script)  # refused before anything starts
+    named = args.strategies != ",".join(DEFAULT_STRATEGIES)
+    strategies, notes = script_strategies(args.strategies.split(","), named)
+    if not args.no_floor and "floor skipped" not in " ".join(notes):
+        notes.append("no floor for a script: every rank training alone cannot be had "
+                     "without changing it (its broadcasts and any metric allreduce still "
+                     "communicate)")
+    placements = check_placements(args.placement.split(","))
+    spec = None if args.localhost else ClusterSpec.from_args(args)
+    script_args = shlex.split(args.script_args or "")
+    rows = run_script_bench(spec, args.script, script_args, strategies, args.out,
+                            ranks_per_host=args.ranks_per_host, localhost_ranks=args.ranks,
+                            timeout=args.timeout, say=say, placements=placements,
+                            notes=notes)
     print()
     print(render_table(rows))
     print(f"\nwritten: {args.out}/results.json, results.csv, results.png")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Dict, List
 
-__all__ = ["plot"]
+__all__ = ["plot", "plot_script"]
 
 
 def plot(raw: List[Dict], rows, path: str) -> None:
@@ -30,6 +30,29 @@ def plot(raw: List[Dict], rows, path: str) -> None:
         bars = [r for r in rows if r.workload == workload]
         bottom.bar([r.strategy for r in bars], [1e3 * r.median_step_s for r in bars])
         bottom.set(ylabel="median step time (ms)")
+    fig.suptitle(rows[0].network if rows else "")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_script(rows, path: str) -> None:
+    """``hvdx bench --script``: median step time and wall time of the job, per strategy
+    (a script has no accuracy curve to draw)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r.strategy if r.placement in (None, "blocked") else f"{r.strategy}@{r.placement}"
+             for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+    left.bar(names, [1e3 * (r.median_step_s or 0.0) for r in rows])
+    left.set(ylabel="median step time (ms)", title=rows[0].script if rows else "")
+    right.bar(names, [r.wall_s for r in rows])
+    right.set(ylabel="wall time of the job (s)")
+    for axis in (left, right):
+        axis.tick_params(axis="x", labelrotation=20)
     fig.suptitle(rows[0].network if rows else "")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

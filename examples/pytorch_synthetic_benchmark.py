@@ -1,0 +1,117 @@
+"""A Horovod synthetic benchmark, as Horovod ships them: a model, random data,
+``DistributedOptimizer``, a timed loop that prints ``Iter #N: X img/sec per CPU``.
+
+Modeled on Horovod's ``examples/pytorch/pytorch_synthetic_benchmark.py`` (same flags,
+same output), with a small CNN in place of torchvision's ResNet-50 so that it runs on a
+few CPU cores: two convolutions and a 2048 x 256 FC layer, 0.53 M parameters (2.1 MB of
+gradients per step, 99% of them in the FC layers). It imports Horovod, not hvdx: it is
+the kind of script ``hvdx bench --script`` runs unchanged::
+
+    hvdx bench --script examples/pytorch_synthetic_benchmark.py \\
+        --strategies horovod,topk_dgc,dssync,decentralized
+    mpirun -n 4 python examples/pytorch_synthetic_benchmark.py   # plain Horovod
+"""
+
+import argparse
+import timeit
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.optim as optim
+
+import horovod.torch as hvd
+
+parser = argparse.ArgumentParser(description="PyTorch synthetic benchmark",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+parser.add_argument("--fp16-allreduce", action="store_true",
+                    help="use fp16 compression during allreduce")
+parser.add_argument("--batch-size", type=int, default=32, help="input batch size")
+parser.add_argument("--num-warmup-batches", type=int, default=10,
+                    help="number of warm-up batches that don't count towards benchmark")
+parser.add_argument("--num-batches-per-iter", type=int, default=10,
+                    help="number of batches per benchmark iteration")
+parser.add_argument("--num-iters", type=int, default=10, help="number of benchmark iterations")
+parser.add_argument("--use-adasum", action="store_true", help="use adasum algorithm")
+args = parser.parse_args()
+
+
+class SmallCNN(nn.Module):
+    """32 x 32 RGB images, 10 classes."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc1 = nn.Linear(32 * 8 * 8, 256)
+        self.fc2 = nn.Linear(256, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+hvd.init()
+torch.manual_seed(42)
+
+model = SmallCNN()
+lr_scaler = hvd.size() if not args.use_adasum else 1
+optimizer = optim.SGD(model.parameters(), lr=0.01 * lr_scaler, momentum=0.9)
+
+# Horovod: (optional) compression algorithm.
+compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+
+# Horovod: wrap optimizer with DistributedOptimizer.
+optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                     compression=compression,
+                                     op=hvd.Adasum if args.use_adasum else hvd.Average)
+
+# Horovod: broadcast parameters & optimizer state.
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+# Set up fixed fake data
+data = torch.randn(args.batch_size, 3, 32, 32)
+target = torch.LongTensor(args.batch_size).random_() % 10
+
+
+def benchmark_step():
+    optimizer.zero_grad()
+    output = model(data)
+    loss = F.cross_entropy(output, target)
+    loss.backward()
+    optimizer.step()
+
+
+def log(s, nl=True):
+    if hvd.rank() != 0:
+        return
+    print(s, end="\n" if nl else "", flush=True)
+
+
+log("Model: SmallCNN (%d parameters)" % sum(p.numel() for p in model.parameters()))
+log("Batch size: %d" % args.batch_size)
+device = "CPU"
+log("Number of %ss: %d" % (device, hvd.size()))
+
+# Warm-up
+log("Running warmup...")
+timeit.timeit(benchmark_step, number=args.num_warmup_batches)
+
+# Benchmark
+log("Running benchmark...")
+img_secs = []
+for x in range(args.num_iters):
+    time = timeit.timeit(benchmark_step, number=args.num_batches_per_iter)
+    img_sec = args.batch_size * args.num_batches_per_iter / time
+    log("Iter #%d: %.1f img/sec per %s" % (x, img_sec, device))
+    img_secs.append(img_sec)
+
+# Results
+img_sec_mean = np.mean(img_secs)
+img_sec_conf = 1.96 * np.std(img_secs)
+log("Img/sec per %s: %.1f +-%.1f" % (device, img_sec_mean, img_sec_conf))
+log("Total img/sec on %d %s(s): %.1f +-%.1f" %
+    (hvd.size(), device, hvd.size() * img_sec_mean, hvd.size() * img_sec_conf))

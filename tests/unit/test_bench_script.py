@@ -1,0 +1,222 @@
+"""``hvdx bench --script``'s pure parts: switching a script's Horovod imports, the
+strategies a script can be switched to by the environment, the step log and the row."""
+
+import types
+
+import pytest
+
+from hvdx import environment, step_log
+from hvdx.bench import script_run
+from hvdx.bench.cli import main
+from hvdx.bench.script import (SCRIPT_STRATEGIES, parse_throughput, script_strategies,
+                               strategy_environment, switch_imports)
+
+
+# --- switching the imports ---------------------------------------------------------------
+
+@pytest.mark.parametrize("line, switched", [
+    ("import horovod.torch as hvd", "import hvdx.torch as hvd"),
+    ("import horovod.tensorflow as hvd", "import hvdx.tensorflow as hvd"),
+    ("import horovod.tensorflow.keras as hvd", "import hvdx.tensorflow.keras as hvd"),
+    ("from horovod import torch as hvd", "from hvdx import torch as hvd"),
+    ("from horovod.tensorflow import keras as hvd", "from hvdx.tensorflow import keras as hvd"),
+    ("from horovod.torch import DistributedOptimizer, init",
+     "from hvdx.torch import DistributedOptimizer, init"),
+    ("import os, horovod.torch as hvd", "import os, hvdx.torch as hvd"),
+])
+def test_each_form_of_the_horovod_import_is_switched(line, switched):
+    source = f"import sys\n{line}  # Horovod\nprint(hvd)\n"
+    out, changes = switch_imports(source, "train.py")
+    assert out == f"import sys\n{switched}  # Horovod\nprint(hvd)\n"
+    assert changes == [f"line 2: {line}  # Horovod -> {switched}"]
+
+
+def test_only_import_statements_change_and_the_rest_is_kept_byte_for_byte():
+    source = ('"""Run: import horovod.torch as hvd"""\n'
+              "s = 'import horovod.torch as hvd'  # import horovod.torch as hvd\n"
+              "if True:\n"
+              "    from horovod.torch import (allreduce,\n"
+              "                               init)   # two lines\n"
+              "    import horovod.torch as hvd\n"
+              "from horovod.torch.mpi_ops import allgather  # Horovod's own op: kept\n"
+              "import horovod\n"
+              "x = 'é'; import horovod.torch as h2\n")
+    out, changes = switch_imports(source, "train.py")
+    assert out == ('"""Run: import horovod.torch as hvd"""\n'
+                   "s = 'import horovod.torch as hvd'  # import horovod.torch as hvd\n"
+                   "if True:\n"
+                   "    from hvdx.torch import allreduce, init   # two lines\n"
+                   "    import hvdx.torch as hvd\n"
+                   "from horovod.torch.mpi_ops import allgather  # Horovod's own op: kept\n"
+                   "import horovod\n"
+                   "x = 'é'; import hvdx.torch as h2\n")
+    assert [c.split(":")[0] for c in changes] == ["line 4", "line 6", "line 9"]
+
+
+def test_a_script_that_already_imports_hvdx_is_left_as_it_is():
+    source = "import hvdx.torch as hvd\nhvd.init()\n"
+    assert switch_imports(source, "train.py") == (source, [])
+    source = "from hvdx import torch as hvd\n"
+    assert switch_imports(source, "train.py") == (source, [])
+
+
+@pytest.mark.parametrize("source, words", [
+    ("import torch\nprint('horovod.torch')\n", "train.py imports no Horovod framework"),
+    ("import horovod.torch\nhorovod.torch.init()\n", "without 'as' cannot be switched"),
+    ("from horovod import torch, run\n", "mixes frameworks with other names (run)"),
+    ("import horovod.torch as hvd\ndef broken(:\n", "train.py does not parse"),
+])
+def test_a_script_that_cannot_be_switched_is_refused_naming_it(source, words):
+    with pytest.raises(ValueError, match=r"train\.py") as error:
+        switch_imports(source, "train.py")
+    assert words in str(error.value)
+
+
+def test_the_shipped_synthetic_benchmark_is_switched_on_its_import_line_only():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "pytorch_synthetic_benchmark.py"
+    source = path.read_text()
+    out, changes = switch_imports(source, str(path))
+    assert len(changes) == 1 and changes[0].endswith(
+        "import horovod.torch as hvd -> import hvdx.torch as hvd")
+    assert out.replace("import hvdx.torch as hvd", "import horovod.torch as hvd") == source
+
+
+# --- strategies --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", SCRIPT_STRATEGIES)
+def test_every_script_strategy_is_a_value_hvdx_environment_accepts(name):
+    import hvdx.torch as hvd
+
+    env = strategy_environment(name)
+    compression = environment.parse("HVDX_COMPRESSION", env["HVDX_COMPRESSION"],
+                                     hvd.Compression.topk)
+    sync = environment.parse("HVDX_SYNC", env["HVDX_SYNC"])
+    if name == "horovod":
+        assert compression is None and sync is None
+        assert "HOROVOD_CYCLE_TIME" not in env
+    elif name.startswith("topk"):
+        assert compression.name == "topk" and sync is None
+    else:
+        assert compression is None and sync.name in ("dssync", "decentralized")
+
+
+def test_the_tuned_topks_are_the_presets_with_the_benchmarks_horovod_cycle():
+    assert strategy_environment("topk_dgc") == {
+        "HVDX_COMPRESSION": "fast", "HVDX_SYNC": "none", "HOROVOD_CYCLE_TIME": "50"}
+    assert strategy_environment("topk_masked")["HVDX_COMPRESSION"] == "safe"
+
+
+@pytest.mark.parametrize("name, words", [
+    ("stanza", "Stanza needs code"), ("stanza_f2", "Stanza needs code"),
+    ("floor", "cannot be had from a script"), ("nope", "unknown")])
+def test_a_strategy_that_needs_code_is_refused_for_a_script(name, words):
+    with pytest.raises(ValueError, match=words):
+        strategy_environment(name)
+
+
+def test_named_strategies_that_need_code_are_errors_default_ones_are_skipped_with_a_note():
+    with pytest.raises(ValueError, match="stanza cannot run a script"):
+        script_strategies(["horovod", "stanza"], named=True)
+    run, notes = script_strategies(["topk_dgc", "dssync", "stanza"], named=False)
+    assert run == ["horovod", "topk_dgc", "dssync"]  # Horovod first, always
+    assert len(notes) == 1 and notes[0].startswith("stanza skipped: Stanza needs code")
+
+
+def test_horovods_synthetic_benchmark_lines_are_parsed():
+    text = ("Model: resnet50\nIter #0: 12.5 img/sec per GPU\nIter #1: 130.0 img/sec per CPU\n"
+            "Img/sec per GPU: 71.2 +-5.1\n")
+    assert parse_throughput(text) == [12.5, 130.0]
+
+
+# --- the step log ------------------------------------------------------------------------
+
+def test_the_median_step_is_over_the_gaps_between_steps():
+    assert step_log.intervals([1.0, 1.5, 2.5]) == [0.5, 1.0]
+    assert step_log.median_step([0.0, 1.0, 3.0, 4.0]) == 1.0
+    assert step_log.median_step([0.0, 1.0, 3.0]) == 1.5
+    assert step_log.median_step([5.0]) is None
+
+
+def test_unset_nothing_is_hooked(monkeypatch):
+    import torch
+
+    monkeypatch.delenv(step_log.VARIABLE, raising=False)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+    assert step_log.watch_torch(optimizer, 0) is optimizer
+    assert not optimizer._optimizer_step_post_hooks
+
+
+def test_set_each_step_is_recorded_once_through_a_subclass_chain(monkeypatch, tmp_path):
+    # Horovod's optimizer is a subclass whose step() calls its base class's: torch runs
+    # the instance's hooks in both, and only the outer one may count.
+    import torch
+
+    prefix = str(tmp_path / "run.steps")
+    monkeypatch.setenv(step_log.VARIABLE, prefix)
+    monkeypatch.setattr(step_log, "_WATCHES", [])
+    monkeypatch.setattr(step_log, "_RANK", [])
+    monkeypatch.setattr(step_log, "atexit", types.SimpleNamespace(register=lambda *a: None))
+
+    class Distributed(torch.optim.SGD):
+        def step(self, closure=None):
+            return super().step(closure)
+
+    weight = torch.nn.Parameter(torch.ones(3))
+    optimizer = step_log.watch_torch(Distributed([weight], lr=0.1), rank=1)
+    for _ in range(4):
+        weight.grad = torch.ones(3)
+        optimizer.step()
+    step_log._write(prefix)
+    logs = step_log.read(prefix)
+    assert list(logs) == [1]
+    first = step_log.main_optimizer(logs[1])
+    assert len(first["times"]) == 4 and first["parameter_bytes"] == 12
+    assert first["hvdx_stats"] is None  # a Horovod optimizer has no hvdx counters
+
+
+# --- the row and the table ---------------------------------------------------------------
+
+def _log(times, stats=None, nbytes=1000):
+    return {"optimizers": [{"times": times, "parameter_bytes": nbytes, "hvdx_stats": stats}]}
+
+
+def test_a_row_holds_the_median_step_wall_time_and_bytes_per_step():
+    horovod = {"script": "train.py", "strategy": "horovod", "ranks": 4, "wall_s": 10.0,
+               "img_per_s": [90.0, 100.0, 110.0],
+               "step_logs": {"0": _log([0.0, 0.2, 0.4, 0.6]), "1": _log([0.0, 0.3])},
+               "interface_tx_rx": [[4000, 8000], [4000, 4000]]}
+    topk = dict(horovod, strategy="topk_dgc", wall_s=5.0, img_per_s=[],
+                step_logs={"0": _log([0.0, 0.1, 0.2, 0.3],
+                                     {"total_sent": 40.0, "total_received": 80.0})},
+                interface_tx_rx=None)
+    rows = [script_run.summarize(r, "net") for r in (horovod, topk)]
+    script_run._add_speedups(rows)
+    base, fast = rows
+    assert base.steps == 4 and base.median_step_s == pytest.approx(0.2)
+    assert base.img_per_s == 100.0
+    assert base.hvdx_bytes_per_step == 1500.0  # 2 (n - 1) / n of the gradients
+    assert base.interface_rx_per_step == 1500.0  # mean over hosts / steps
+    assert base.bytes_agreement == 1.0
+    assert fast.hvdx_bytes_per_step == 10.0 and fast.hvdx_received_per_step == 20.0
+    assert fast.step_speedup == pytest.approx(2.0) and fast.wall_speedup == 2.0
+    assert fast.img_per_s is None and fast.interface_rx_per_step is None
+    table = script_run.render_table(rows)
+    assert table.splitlines()[0] == "net"
+    assert "topk_dgc" in table and "2.00" in table
+
+
+# --- the command line --------------------------------------------------------------------
+
+def test_script_flags_are_refused_before_anything_starts(tmp_path, capsys):
+    train = tmp_path / "train.py"
+    train.write_text("import horovod.torch as hvd\n")
+    for argv, words in (
+            (["--script", str(tmp_path / "none.py")], "none.py: no such file"),
+            (["--script", str(train), "--steps", "5"], "--steps does not apply"),
+            (["--script", str(train), "--strategies", "horovod,stanza"],
+             "stanza cannot run a script")):
+        assert main(argv + ["--localhost", "--out", str(tmp_path / "out")]) == 2
+        assert words in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
