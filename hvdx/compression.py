@@ -16,12 +16,13 @@ import inspect
 from dataclasses import dataclass
 from typing import ClassVar, List, Optional
 
-from hvdx.core.bidirectional_topk import MODES, TopKConfig
+from hvdx.core.bidirectional_topk import MODES, TopKConfig, canonical_topk_method
 from hvdx.core.topk_selection import DEFAULT_SAMPLE_SIZE
 from hvdx.strategy import Strategy, kept_for_every_rank, validating
 from hvdx.topk_presets import preset_options
 
-__all__ = ["MODES_AUTO", "SELECTIONS", "SMALL_TENSORS", "TopKCompression", "topk"]
+__all__ = ["MODES_AUTO", "RENAMED", "SELECTIONS", "SMALL_TENSORS", "SMALL_TENSORS_ALIASES",
+           "TopKCompression", "topk"]
 
 #: Accepted ``mode`` values: ``"auto"`` is sharded above 2 ranks, gathered otherwise.
 MODES_AUTO = ("auto",) + MODES
@@ -32,8 +33,14 @@ DEFAULT_MIN_SIZE = 1024
 #: Accepted ``selection`` values: each tensor its own ``k``, or one ``k`` over all.
 SELECTIONS = ("layerwise", "global")
 
-#: Accepted ``small_tensors`` values: who averages the tensors below ``min_size``.
-SMALL_TENSORS = ("horovod", "hvdx")
+#: Accepted ``small_tensors`` values: how the tensors below ``min_size`` are averaged in a
+#: compressed step: by Horovod's allreduce, or in hvdx's TopK step itself.
+SMALL_TENSORS = ("horovod_allreduce", "in_topk_step")
+#: Old ``small_tensors`` values, which named who averages (still accepted).
+SMALL_TENSORS_ALIASES = {"horovod": "horovod_allreduce", "hvdx": "in_topk_step"}
+
+#: Old argument names of :func:`topk` -> the new ones (both accepted; old values too).
+RENAMED = {"selector": "topk_method"}
 
 
 @dataclass(frozen=True)
@@ -41,18 +48,20 @@ class TopKCompression(Strategy):
     """Bidirectional (or unidirectional) TopK with error feedback, and how to run it.
 
     Args:
-        config: the core settings (ratios, selector, seed).
+        config: the core settings (ratios, ``topk_method``, seed).
         mode: ``"gathered"`` (one allgather of every rank's pairs; every rank computes the
             downlink), ``"sharded"`` (alltoall to shard owners, allgather of the selected
             shards) or ``"auto"`` (sharded when more than 2 ranks).
         min_size: tensors with fewer entries are averaged densely (see ``small_tensors``).
-        small_tensors: who averages the tensors below ``min_size`` in a compressed step:
-            ``"horovod"`` (Horovod's allreduce, the default) or ``"hvdx"`` (one MPI
-            allreduce of their float32 concatenation, on hvdx's communicator, overlapped
-            with the sparse exchange). With ``"hvdx"`` Horovod carries nothing during a
-            compressed step, so its background loop, which still meets the other ranks
-            every ``HOROVOD_CYCLE_TIME``, can run on a long cycle (e.g. 50 ms) and give
-            its CPU to training. Warm-up, autotune and dense-for-good steps, and sparse
+        small_tensors: how the tensors below ``min_size`` are averaged in a compressed
+            step: ``"horovod_allreduce"`` (Horovod's allreduce, the default) or
+            ``"in_topk_step"`` (in hvdx's TopK step: one MPI allreduce of their float32
+            concatenation, on hvdx's communicator, overlapped with the sparse exchange).
+            The old values ``"horovod"`` and ``"hvdx"`` are stored as these. With
+            ``"in_topk_step"`` Horovod carries nothing during a compressed step, so its
+            background loop, which still meets the other ranks every
+            ``HOROVOD_CYCLE_TIME``, can run on a long cycle (e.g. 50 ms) and give its CPU
+            to training. Warm-up, autotune and dense-for-good steps, and sparse
             gradients, stay with Horovod.
         warmup_steps: the first ``warmup_steps`` steps are dense for every tensor.
         autotune_steps: measure before compressing: for this many steps after
@@ -88,7 +97,7 @@ class TopKCompression(Strategy):
     config: TopKConfig
     mode: str = "auto"
     min_size: int = DEFAULT_MIN_SIZE
-    small_tensors: str = "horovod"
+    small_tensors: str = "horovod_allreduce"
     warmup_steps: int = 0
     error_feedback: bool = True
     selection: str = "layerwise"
@@ -120,9 +129,9 @@ class TopKCompression(Strategy):
                              "only; set momentum_correction=True or drop momentum_masking")
         if self.selection not in SELECTIONS:
             raise ValueError(f"selection={self.selection!r} must be one of {SELECTIONS}")
-        if self.small_tensors not in SMALL_TENSORS:
-            raise ValueError(f"small_tensors={self.small_tensors!r} must be one of "
-                             f"{SMALL_TENSORS}")
+        # One spelling per setting: equality, describe() and the fingerprint compare it.
+        object.__setattr__(self, "small_tensors",
+                           _canonical_small_tensors(self.small_tensors, "small_tensors"))
 
     @property
     def ratio(self) -> float:
@@ -146,14 +155,14 @@ class TopKCompression(Strategy):
         downlink = "none" if c.downlink_ratio is None else repr(c.downlink_ratio)
         return (f"topk ratio={c.ratio!r} downlink={downlink} mode={self.mode} "
                 f"min_size={self.min_size} warmup_steps={self.warmup_steps} "
-                f"selector={c.selector} sample_size={c.sample_size} seed={c.seed} "
+                f"topk_method={c.topk_method} sample_size={c.sample_size} seed={c.seed} "
                 f"error_feedback={self.error_feedback} selection={self.selection}"
                 + (" momentum_correction=True" if self.momentum_correction else "")
                 + ("" if self.momentum_masking else " momentum_masking=False")
                 + (f" sparsity_warmup_steps={self.sparsity_warmup_steps}"
                    if self.sparsity_warmup_steps else "")
                 + (f" autotune_steps={self.autotune_steps}" if self.autotune_steps else "")
-                + ("" if self.small_tensors == "horovod"
+                + ("" if self.small_tensors == "horovod_allreduce"
                    else f" small_tensors={self.small_tensors}"))
 
     def __str__(self) -> str:
@@ -167,8 +176,9 @@ class TopKCompression(Strategy):
 def topk(*args, preset: Optional[str] = None, **kwargs) -> TopKCompression:
     """Build a :class:`TopKCompression`, validating every argument here.
 
-    The signature is :func:`_topk`'s, plus ``preset``
-    (``topk(ratio=0.01, downlink_ratio=None, *, preset=None, mode="auto", ...)``).
+    The signature is :func:`_topk`'s, plus ``preset`` and the old names of
+    :data:`RENAMED` (``topk(ratio=0.01, downlink_ratio=None, *, preset=None,
+    mode="auto", ..., selector=None)``).
 
     Args:
         ratio: uplink fraction kept per tensor, in (0, 1].
@@ -177,18 +187,22 @@ def topk(*args, preset: Optional[str] = None, **kwargs) -> TopKCompression:
             (:mod:`hvdx.topk_presets`): ``"fast"`` is the fastest to a target accuracy
             over a slow uplink (1% up and down, DGC momentum correction without
             masking); ``"safe"`` stays stable late in a run (a downlink twice as dense,
-            with DGC's masking). Both average the small tensors in hvdx's exchange, so
+            with DGC's masking). Both average the small tensors in the TopK step, so
             launch them with ``HOROVOD_CYCLE_TIME=50`` (Horovod's background loop has
             nothing to carry during a step). The other arguments given with a preset
             override its values. ``None``: the arguments alone.
         mode: ``"auto"``, ``"gathered"`` or ``"sharded"``.
         min_size: tensors with fewer entries go dense.
-        small_tensors: ``"horovod"`` (Horovod's allreduce averages the tensors below
-            ``min_size``) or ``"hvdx"`` (hvdx does, in the step's own exchange).
+        small_tensors: ``"horovod_allreduce"`` (Horovod's allreduce averages the tensors
+            below ``min_size``) or ``"in_topk_step"`` (hvdx averages them in the TopK
+            step itself, and Horovod carries nothing); the old values ``"horovod"`` and
+            ``"hvdx"`` mean the same.
         warmup_steps: dense steps before TopK starts.
-        selector: ``"exact"`` or ``"threshold"`` (sampled threshold, DGC).
-        sample_size: the most entries the threshold selector samples.
-        seed: seeds the threshold selector, identically on every rank.
+        topk_method: how each top ``k`` is found: ``"exact"``, or
+            ``"sampled_threshold"`` (DGC's threshold estimated from a sample, then the
+            exact top ``k`` of the entries above it: faster).
+        sample_size: the most entries the sampled threshold looks at.
+        seed: seeds the sampled threshold, identically on every rank.
         error_feedback: ``False`` for plain TopK without worker or server residuals.
         selection: ``"layerwise"`` (per tensor) or ``"global"`` (one ``k`` over all
             compressed tensors).
@@ -198,28 +212,32 @@ def topk(*args, preset: Optional[str] = None, **kwargs) -> TopKCompression:
         momentum_masking: DGC's momentum factor masking (with ``momentum_correction``).
         autotune_steps: dense steps that also time a dry TopK exchange; TopK runs after
             them only if it was faster (0: always compress).
+        selector: the old name of ``topk_method`` (``"threshold"``: its old value of
+            ``"sampled_threshold"``); giving both is refused unless they agree.
 
     Raises:
         ValueError: an argument is out of range, named with its value (``ratio=2.0``,
-            ``preset='fastest'``); in a job of several ranks, raised by the optimizer or
-            tape that takes the spec, on every rank (:func:`hvdx.strategy.validating`).
+            ``preset='fastest'``), or an old name and its new one disagree, naming
+            both; in a job of several ranks, raised by the optimizer or tape that takes
+            the spec, on every rank (:func:`hvdx.strategy.validating`).
         TypeError: an argument ``topk`` does not take, at once (as any Python call).
     """
-    if preset is not None:
-        # Which arguments the caller gave cannot be read off their values (a default
-        # given on purpose overrides the preset too), hence *args and **kwargs here.
-        given = _TOPK_SIGNATURE.bind(*args, **kwargs).arguments
-        try:
-            args, kwargs = (), dict(preset_options(preset), **given)
-        except ValueError as error:
-            return _invalid(kept_for_every_rank(error))
-    return _topk(*args, **kwargs)
+    # Which arguments the caller gave cannot be read off their values (a default given
+    # on purpose overrides the preset too), hence *args and **kwargs here.
+    given = _TOPK_SIGNATURE.bind(*args, **kwargs).arguments
+    try:
+        given = _new_names(given)
+        if preset is not None:
+            given = dict(preset_options(preset), **given)
+    except ValueError as error:
+        return _invalid(kept_for_every_rank(error))
+    return _topk(**given)
 
 
 def _topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,
           mode: str = "auto", min_size: int = DEFAULT_MIN_SIZE,
-          small_tensors: str = "horovod", warmup_steps: int = 0,
-          selector: str = "exact", sample_size: int = DEFAULT_SAMPLE_SIZE,
+          small_tensors: str = "horovod_allreduce", warmup_steps: int = 0,
+          topk_method: str = "exact", sample_size: int = DEFAULT_SAMPLE_SIZE,
           seed: int = 0, error_feedback: bool = True,
           selection: str = "layerwise",
           momentum_correction: bool = False,
@@ -229,7 +247,7 @@ def _topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,
     """:func:`topk` without a preset (its arguments are documented there)."""
     try:
         config = TopKConfig(ratio=ratio, downlink_ratio=downlink_ratio,
-                            selector=selector, sample_size=sample_size, seed=seed)
+                            topk_method=topk_method, sample_size=sample_size, seed=seed)
     except ValueError as error:
         return _invalid(kept_for_every_rank(error))
     return TopKCompression(config, mode=mode, min_size=min_size,
@@ -248,7 +266,50 @@ def _invalid(error: Exception) -> TopKCompression:
     return invalid
 
 
-_TOPK_SIGNATURE = inspect.signature(_topk)
+def _new_names(given: dict) -> dict:
+    """``given`` (argument -> value, as the caller gave them) with each old name of
+    :data:`RENAMED` replaced by its new one.
+
+    Raises:
+        ValueError: an old name's value is not accepted (naming the old name), or an
+            old name and its new one are both given and mean different settings
+            (naming both).
+    """
+    given = dict(given)
+    for old, new in RENAMED.items():
+        value = given.pop(old, None)
+        if value is None:  # not given (its default)
+            continue
+        canonical = _CANONICAL[new](value, old)
+        if new in given and _CANONICAL[new](given[new], new) != canonical:
+            raise ValueError(f"{old}={value!r} and {new}={given[new]!r} disagree: {old} "
+                             f"is the old name of {new}; give {new} only")
+        given.setdefault(new, value)
+    return given
+
+
+def _canonical_small_tensors(value: object, argument: str = "small_tensors") -> str:
+    """``value`` as one of :data:`SMALL_TENSORS` (old values mapped), else
+    ``ValueError`` naming ``argument`` and ``value``."""
+    value = SMALL_TENSORS_ALIASES.get(value, value) if isinstance(value, str) else value
+    if value not in SMALL_TENSORS:
+        raise ValueError(f"{argument}={value!r} must be one of {SMALL_TENSORS}")
+    return value
+
+
+#: The canonical form of each renamed argument's value (new name -> function).
+_CANONICAL = {"topk_method": canonical_topk_method}
+
+
+def _with_old_names(signature: inspect.Signature) -> inspect.Signature:
+    """``signature`` with each old name of :data:`RENAMED` appended as a keyword-only
+    parameter defaulting to ``None``."""
+    old = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                             annotation="Optional[str]") for name in RENAMED]
+    return signature.replace(parameters=list(signature.parameters.values()) + old)
+
+
+_TOPK_SIGNATURE = _with_old_names(inspect.signature(_topk))
 
 
 def _with_preset(signature: inspect.Signature) -> inspect.Signature:

@@ -11,9 +11,9 @@ cannot drift). Which one:
    (2%) and DGC's factor masking; stable late in a run, a few steps slower to the
    target;
 3. either way, launch with ``HOROVOD_CYCLE_TIME=50`` (:data:`HOROVOD_CYCLE_ENV`): both
-   presets average the small tensors in hvdx's own exchange
-   (``small_tensors="hvdx"``), so Horovod's background loop carries nothing during a
-   step, and its default 1 ms cycle only spins on CPU that training needs.
+   presets average the small tensors in the TopK step itself
+   (``small_tensors="in_topk_step"``), so Horovod's background loop carries nothing
+   during a step, and its default 1 ms cycle only spins on CPU that training needs.
 
 Arguments given with a preset override its values:
 ``topk(preset="safe", downlink_ratio=0.05)``. The figures behind the choices are in the
@@ -24,15 +24,19 @@ from __future__ import annotations
 
 from typing import Dict
 
-__all__ = ["HOROVOD_CYCLE_ENV", "PRESETS", "RATIO", "SELECTOR",
-           "WITHOUT_MOMENTUM_CORRECTION", "preset_options"]
+__all__ = ["HOROVOD_CYCLE_ENV", "PRESETS", "RATIO", "SELECTOR", "SMALL_TENSORS",
+           "TOPK_METHOD", "WITHOUT_MOMENTUM_CORRECTION", "preset_options"]
 
 #: The uplink ratio of both presets: the issue's 1%.
 RATIO = 0.01
-#: The sampled-threshold selector (DGC): the exact top k whenever the sampled threshold
-#: lets k entries through (recall 1.000 in ``hvdx bench --selection``), at a fraction of
-#: the cost of a full partition.
-SELECTOR = "threshold"
+#: DGC's sampled threshold: the exact top k whenever the sampled threshold lets k
+#: entries through (recall 1.000 in ``hvdx bench --selection``), at a fraction of the
+#: cost of a full partition.
+TOPK_METHOD = "sampled_threshold"
+#: The old name of :data:`TOPK_METHOD` (``topk``'s ``selector`` is now ``topk_method``).
+SELECTOR = TOPK_METHOD
+#: Both presets average the tensors below ``min_size`` in the TopK step itself.
+SMALL_TENSORS = "in_topk_step"
 
 #: Preset name -> the arguments of ``topk``.
 #:
@@ -47,16 +51,16 @@ SELECTOR = "threshold"
 #: after step 60); with DGC's factor masking and a downlink twice as dense as the uplink
 #: it stays at 0.97-0.99 and ends at 0.991, reaching 0.95 at step 40 (Horovod: 35).
 PRESETS: Dict[str, Dict] = {
-    "fast": {"ratio": RATIO, "downlink_ratio": RATIO, "selector": SELECTOR,
+    "fast": {"ratio": RATIO, "downlink_ratio": RATIO, "topk_method": TOPK_METHOD,
              "selection": "global", "momentum_correction": True,
-             "momentum_masking": False, "small_tensors": "hvdx"},
-    "safe": {"ratio": RATIO, "downlink_ratio": 2 * RATIO, "selector": SELECTOR,
+             "momentum_masking": False, "small_tensors": SMALL_TENSORS},
+    "safe": {"ratio": RATIO, "downlink_ratio": 2 * RATIO, "topk_method": TOPK_METHOD,
              "selection": "global", "momentum_correction": True,
-             "momentum_masking": True, "small_tensors": "hvdx"},
+             "momentum_masking": True, "small_tensors": SMALL_TENSORS},
 }
 
 #: The Horovod setting both presets want in the job's environment. With the small
-#: tensors averaged by hvdx, Horovod still meets the other ranks in a small collective
+#: tensors averaged in the TopK step, Horovod still meets the other ranks in a small collective
 #: every HOROVOD_CYCLE_TIME (1 ms by default), and MPICH spins while it waits for ranks
 #: whose cores are busy; a 50 ms cycle gives that CPU back to training. "fast"
 #: (4 ranks on 2 cores, alternating runs): median step 111-127 ms against 151-175 ms

@@ -28,8 +28,8 @@ around them in one of two modes.
   shard (rank order) and adds its shard of ``e_s``; the owners agree, with a few small
   collectives, how many of the global top ``k_down`` of ``b`` lie in each shard
   (:mod:`hvdx.core.global_topk`), and each keeps that many; an allgather of the selected
-  shards gives every rank ``u``. Each rank holds only its shard of ``e_s``. With the
-  exact selector ``u`` is the global TopK of ``b``, bitwise what gathered mode computes
+  shards gives every rank ``u``. Each rank holds only its shard of ``e_s``. With
+  ``topk_method="exact"`` ``u`` is the global TopK of ``b``, bitwise what gathered mode computes
   (zero entries are never sent), even where the large entries cluster in one shard.
   Unidirectional sharded allgathers every non-zero of each shard of ``m``. Bytes per
   rank: ``(P - 1)/P (k_up + k_down)`` pairs plus ``O(P)`` numbers per round of the
@@ -59,12 +59,14 @@ from hvdx.core.topk_selection import (
 
 __all__ = [
     "MODES",
-    "SELECTORS",
+    "TOPK_METHODS",
+    "TOPK_METHOD_ALIASES",
     "StepResult",
     "StepStats",
     "TopKConfig",
     "Traffic",
     "aggregate",
+    "canonical_topk_method",
     "compensate_server",
     "dense_allreduce_bytes",
     "downlink",
@@ -80,7 +82,10 @@ __all__ = [
 ]
 
 MODES = ("gathered", "sharded")
-SELECTORS = ("exact", "threshold")
+#: How the top ``k`` entries are found: exactly, or above DGC's sampled threshold.
+TOPK_METHODS = ("exact", "sampled_threshold")
+#: Old ``topk_method`` values (it was called ``selector``), accepted for the new ones.
+TOPK_METHOD_ALIASES = {"threshold": "sampled_threshold"}
 _ROLES = {"up": 0, "down": 1}
 
 Sparse = Tuple[np.ndarray, np.ndarray]
@@ -93,15 +98,16 @@ class TopKConfig:
     Args:
         ratio: uplink fraction kept, in (0, 1]: ``k_up = max(1, ceil(ratio * d))``.
         downlink_ratio: downlink fraction in (0, 1], or ``None`` for unidirectional TopK.
-        selector: ``"exact"`` (:func:`~hvdx.core.topk_selection.select_exact`) or
-            ``"threshold"`` (:func:`~hvdx.core.topk_selection.select_threshold`).
-        sample_size: the most entries the threshold selector samples.
-        seed: seeds the threshold selector's generators (:func:`selection_rng`).
+        topk_method: ``"exact"`` (:func:`~hvdx.core.topk_selection.select_exact`) or
+            ``"sampled_threshold"`` (:func:`~hvdx.core.topk_selection.select_threshold`);
+            the old value ``"threshold"`` is stored as ``"sampled_threshold"``.
+        sample_size: the most entries the sampled threshold looks at.
+        seed: seeds the sampled threshold's generators (:func:`selection_rng`).
     """
 
     ratio: float
     downlink_ratio: Optional[float] = None
-    selector: str = "exact"
+    topk_method: str = "exact"
     sample_size: int = DEFAULT_SAMPLE_SIZE
     seed: int = 0
 
@@ -109,8 +115,9 @@ class TopKConfig:
         check_ratio(self.ratio)
         if self.downlink_ratio is not None:
             check_ratio(self.downlink_ratio, "downlink_ratio")
-        if self.selector not in SELECTORS:
-            raise ValueError(f"selector={self.selector!r} must be one of {SELECTORS}")
+        # One spelling per setting: equality, describe() and the fingerprint compare it.
+        object.__setattr__(self, "topk_method",
+                           canonical_topk_method(self.topk_method, "topk_method"))
         _check_integer("sample_size", self.sample_size, 1)
         _check_integer("seed", self.seed, 0)
 
@@ -132,6 +139,15 @@ class TopKConfig:
         return min(size, n_ranks * self.k_up(size)) if k_down is None else k_down
 
 
+def canonical_topk_method(value: object, argument: str = "topk_method") -> str:
+    """``value`` as one of :data:`TOPK_METHODS` (old values mapped), else ``ValueError``
+    naming ``argument`` and ``value``."""
+    value = TOPK_METHOD_ALIASES.get(value, value) if isinstance(value, str) else value
+    if value not in TOPK_METHODS:
+        raise ValueError(f"{argument}={value!r} must be one of {TOPK_METHODS}")
+    return value
+
+
 def selection_rng(seed: int, step: int, role: str, index: int = 0,
                   tensor: int = 0) -> np.random.Generator:
     """The generator of one selection, a pure function of its arguments.
@@ -139,18 +155,19 @@ def selection_rng(seed: int, step: int, role: str, index: int = 0,
     ``role`` is ``"up"`` (``index`` = the rank) or ``"down"`` (``index`` = the shard, 0
     in gathered mode); ``tensor`` numbers the tensors when each is selected separately.
     Every rank that computes the gathered downlink builds the same generator, so the
-    threshold selector samples the same positions everywhere and ``u`` stays identical.
+    sampled threshold samples the same positions everywhere and ``u`` stays identical.
     """
     return np.random.default_rng([int(seed), int(step), _ROLES[role], int(index), int(tensor)])
 
 
 def select(x: np.ndarray, k: int, config: Optional[TopKConfig] = None,
            rng: Optional[np.random.Generator] = None) -> Sparse:
-    """TopK of ``x`` with the configured selector (exact when ``config`` is ``None``)."""
-    if config is None or config.selector == "exact":
+    """TopK of ``x`` with the configured ``topk_method`` (exact when ``config`` is
+    ``None``)."""
+    if config is None or config.topk_method == "exact":
         return select_exact(x, k)
     if rng is None:
-        raise ValueError("selector='threshold' needs rng (see selection_rng)")
+        raise ValueError("topk_method='sampled_threshold' needs rng (see selection_rng)")
     return select_threshold(x, k, rng, config.sample_size)
 
 
@@ -335,7 +352,7 @@ def simulate_step(grads_per_rank: Sequence[np.ndarray],
             ``None``, when unidirectional). Keep using it with one mode only.
         config: the shared settings.
         mode: ``"gathered"`` or ``"sharded"``.
-        step: the step number (seeds the threshold selector through :func:`selection_rng`).
+        step: the step number (seeds the sampled threshold through :func:`selection_rng`).
         name: the residuals' key in the memories.
     """
     mode = _mode(mode)
@@ -354,7 +371,7 @@ def simulate_step(grads_per_rank: Sequence[np.ndarray],
     for memory, g in zip(worker_memories, grads):
         memory.check_finite(name, g)
     size, pair = grads[0].size, 8
-    threshold = config.selector == "threshold"
+    threshold = config.topk_method == "sampled_threshold"
 
     def rng(role, index):
         return selection_rng(config.seed, step, role, index) if threshold else None

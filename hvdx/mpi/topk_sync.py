@@ -19,10 +19,10 @@ same on every rank):
 2. split: tensors with fewer than ``min_size`` entries, tensors the adapter marks
    (sparse gradients), and every tensor during ``warmup_steps`` stay dense; the adapter's
    ``start_dense`` callback starts Horovod's allreduce of those before the sparse
-   exchange, so that the two overlap. With ``small_tensors="hvdx"`` the tensors below
-   ``min_size`` of a compressed step are averaged here instead, by one non-blocking MPI
-   allreduce of their float32 concatenation that also overlaps the exchange, and
-   Horovod carries nothing during the step;
+   exchange, so that the two overlap. With ``small_tensors="in_topk_step"`` the tensors
+   below ``min_size`` of a compressed step are averaged here instead, by one
+   non-blocking MPI allreduce of their float32 concatenation that also overlaps the
+   exchange, and Horovod carries nothing during the step;
 3. uplink, per tensor: :func:`~hvdx.core.bidirectional_topk.uplink` with the worker
    residual (each tensor keeps its own ``k``). With ``selection="global"`` the compressed
    tensors are first concatenated, in the fixed order, into one vector that steps 3 and 4
@@ -199,7 +199,7 @@ class TopKSynchronizer:
         worker, server: the :class:`~hvdx.core.error_feedback.ResidualMemory` of this
             rank's uplink residuals and of its replica (gathered) or shard (sharded) of
             the server residuals.
-        step: steps taken (it seeds the threshold selector and ends the warm-up).
+        step: steps taken (it seeds the sampled threshold and ends the warm-up).
         stats: :class:`TopKStats`.
         comm: the communicator; assignable (tests wrap it to count collectives).
     """
@@ -273,8 +273,8 @@ class TopKSynchronizer:
 
         Returns:
             ``{position: update}`` for the compressed tensors (and, with
-            ``small_tensors="hvdx"``, the small ones hvdx averaged): flat float32 arrays,
-            the arrays ``out`` gave where it gave one.
+            ``small_tensors="in_topk_step"``, the small ones hvdx averaged): flat float32
+            arrays, the arrays ``out`` gave where it gave one.
 
         Raises:
             ValueError: a gradient has NaN or Inf on some rank; raised on every rank,
@@ -538,15 +538,16 @@ class TopKSynchronizer:
 
     def _averaged_here(self, dense: Sequence[int], sparse: Sequence[int],
                        force_dense: Sequence[int] = ()) -> List[int]:
-        """The dense positions hvdx averages itself: with ``small_tensors="hvdx"``, in a
-        compressed step, those below ``min_size`` (sparse gradients stay with Horovod)."""
-        if self.compression.small_tensors != "hvdx" or not sparse:
+        """The dense positions hvdx averages itself: with ``small_tensors="in_topk_step"``,
+        in a compressed step, those below ``min_size`` (sparse gradients stay with
+        Horovod)."""
+        if self.compression.small_tensors != "in_topk_step" or not sparse:
             return []
         forced = set(force_dense)
         return [p for p in dense if p not in forced]
 
     def _start_small(self, tensors, flat):
-        """``small_tensors="hvdx"``: start one MPI allreduce (sum) of the ``(position,
+        """``small_tensors="in_topk_step"``: start one MPI allreduce (sum) of the ``(position,
         size)`` tensors' float32 concatenation; return a callable that waits for it and
         returns ``{position: average}`` (the sum with ``op=Sum``), or ``None`` if there is
         nothing to average. Counted as Horovod's ring allreduce would be."""
@@ -606,7 +607,7 @@ class TopKSynchronizer:
 
     def _rng(self, role, index, position):
         config = self.compression.config
-        if config.selector != "threshold":
+        if config.topk_method != "sampled_threshold":
             return None
         return selection_rng(config.seed, self.step, role, index, position)
 

@@ -29,8 +29,8 @@ optimizer too, so TopK compresses the sum. One call:
    inside the py_function: it is Horovod's own reduction (same op, prescale/postscale,
    process set, tensor fusion), so small tensors get exactly what Horovod would give
    them, and it needs no extra graph branch for the warm-up. With
-   ``small_tensors="hvdx"`` the small tensors of a compressed step are averaged by the
-   synchronizer instead (one MPI allreduce), and Horovod carries nothing then;
+   ``small_tensors="in_topk_step"`` the small tensors of a compressed step are averaged
+   by the synchronizer instead (one MPI allreduce), and Horovod carries nothing then;
 5. the others are flattened to float32 numpy and synchronized by TopK (mpi4py
    collectives on hvdx's communicator, which matches Horovod's process set); the
    updates come back in each gradient's shape and dtype.

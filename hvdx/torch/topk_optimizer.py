@@ -18,8 +18,8 @@ One :meth:`step` (``synchronize`` then the wrapped optimizer's ``step``):
    parameter, before any residual (or, with ``momentum_correction``, velocity) changes;
 3. tensors with fewer than ``min_size`` entries, sparse gradients, and every tensor
    during ``warmup_steps``: Horovod's allreduce (op, ``gradient_predivide_factor``);
-   with ``small_tensors="hvdx"`` the small ones of a compressed step are averaged by the
-   synchronizer instead (one MPI allreduce), so that Horovod carries nothing then;
+   with ``small_tensors="in_topk_step"`` the small ones of a compressed step are averaged
+   by the synchronizer instead (one MPI allreduce), so that Horovod carries nothing then;
 4. the others, all together: flatten each to float32 numpy on CPU and run
    :func:`~hvdx.core.bidirectional_topk.uplink` with its worker residual (selection stays
    layer-wise: each tensor keeps its own ``k``), then exchange the pairs of all tensors at

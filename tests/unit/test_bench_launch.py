@@ -12,7 +12,7 @@ def test_on_localhost_a_strategys_environment_is_given_to_mpirun():
 
 def test_only_strategies_that_leave_horovod_idle_during_a_step_lengthen_its_cycle():
     # A longer cycle delays every collective Horovod runs: it costs nothing only where
-    # Horovod carries nothing during a step (TopK with small_tensors="hvdx"; decentralized
+    # Horovod carries nothing during a step (TopK with small_tensors="in_topk_step"; decentralized
     # SGD, whose exchange is mpi4py point-to-point, with global_every=0; Stanza, whose
     # messages are mpi4py too; the floor, which communicates not at all).
     slow = {name for name, s in STRATEGIES.items() if "HOROVOD_CYCLE_TIME" in s.env}
@@ -21,4 +21,5 @@ def test_only_strategies_that_leave_horovod_idle_during_a_step_lengthen_its_cycl
                     "stanza_micro", "floor"}
     for name in ("decentralized", "decentralized_static", "decentralized_cta"):
         assert "global_every" not in STRATEGIES[name].cost_options
-    assert TOPK_DGC_OPTIONS["small_tensors"] == TOPK_MASKED_OPTIONS["small_tensors"] == "hvdx"
+    assert TOPK_DGC_OPTIONS["small_tensors"] == TOPK_MASKED_OPTIONS["small_tensors"] == \
+        "in_topk_step"

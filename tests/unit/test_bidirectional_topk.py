@@ -55,7 +55,7 @@ def server_residual(server, mode, d):
 
 
 CONFIGS = [TopKConfig(0.02, 0.01), TopKConfig(0.05, 0.005), TopKConfig(0.02),
-           TopKConfig(0.02, 0.01, selector="threshold", sample_size=64)]
+           TopKConfig(0.02, 0.01, topk_method="sampled_threshold", sample_size=64)]
 IDS = ["bidirectional", "bidirectional-small-downlink", "unidirectional", "threshold"]
 
 
@@ -65,13 +65,20 @@ IDS = ["bidirectional", "bidirectional-small-downlink", "unidirectional", "thres
     (dict(ratio=1.5), r"^ratio=1\.5 must be in \(0, 1\]$"),
     (dict(ratio=0), r"^ratio=0 must be in \(0, 1\]$"),
     (dict(ratio=0.1, downlink_ratio=2), r"^downlink_ratio=2 must be in \(0, 1\]$"),
-    (dict(ratio=0.1, selector="random"), r"^selector='random' must be one of"),
+    (dict(ratio=0.1, topk_method="random"), r"^topk_method='random' must be one of"),
     (dict(ratio=0.1, sample_size=0), r"^sample_size=0 must be an integer >= 1$"),
     (dict(ratio=0.1, seed=-1), r"^seed=-1 must be an integer >= 0$"),
 ])
 def test_a_bad_setting_is_a_value_error_naming_it(kwargs, message):
     with pytest.raises(ValueError, match=message):
         TopKConfig(**kwargs)
+
+
+def test_the_old_topk_method_value_is_stored_as_the_new_one():
+    # "threshold" was the value of topk_method's old name, selector.
+    config = TopKConfig(0.1, topk_method="threshold")
+    assert config == TopKConfig(0.1, topk_method="sampled_threshold")
+    assert config.topk_method == "sampled_threshold"
 
 
 def test_k_up_and_k_down_follow_the_ratios():
@@ -201,9 +208,10 @@ def test_one_rank_applies_its_own_top_k():
 
 # --- every rank gets the same bits ------------------------------------------------------
 
-@pytest.mark.parametrize("selector", ["exact", "threshold"])
-def test_gathered_every_rank_computes_a_bitwise_identical_u_and_server_residual(selector):
-    config = TopKConfig(0.05, 0.01, selector=selector, sample_size=100)
+@pytest.mark.parametrize("topk_method", ["exact", "sampled_threshold"])
+def test_gathered_every_rank_computes_a_bitwise_identical_u_and_server_residual(
+        topk_method):
+    config = TopKConfig(0.05, 0.01, topk_method=topk_method, sample_size=100)
     stream = gradient_stream(10, 6, 2000, seed=7, dtype=np.float32)
     results, _, server = run(config, "gathered", stream)
     for r in results:
@@ -258,7 +266,7 @@ def test_selection_generators_are_pure_functions_of_their_key():
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c) and not np.array_equal(a, d)
     with pytest.raises(ValueError, match="needs rng"):
-        select(np.ones(3), 1, TopKConfig(0.5, selector="threshold"))
+        select(np.ones(3), 1, TopKConfig(0.5, topk_method="sampled_threshold"))
 
 
 # --- sharded mode -----------------------------------------------------------------------

@@ -40,6 +40,12 @@ def sync(raw):
     (" safe ", lambda: topk(preset="safe")),
     ("topk(preset='safe', downlink_ratio=0.05)",
      lambda: topk(preset="safe", downlink_ratio=0.05)),
+    # The old spelling of topk_method and small_tensors, and the new one.
+    ("topk(0.01, selector='threshold', small_tensors='hvdx')",
+     lambda: topk(0.01, topk_method="sampled_threshold", small_tensors="in_topk_step")),
+    ("topk(0.01, topk_method='sampled_threshold', small_tensors='in_topk_step')",
+     lambda: topk(0.01, selector="threshold", small_tensors="hvdx")),
+    ("topk(preset='fast', selector='exact')", lambda: topk(preset="fast", topk_method="exact")),
 ])
 def test_a_compression_is_the_spec_the_same_call_builds_in_code(raw, in_code):
     spec = compression(raw)
@@ -127,7 +133,7 @@ def test_the_environment_fills_arguments_the_code_left_at_their_defaults(
     assert again[0] is chosen and again[1] is synced
     assert capsys.readouterr().err.splitlines() == [
         "[hvdx] HVDX_COMPRESSION='topk(0.1, 0.1)': bidirectional TopK, ratio=0.1 "
-        "downlink=0.1 mode=auto min_size=1024 warmup_steps=0 selector=exact "
+        "downlink=0.1 mode=auto min_size=1024 warmup_steps=0 topk_method=exact "
         "sample_size=65536 seed=0 error_feedback=True selection=layerwise (Entry)",
         "[hvdx] HVDX_SYNC=\"Decentralized('ring')\": decentralized SGD, "
         "Decentralized(topology='ring', order='adapt_then_combine', mix_every=1, "

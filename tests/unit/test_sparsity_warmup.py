@@ -34,9 +34,9 @@ def test_no_warm_up_and_ratios_above_the_start_are_left_alone():
 
 
 def test_both_directions_follow_the_path_to_their_own_ratio():
-    config = TopKConfig(0.01, downlink_ratio=0.04, selector="threshold", seed=3)
+    config = TopKConfig(0.01, downlink_ratio=0.04, topk_method="sampled_threshold", seed=3)
     mid = config_at(config, 1, 2)
     assert mid.ratio == pytest.approx(math.sqrt(0.25 * 0.01))
     assert mid.downlink_ratio == pytest.approx(math.sqrt(0.25 * 0.04))
-    assert (mid.selector, mid.seed) == ("threshold", 3)
+    assert (mid.topk_method, mid.seed) == ("sampled_threshold", 3)
     assert config_at(TopKConfig(0.01), 0, 2).downlink_ratio is None

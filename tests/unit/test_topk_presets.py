@@ -9,20 +9,23 @@ from hvdx.strategy import strategy_of
 
 def test_fast_is_one_percent_both_ways_with_dgc_momentum_without_masking():
     assert topk(preset="fast") == topk(
-        0.01, 0.01, selector="threshold", selection="global", momentum_correction=True,
-        momentum_masking=False, small_tensors="hvdx")
+        0.01, 0.01, topk_method="sampled_threshold", selection="global",
+        momentum_correction=True, momentum_masking=False, small_tensors="in_topk_step")
 
 
 def test_safe_has_a_downlink_twice_as_dense_and_dgc_masking():
     assert topk(preset="safe") == topk(
-        0.01, 0.02, selector="threshold", selection="global", momentum_correction=True,
-        momentum_masking=True, small_tensors="hvdx")
+        0.01, 0.02, topk_method="sampled_threshold", selection="global",
+        momentum_correction=True, momentum_masking=True, small_tensors="in_topk_step")
 
 
 def test_arguments_given_with_a_preset_override_it_even_at_their_defaults():
-    spec = topk(0.05, preset="safe", selector="exact", momentum_masking=False)
+    spec = topk(0.05, preset="safe", topk_method="exact", momentum_masking=False)
     assert (spec.ratio, spec.downlink_ratio) == (0.05, 0.02)
-    assert spec.config.selector == "exact" and not spec.momentum_masking
+    assert spec.config.topk_method == "exact" and not spec.momentum_masking
+    # The old names override too, as their new ones.
+    assert topk(preset="safe", selector="exact", small_tensors="horovod") == topk(
+        preset="safe", topk_method="exact", small_tensors="horovod_allreduce")
     # A default value given on purpose still overrides (fast masks nothing).
     assert topk(preset="fast", momentum_masking=True).momentum_masking
     assert topk(preset="fast", downlink_ratio=None).downlink_ratio is None

@@ -63,6 +63,10 @@ def refused_everywhere(entry, value, name, **arguments):
 @pytest.mark.parametrize("value, in_code", [
     ("topk(0.1, 0.1)", lambda: hvd.Compression.topk(0.1, 0.1)),
     ("safe", lambda: hvd.Compression.topk(preset="safe")),
+    # the old spelling of topk_method and small_tensors
+    ("topk(0.1, 0.1, selector='threshold', small_tensors='hvdx')",
+     lambda: hvd.Compression.topk(0.1, 0.1, topk_method="sampled_threshold",
+                                  small_tensors="in_topk_step")),
 ])
 def test_a_topk_from_the_environment_trains_bitwise_like_the_same_topk_in_code(
         entry, value, in_code):
@@ -75,11 +79,15 @@ def test_a_topk_from_the_environment_trains_bitwise_like_the_same_topk_in_code(
 
 @pytest.mark.mpi(min_size=1)
 def test_the_presets_run_without_momentum_correction_in_tensorflow():
-    expected = hvd.Compression.topk(0.01, 0.01, selector="threshold", selection="global",
-                                    small_tensors="hvdx")
+    expected = hvd.Compression.topk(0.01, 0.01, topk_method="sampled_threshold",
+                                    selection="global", small_tensors="in_topk_step")
     assert hvd.Compression.topk(preset="fast") == expected
     assert hvd.Compression.topk(preset="safe") == hvd.Compression.topk(
-        0.01, 0.02, selector="threshold", selection="global", small_tensors="hvdx")
+        0.01, 0.02, topk_method="sampled_threshold", selection="global",
+        small_tensors="in_topk_step")
+    # The old names and values of topk_method and small_tensors build the same spec.
+    assert expected == hvd.Compression.topk(0.01, 0.01, selector="threshold",
+                                            selection="global", small_tensors="hvdx")
     # Given explicitly, it is kept (and refused by the tape, as always in TensorFlow).
     assert hvd.Compression.topk(preset="fast", momentum_correction=True,
                                 momentum_masking=False).momentum_correction

@@ -130,7 +130,7 @@ def test_small_tensors_averaged_by_hvdx_are_horovods_average_and_horovod_idles(
     monkeypatch.setattr(adapter, "_hvd", _NoAllreduce(adapter._hvd))
     variables = flat_variables()
     by_hvdx = tape_step(variables, compiled, compression=hvd.Compression.topk(
-        *RATIOS, min_size=MIN_SIZE, small_tensors="hvdx"))(*tensors)
+        *RATIOS, min_size=MIN_SIZE, small_tensors="in_topk_step"))(*tensors)
     for a, b in zip(by_horovod[:2], by_hvdx[:2]):
         assert np.array_equal(a.numpy(), b.numpy())
     # One MPI allreduce instead of Horovod's: float32 rounding apart, the same average.

@@ -58,6 +58,10 @@ def refused_everywhere(compression, name):
     ("topk(0.1, 0.1)", lambda: hvd.Compression.topk(0.1, 0.1)),
     ("fast", lambda: hvd.Compression.topk(preset="fast")),
     ("topk(preset='safe', ratio=0.2)", lambda: hvd.Compression.topk(0.2, preset="safe")),
+    # the old spelling of topk_method and small_tensors
+    ("topk(0.1, 0.1, selector='threshold', small_tensors='hvdx')",
+     lambda: hvd.Compression.topk(0.1, 0.1, topk_method="sampled_threshold",
+                                  small_tensors="in_topk_step")),
 ])
 def test_a_topk_from_the_environment_trains_bitwise_like_the_same_topk_in_code(
         value, in_code):
@@ -88,7 +92,7 @@ def test_rank_zero_says_once_which_topk_the_environment_chose(capsys):
     if hvd.rank() == 0:
         assert said == ["[hvdx] HVDX_COMPRESSION='topk(0.1, 0.1)': bidirectional TopK, "
                         "ratio=0.1 downlink=0.1 mode=auto min_size=1024 warmup_steps=0 "
-                        "selector=exact sample_size=65536 seed=0 error_feedback=True "
+                        "topk_method=exact sample_size=65536 seed=0 error_feedback=True "
                         "selection=layerwise (DistributedOptimizer)"]
     else:
         assert said == []
@@ -117,6 +121,8 @@ def test_a_compression_in_the_code_wins_over_the_environment(capsys):
     ("topk(0.1, cross_every=4)", "unexpected keyword argument 'cross_every'"),
     ("topk(2.0)", "ratio=2.0"),
     ("topk(preset='fastest')", "preset='fastest' must be one of 'fast', 'safe'"),
+    ("topk(0.1, selector='exact', topk_method='sampled_threshold')",
+     "selector='exact' and topk_method='sampled_threshold' disagree"),
 ])
 def test_a_value_that_is_not_accepted_fails_every_rank_naming_the_variable(value, reason):
     message = refused_everywhere(value, value)

@@ -63,17 +63,18 @@ def residual(opt, side, name="w"):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("mode, direction, selector", [
+@pytest.mark.parametrize("mode, direction, topk_method", [
     (mode, direction, "exact") for mode in MODES for direction in RATIOS
-] + [(mode, "bidirectional", "threshold") for mode in MODES])
-def test_update_equals_the_numpy_reference_bitwise(mode, direction, selector):
+] + [(mode, "bidirectional", "sampled_threshold") for mode in MODES])
+def test_update_equals_the_numpy_reference_bitwise(mode, direction, topk_method):
     ratio, downlink_ratio = RATIOS[direction]
     model = Flat()
     spec = hvd.Compression.topk(ratio, downlink_ratio, mode=mode, min_size=0,
-                                selector=selector, sample_size=256, seed=3)
+                                topk_method=topk_method, sample_size=256, seed=3)
     opt = topk_optimizer(model, spec)
     size, rank = hvd.size(), hvd.rank()
-    config = TopKConfig(ratio, downlink_ratio, selector=selector, sample_size=256, seed=3)
+    config = TopKConfig(ratio, downlink_ratio, topk_method=topk_method, sample_size=256,
+                        seed=3)
     workers = [ResidualMemory(["w"]) for _ in range(size)]
     servers = [ResidualMemory(["w"]) for _ in range(size)]
     for step in range(3):
@@ -250,8 +251,8 @@ def test_small_tensors_averaged_by_hvdx_are_horovods_average_and_horovod_idles(c
         opt.synchronize()
         return model, opt, asked
 
-    by_horovod, opt_horovod, asked_horovod = one_step("horovod")
-    by_hvdx, opt_hvdx, asked_hvdx = one_step("hvdx")
+    by_horovod, opt_horovod, asked_horovod = one_step("horovod_allreduce")
+    by_hvdx, opt_hvdx, asked_hvdx = one_step("in_topk_step")
     small = [n for n, p in by_hvdx.named_parameters() if p.numel() < 256]
     assert small and sorted(asked_horovod) == sorted(small) and asked_hvdx == []
     for (name, a), b in zip(by_horovod.named_parameters(), by_hvdx.parameters()):
