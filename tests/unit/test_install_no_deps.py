@@ -3,6 +3,7 @@
 hvdx must build from pyproject.toml with that environment's setuptools alone, with no
 index reachable, and the installed copy must run: the package, every subpackage, and the
 `hvdx` console script. A copy of the sources is built, so the work tree gets no build/.
+The LICENSE file ships in the wheel and in the sdist.
 """
 
 import os
@@ -10,6 +11,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import tarfile
 import tomllib
 import zipfile
 
@@ -36,7 +38,7 @@ def built(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("install-no-deps")
     src = tmp / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, src / name)
     shutil.copytree(ROOT / "hvdx", src / "hvdx",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -55,6 +57,26 @@ def test_the_wheel_holds_every_module_and_the_console_script(built):
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "[console_scripts]" in text and "hvdx = hvdx.cli:main" in text, text
+
+
+def test_the_license_ships_in_the_wheel_and_the_sdist(built, tmp_path):
+    src, wheel, _ = built
+    license_text = (ROOT / "LICENSE").read_bytes()
+    assert b"Apache License" in license_text and b"Version 2.0, January 2004" in license_text
+    # setuptools < 77 writes .dist-info/LICENSE, later ones .dist-info/licenses/LICENSE.
+    (name,) = [n for n in zipfile.ZipFile(wheel).namelist()
+               if n.endswith((".dist-info/LICENSE", ".dist-info/licenses/LICENSE"))]
+    assert zipfile.ZipFile(wheel).read(name) == license_text
+    # The sdist as `python -m build --sdist` makes it (build_meta is what it calls).
+    build = subprocess.run(
+        [sys.executable, "-c", "import sys; from setuptools import build_meta; "
+         "print(build_meta.build_sdist(sys.argv[1]))", str(tmp_path)],
+        cwd=src, capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stdout + build.stderr
+    sdist = tmp_path / build.stdout.strip().splitlines()[-1]
+    with tarfile.open(sdist) as archive:
+        member = archive.extractfile(f"{sdist.name[:-len('.tar.gz')]}/LICENSE")
+        assert member is not None and member.read() == license_text
 
 
 def test_the_wheel_metadata_carries_pyprojects_ranges(built):
