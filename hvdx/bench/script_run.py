@@ -157,18 +157,20 @@ class _Watchdog(threading.Thread):
         super().__init__(daemon=True)
         self.proc, self.timeout, self.prefix, self.ranks = proc, timeout, prefix, ranks
         self.why: Optional[str] = None
+        #: ``time.monotonic()`` when every rank's step log was there (None: not seen).
+        self.written: Optional[float] = None
         self._done = threading.Event()
         self.start()
 
     def run(self) -> None:
-        started, written = time.monotonic(), None
+        started = time.monotonic()
         while not self._done.wait(1.0):
             now = time.monotonic()
-            if written is None and len(step_log.read(self.prefix)) >= self.ranks:
-                written = now
+            if self.written is None and len(step_log.read(self.prefix)) >= self.ranks:
+                self.written = now
             if now - started > self.timeout:
                 self.why = "timeout"
-            elif written is not None and now - written > EXIT_GRACE_S:
+            elif self.written is not None and now - self.written > EXIT_GRACE_S:
                 self.why = "lingered"
             else:
                 continue
@@ -229,7 +231,9 @@ def run_one(cluster, script: str, source: str, script_args: List[str], strategy:
     if lingered:
         say(f"  {stem} / {strategy}: every rank wrote its step log but the job did not "
             f"exit within {EXIT_GRACE_S:.0f} s (MPI_Finalize); killed it, result kept")
-    wall = time.monotonic() - started
+    # A job killed while lingering ends, for its wall time, when its last rank wrote
+    # its step log (to the poll's second), not when the grace ran out.
+    wall = (watch.written if lingered else time.monotonic()) - started
     after = [cluster.interface_counters(h) for h in hosts]
     if proc.returncode != 0 and not lingered:
         with open(err_log) as f:
@@ -239,7 +243,7 @@ def run_one(cluster, script: str, source: str, script_args: List[str], strategy:
     logs = step_log.read(prefix)
     return {"script": os.path.basename(script), "strategy": strategy, "ranks": ranks,
             "script_args": script_args, "copy": copy, "environment": env,
-            "wall_s": wall, "img_per_s": parse_throughput("".join(lines)),
+            "wall_s": wall, "killed_after_exit_grace": lingered, "img_per_s": parse_throughput("".join(lines)),
             "step_logs": {str(k): v for k, v in logs.items()},
             # Per host, the whole job (start-up and the initial broadcast included).
             "interface_tx_rx": [[a[0] - b[0], a[1] - b[1]] for b, a in zip(before, after)]
