@@ -56,6 +56,10 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
                        help="skip the floor run (every rank training alone, no "
                             "communication: the limit of any strategy), and with it the "
                             "table's 'x floor' column")
+    bench.add_argument("--no-calibrate", action="store_true",
+                       help="skip the calibration job (exchange rounds timed on each link "
+                            "class before the runs); the table's plan column then comes "
+                            "from the configured link rates")
     bench.add_argument("--eval-every", type=int, default=5,
                        help="steps between two accuracy evaluations")
     bench.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
@@ -137,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
                      args.steps, args.eval_every, args.out,
                      ranks_per_host=args.ranks_per_host, localhost_ranks=args.ranks,
                      timeout=args.timeout, say=say, placements=placements,
-                     floor=not args.no_floor)
+                     floor=not args.no_floor, calibrate=not args.no_calibrate)
     print()
     print(render_table(rows))
     print(f"\nwritten: {args.out}/results.json, results.csv, results.png")

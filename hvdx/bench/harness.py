@@ -68,6 +68,8 @@ class Summary:
     #: communication at all: the limit of any strategy on these cores); 1.00 is the floor.
     floor_multiple: Optional[float] = None
     predicted_step_s: Optional[float] = None
+    #: The cost model's step from the configured rates alone (no calibration).
+    uncalibrated_step_s: Optional[float] = None
     #: How ranks were placed on the emulated hosts (``None`` on localhost).
     placement: Optional[str] = None
 
@@ -113,8 +115,11 @@ def summarize(result: Dict, target: float, network: str) -> Summary:
         placement=result.get("placement"))
 
 
-def _add_predictions(rows: List[Summary], raw: List[Dict], spec) -> None:
-    """Price every run with the cost model, from the cluster spec and measured compute."""
+def _add_predictions(rows: List[Summary], raw: List[Dict], spec,
+                     calibration=None) -> None:
+    """Price every run with the cost model, from the cluster spec and measured compute:
+    ``predicted_step_s`` from the calibration measured on the cluster when there is one
+    (:mod:`hvdx.mpi.calibrate`), ``uncalibrated_step_s`` from the configured rates."""
     from hvdx.core.cost_model import Cluster, Workload, predict
 
     if spec is None:
@@ -123,10 +128,11 @@ def _add_predictions(rows: List[Summary], raw: List[Dict], spec) -> None:
         model_name = STRATEGIES[row.strategy].cost_model
         if model_name is None:
             continue
-        cluster = Cluster(racks=spec.racks, hosts_per_rack=spec.hosts_per_rack,
-                          nic_bps=spec.nic, uplink_bps=spec.uplink,
-                          ranks_per_host=result["ranks"] // spec.num_hosts,
-                          placement=row.placement or "blocked")
+        layout = dict(racks=spec.racks, hosts_per_rack=spec.hosts_per_rack,
+                      nic_bps=spec.nic, uplink_bps=spec.uplink,
+                      ranks_per_host=result["ranks"] // spec.num_hosts,
+                      placement=row.placement or "blocked")
+        cluster = Cluster(**layout)
         conv, fc = result["parameter_split"]
         other = result["parameters"] - conv - fc  # batch norm and friends: in the body
         workload = Workload(conv_params=conv + other, fc_params=fc,
@@ -135,7 +141,11 @@ def _add_predictions(rows: List[Summary], raw: List[Dict], spec) -> None:
                             **(result.get("stanza") or {}))
         # What the run used (a DS-Sync rotation picks its parameters from the link rates).
         options = result.get("cost_options", STRATEGIES[row.strategy].cost_options)
-        row.predicted_step_s = predict(model_name, cluster, workload, **options).step_s
+        row.uncalibrated_step_s = predict(model_name, cluster, workload, **options).step_s
+        row.predicted_step_s = row.uncalibrated_step_s
+        if calibration is not None:
+            row.predicted_step_s = predict(model_name, Cluster(**layout, calibration=calibration),
+                                           workload, **options).step_s
 
 
 def _add_speedups(rows: List[Summary]) -> None:
@@ -320,9 +330,12 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
               eval_every: int, out_dir: str, ranks_per_host: int = 1,
               localhost_ranks: int = 4, timeout: float = 900.0,
               say: Callable[[str], None] = print,
-              placements: Optional[List[str]] = None, floor: bool = True):
+              placements: Optional[List[str]] = None, floor: bool = True,
+              calibrate: bool = True):
     """Run every strategy on every workload (and rank placement), and the floor (every
-    rank training alone) unless ``floor`` is false; write and return the summaries."""
+    rank training alone) unless ``floor`` is false; on an emulated cluster, first the
+    calibration job (:mod:`hvdx.mpi.calibrate`) unless ``calibrate`` is false, whose
+    measurements price the ``plan`` column; write and return the summaries."""
     for name, known, what in ((workloads, WORKLOADS, "workload"),
                               (strategies, STRATEGIES, "strategy")):
         for item in name:
@@ -339,7 +352,10 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
     runs = _runs(strategies, placements, floor)
     ranks = localhost_ranks if cluster is None else len(cluster.hosts) * ranks_per_host
     rows, raw = [], []
+    calibration = None
     try:
+        if cluster_used and calibrate:
+            calibration = _calibrate(cluster, ranks_per_host, out_dir, timeout, say)
         total = len(workloads) * len(runs)
         for w in workloads:
             for s, placement in runs:
@@ -355,9 +371,42 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
             cluster.close()
     _add_speedups(rows)
     _add_floor(rows)
-    _add_predictions(rows, raw, spec if cluster_used else None)
+    _add_predictions(rows, raw, spec if cluster_used else None, calibration)
     _write(rows, raw, out_dir)
     return rows
+
+
+def _calibrate(cluster, ranks_per_host: int, out_dir: str, timeout: float, say):
+    """The calibration job on the cluster, blocked placement (what the planner needs:
+    :mod:`hvdx.mpi.calibrate`); ``None``, said, if it fails: the plan column then
+    comes from the configured rates."""
+    from hvdx.cluster import mpiexec_command
+    from hvdx.core.calibration import Calibration
+
+    path = os.path.abspath(os.path.join(out_dir, "calibration.json"))
+    if os.path.exists(path):
+        os.remove(path)  # a file left by an earlier run must not pass for this one's
+    say("calibrating the cost model: timing exchange rounds on each link class")
+    command = mpiexec_command(cluster, [sys.executable, "-m", "hvdx.mpi.calibrate", "--out",
+                                        path], ppn=ranks_per_host,
+                              env={"OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("calibrated "):
+                say("  " + line.strip())
+            if line.startswith("written: "):
+                break
+        proc.wait(timeout=EXIT_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # the file is complete (written atomically); MPI_Finalize hung
+        proc.wait()
+    if not os.path.exists(path):
+        say(f"  the calibration job failed (exit {proc.returncode}); the plan column "
+            "comes from the configured rates")
+        return None
+    return Calibration.load(path)
 
 
 def _start_cluster(spec, say):

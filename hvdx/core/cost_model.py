@@ -65,11 +65,12 @@ from __future__ import annotations
 
 import inspect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from hvdx.core.calibration import Calibration
 from hvdx.core.stanza_roles import stanza_roles
 from hvdx.core.units import format_rate, parse_quantity, parse_rate, parse_time
 from hvdx.core.validation import integer as _integer
@@ -156,6 +157,10 @@ class Cluster:
         latency_s: alpha, the start-up cost of one message, seconds.
         intra_host_bps: rate between two ranks of one host; ``None``: not a bottleneck.
         placement: how ranks fill the hosts, one of :data:`PLACEMENTS` (:func:`host_order`).
+        calibration: transfer times measured on this cluster
+            (:class:`hvdx.core.calibration.Calibration`); with one, every phase is priced
+            from them instead of ``alpha + m / beta``, and an allreduce is laid out as the
+            MPI library runs it (see :func:`predict`). ``None``: the rates above alone.
     """
 
     racks: int
@@ -166,8 +171,12 @@ class Cluster:
     latency_s: float = 25e-6
     intra_host_bps: Optional[float] = None
     placement: str = "blocked"
+    calibration: Optional[Calibration] = field(default=None, compare=False)
 
     def __post_init__(self):
+        if self.calibration is not None and not isinstance(self.calibration, Calibration):
+            raise ValueError(f"Cluster.calibration={self.calibration!r} must be a "
+                             "hvdx.core.calibration.Calibration or None")
         for name in ("racks", "hosts_per_rack", "ranks_per_host"):
             _integer(f"Cluster.{name}", getattr(self, name), 1)
         if self.placement not in PLACEMENTS:
@@ -341,6 +350,10 @@ class _Traffic(NamedTuple):
     flows: List[Flow]
     rounds: int
     weight: float = 1.0
+    #: True: the same flows repeat in each of the ``rounds`` (a ring), each carrying
+    #: ``1/rounds`` of its bytes per round; False: every flow is sent once, all at once
+    #: (an alltoall), and ``rounds`` counts start-ups only.
+    repeated: bool = True
 
 
 class _Plan(NamedTuple):
@@ -362,6 +375,78 @@ def _allreduce(name: str, groups: np.ndarray, nbytes: float, weight: float = 1.0
     """Ring allreduce in every row: reduce-scatter + allgather, 2(m-1) rounds."""
     m = groups.shape[1]
     return _Traffic(name, _rings(groups, 2 * (m - 1) / m * nbytes), 2 * (m - 1), weight)
+
+
+#: MPICH runs recursive doubling at or below this many bytes
+#: (``MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE``), recursive halving above.
+MPICH_SHORT_ALLREDUCE_BYTES = 2048
+
+
+def _recursive_halving(name: str, groups: np.ndarray, nbytes: float,
+                       weight: float = 1.0) -> List[_Traffic]:
+    """MPICH's allreduce in every row, round by round (Thakur, Rabenseifner & Gropp,
+    "Optimization of collective communication operations in MPICH", IJHPCA 2005).
+
+    1. with ``m`` not a power of two, ``rem = m - 2^floor(log2 m)``: the first ``rem``
+       even positions send their whole buffer to the next (odd) position and sit out;
+    2. above :data:`MPICH_SHORT_ALLREDUCE_BYTES`, reduce-scatter by recursive halving:
+       round ``j`` (partner ``v XOR 2^j``, distance 1 first) exchanges half of what the
+       previous round kept (``M/2``, ``M/4``, ...), then allgather by recursive doubling,
+       the same rounds in reverse; at or below it, recursive doubling of the whole
+       buffer, one round per power of two;
+    3. the odd positions of step 1 send the result back.
+    """
+    m = groups.shape[1]
+    if m < 2:
+        return []
+    pof2 = 1 << (m.bit_length() - 1)
+    rem = m - pof2
+    new = np.arange(pof2)
+    real = np.where(new < rem, 2 * new + 1, new + rem)  # position of each new rank
+    traffic = []
+    if rem:
+        evens, odds = 2 * np.arange(rem), 2 * np.arange(rem) + 1
+        traffic.append(_Traffic(f"{name}: fold {rem} rank(s) in",
+                                [(groups[:, evens].ravel(), groups[:, odds].ravel(), nbytes)],
+                                1, weight))
+    masks = [1 << j for j in range(pof2.bit_length() - 1)]
+    if nbytes <= MPICH_SHORT_ALLREDUCE_BYTES:
+        steps = [(mask, nbytes) for mask in masks]
+    else:
+        steps = [(mask, nbytes / (2 * mask)) for mask in masks]
+        steps += steps[::-1]
+    for mask, size in steps:
+        src, dst = groups[:, real].ravel(), groups[:, real[new ^ mask]].ravel()
+        traffic.append(_Traffic(f"{name}: exchange at distance {mask}", [(src, dst, size)],
+                                1, weight))
+    if rem:
+        traffic.append(_Traffic(f"{name}: result out to {rem} rank(s)",
+                                [(groups[:, odds].ravel(), groups[:, evens].ravel(), nbytes)],
+                                1, weight))
+    return traffic
+
+
+def _allreduces(name: str, groups: np.ndarray, nbytes: float, c: "Cluster",
+                weight: float = 1.0) -> List[_Traffic]:
+    """The allreduce in every row as the cluster's MPI library runs it: MPICH's
+    recursive halving when the calibration says so (:func:`_recursive_halving`), else
+    a ring (:func:`_allreduce`)."""
+    if c.calibration is not None and c.calibration.allreduce == "recursive_halving":
+        return _recursive_halving(name.replace("ring ", ""), groups, nbytes, weight)
+    return [_allreduce(name, groups, nbytes, weight)]
+
+
+def _at_once(name: str, *parts: List[_Traffic]) -> List[_Traffic]:
+    """Several multi-round collectives on disjoint ranks at the same time: round ``i``
+    of each runs together with round ``i`` of the others."""
+    longest = max((len(p) for p in parts), default=0)
+    out = []
+    for i in range(longest):
+        now = [p[i] for p in parts if i < len(p)]
+        out.append(_Traffic(name if longest == 1 else f"{name}, round {i + 1}",
+                            [f for t in now for f in t.flows], max(t.rounds for t in now),
+                            now[0].weight))
+    return out
 
 
 def _shift(n: int, distance: int, nbytes: float) -> Flow:
@@ -391,16 +476,71 @@ def _link_loads(flows: List[Flow], c: Cluster) -> Dict[str, float]:
     return {link: float(max(out[link].max(), into[link].max())) for link in sizes}
 
 
+def _link_flows(flows: List[Flow], c: Cluster) -> Dict[str, List[Tuple[int, float]]]:
+    """Per link class, every loaded link in each direction as ``(flows, bytes)``."""
+    sizes = {"nic": c.racks * c.hosts_per_rack, "uplink": c.racks, "intra-host": c.ranks}
+    host, rack = c.host_of_rank, c.rack_of_rank
+    out: Dict[str, List[Tuple[int, float]]] = {}
+    for link, size in sizes.items():
+        counts = np.zeros((2, size))
+        loads = np.zeros((2, size))
+        for src, dst, nbytes in flows:
+            a, b, mask = {"nic": (host[src], host[dst], host[src] != host[dst]),
+                          "uplink": (rack[src], rack[dst], rack[src] != rack[dst]),
+                          "intra-host": (src, dst, (host[src] == host[dst]) & (src != dst))
+                          }[link]
+            for side, ends in ((0, a), (1, b)):
+                counts[side] += np.bincount(ends[mask], minlength=size)
+                loads[side] += np.bincount(ends[mask], minlength=size) * nbytes
+        out[link] = [(int(k), float(v)) for k, v in zip(counts.ravel(), loads.ravel()) if k]
+    return out
+
+
+def _price_calibrated(traffic: _Traffic, c: Cluster) -> Tuple[float, str]:
+    """Seconds of one occurrence of ``traffic`` from the cluster's calibration, and the
+    link class that took longest.
+
+    1. per link and direction, the flows through it and their bytes;
+    2. a repeated traffic (a ring) is ``rounds`` rounds of ``1/rounds`` of those bytes,
+       each priced by :meth:`Calibration.round_s` for that many flows; a traffic sent
+       all at once is one round;
+    3. the busiest link sets the time; a class the calibration lacks is priced by the
+       rates and alpha (``intra-host`` without a rate: free).
+    """
+    cal = c.calibration
+    rates = {"nic": c.nic_bps, "uplink": c.uplink_bps, "intra-host": c.intra_host_bps}
+    best, where = 0.0, "none"
+    rounds = traffic.rounds if traffic.repeated else 1
+    for link, loaded in _link_flows(traffic.flows, c).items():
+        for flows, nbytes in loaded:
+            if cal.has(link):
+                seconds = rounds * cal.round_s(link, flows, nbytes / flows / rounds)
+            elif rates[link]:
+                seconds = traffic.rounds * c.latency_s + 8 * nbytes / rates[link]
+            else:
+                seconds = 0.0
+            if seconds > best:
+                best, where = seconds, link
+    return best, where
+
+
 def _price(traffic: _Traffic, c: Cluster) -> Phase:
-    """1. load every link with the flows; 2. busiest link / its rate; 3. add rounds * alpha."""
+    """1. load every link with the flows; 2. busiest link / its rate; 3. add rounds * alpha.
+
+    With a calibration, 2 and 3 are :func:`_price_calibrated`.
+    """
     loads = _link_loads(traffic.flows, c)
+    sent = sum(len(src) * nbytes for src, _, nbytes in traffic.flows) / c.ranks
+    if c.calibration is not None:
+        seconds, link = _price_calibrated(traffic, c)
+        return Phase(traffic.name, traffic.weight, traffic.rounds, seconds, link,
+                     loads["nic"], loads["uplink"], loads["intra-host"], sent)
     rates = {"nic": c.nic_bps, "uplink": c.uplink_bps, "intra-host": c.intra_host_bps}
     times = {link: 8 * load / rates[link] if rates[link] else 0.0
              for link, load in loads.items()}
     link = max(times, key=times.get)
     latency = traffic.rounds * c.latency_s if traffic.flows else 0.0
     bottleneck = "latency" if latency > times[link] else link if times[link] > 0 else "none"
-    sent = sum(len(src) * nbytes for src, _, nbytes in traffic.flows) / c.ranks
     return Phase(traffic.name, traffic.weight, traffic.rounds, latency + times[link],
                  bottleneck, loads["nic"], loads["uplink"], loads["intra-host"], sent)
 
@@ -416,7 +556,7 @@ def _grid(c: Cluster) -> np.ndarray:
 def _horovod(c: Cluster, w: Workload) -> _Plan:
     """Horovod's flat ring allreduce over all ranks (Patarasuk & Yuan 2009)."""
     everyone = np.arange(c.ranks)[None, :]
-    return _Plan("horovod", [_allreduce("ring allreduce", everyone, w.model_bytes)])
+    return _Plan("horovod", _allreduces("ring allreduce", everyone, w.model_bytes, c))
 
 
 def _hierarchical(c: Cluster, w: Workload) -> _Plan:
@@ -460,7 +600,7 @@ def _topk(c: Cluster, w: Workload, ratio: float = 0.01, downlink_ratio: Optional
     scatter = [_shift(n, d, k_up / n) for d in range(1, n)]
     gather = _rings(np.arange(n)[None, :], (n - 1) / n * k_down)
     return _Plan(f"topk sharded {ratio:g}/{down:g}", [
-        _Traffic("alltoall of top-k pairs to shard owners", scatter, n - 1),
+        _Traffic("alltoall of top-k pairs to shard owners", scatter, n - 1, repeated=False),
         _Traffic("allgather of downlink top-k shards", gather, n - 1)])
 
 
@@ -481,9 +621,10 @@ def _dssync(c: Cluster, w: Workload, intra_phases: int = 1,
     period = max(intra + crossing, 1)
     # Crossing ranks are spread over hosts (first local rank of each host, then second).
     order = sorted(range(width), key=lambda j: (j % c.ranks_per_host, j // c.ranks_per_host))
-    traffic = [_allreduce("intra-rack group allreduce", grid, w.model_bytes, intra / period),
-               _allreduce("cross-rack group allreduce", grid[:, order[:cross]].T,
-                          w.model_bytes, crossing / period)]
+    traffic = _allreduces("intra-rack group allreduce", grid, w.model_bytes, c,
+                          intra / period) + \
+        _allreduces("cross-rack group allreduce", grid[:, order[:cross]].T, w.model_bytes,
+                    c, crossing / period)
     return _Plan(f"dssync intra={intra_phases} cross={cross}", [t for t in traffic if t.weight > 0])
 
 
@@ -570,16 +711,15 @@ def _stanza(c: Cluster, w: Workload, fc_workers: int = 1) -> _Plan:
     conv, target, fc = _stanza_roles(c, fc_workers)
     activations = w.batch_size * w.activation_size * w.bytes_per_element
     # Conv and FC rings run at once on disjoint ranks; F = 1 gives no FC ring at all.
-    conv_ring = _allreduce("", conv[None, :], w.conv_params * w.bytes_per_element)
-    fc_ring = _allreduce("", fc[None, :], w.fc_params * w.bytes_per_element)
+    conv_ring = _allreduces("", conv[None, :], w.conv_params * w.bytes_per_element, c)
+    fc_ring = _allreduces("", fc[None, :], w.fc_params * w.bytes_per_element, c)
     # The busiest FC worker runs the head for all of its conv workers, one after another.
     most_fed = int(np.bincount(target).max())
     compute = w.compute_s * ((1 - w.fc_compute_fraction) + most_fed * w.fc_compute_fraction)
     traffic = [
         _Traffic("activations to FC workers", [(conv, target, activations)], 1),
         _Traffic("activation gradients to conv workers", [(target, conv, activations)], 1),
-        _Traffic("conv allreduce (and FC allreduce if F > 1)",
-                 conv_ring.flows + fc_ring.flows, max(conv_ring.rounds, fc_ring.rounds))]
+        *_at_once("conv allreduce (and FC allreduce if F > 1)", conv_ring, fc_ring)]
     return _Plan(f"stanza F={fc_workers}", traffic, compute_s=compute, data_ranks=len(conv))
 
 

@@ -1,0 +1,179 @@
+"""Measured transfer times per link class: what calibrates the cost model.
+
+The alpha-beta model of :mod:`hvdx.core.cost_model` prices a message at the configured
+link rate plus a fixed start-up cost. Measured on the emulated cluster, MPICH over TCP
+falls short of that in three ways the rates alone cannot say: a bulk transfer reaches
+60-95% of the shaped rate depending on its size and on how many flows share the link
+(TCP restarts slow start after every idle gap, and shaped queues drop), a round of small
+messages costs milliseconds rather than microseconds (ranks that outnumber the cores
+wait for the scheduler), and links between hosts of one rack run well below their rate.
+A :class:`Calibration` holds what a calibration job (:mod:`hvdx.mpi.calibrate`) measured
+instead, and the cost model prices every phase from it:
+
+1. per link class (``"uplink"``: between racks; ``"nic"``: between hosts of one rack;
+   ``"intra-host"``: between ranks of one host), for ``flows`` concurrent flows through
+   one link each way and a message of ``nbytes`` per flow, the seconds one bidirectional
+   exchange round took (every flow's partner sends back at the same time, as the rounds
+   of MPI's collectives do);
+2. :meth:`Calibration.round_s` interpolates those tables: linearly in bytes between two
+   measured sizes (time is close to affine in the size), with the last segment's slope
+   beyond the largest size, the smallest size's time below it; linearly between two
+   measured flow counts, scaled by the count beyond the largest (flows share a link
+   evenly);
+3. ``allreduce``: the algorithm the MPI library runs for an allreduce
+   (``"recursive_halving"``, MPICH's: Thakur, Rabenseifner & Gropp, IJHPCA 2005; or
+   ``"ring"``, NCCL's), which the cost model lays out round by round.
+
+Pure numpy and standard library; saved and loaded as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Sequence, Tuple
+
+__all__ = ["ALLREDUCE_ALGORITHMS", "Calibration", "LINK_CLASSES"]
+
+#: The link classes a calibration measures, as the cost model names its links.
+LINK_CLASSES = ("uplink", "nic", "intra-host")
+#: How the MPI library runs an allreduce (:mod:`hvdx.core.cost_model` lays out both).
+ALLREDUCE_ALGORITHMS = ("recursive_halving", "ring")
+
+Table = Dict[int, List[Tuple[float, float]]]  # flows -> [(bytes per flow, seconds)]
+
+
+def _interpolate(points: Sequence[Tuple[float, float]], nbytes: float) -> float:
+    """Seconds for ``nbytes`` from sorted ``(bytes, seconds)`` points (module step 2)."""
+    if len(points) == 1 or nbytes <= points[0][0]:
+        if len(points) == 1:
+            return points[0][1] * max(1.0, nbytes / points[0][0]) if points[0][0] else \
+                points[0][1]
+        return points[0][1]
+    for (b0, t0), (b1, t1) in zip(points, points[1:]):
+        if nbytes <= b1:
+            return t0 + (t1 - t0) * (nbytes - b0) / (b1 - b0)
+    (b0, t0), (b1, t1) = points[-2], points[-1]
+    return t1 + max(0.0, (t1 - t0) / (b1 - b0)) * (nbytes - b1)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Transfer times measured on one cluster (module docstring).
+
+    Attributes:
+        tables: link class -> flows per link -> ``[(bytes per flow, seconds)]``, sizes
+            increasing; seconds of one bidirectional exchange round.
+        allreduce: one of :data:`ALLREDUCE_ALGORITHMS`.
+        source: where it was measured (free text: the cluster, the MPI library).
+    """
+
+    tables: Mapping[str, Table]
+    allreduce: str = "recursive_halving"
+    source: str = ""
+    #: Not compared: two calibrations are equal if they measured the same.
+    notes: Tuple[str, ...] = field(default=(), compare=False)
+
+    def __post_init__(self):
+        if self.allreduce not in ALLREDUCE_ALGORITHMS:
+            raise ValueError(f"allreduce={self.allreduce!r} must be one of "
+                             f"{', '.join(ALLREDUCE_ALGORITHMS)}")
+        clean: Dict[str, Table] = {}
+        for link, table in dict(self.tables).items():
+            if link not in LINK_CLASSES:
+                raise ValueError(f"tables has link class {link!r}; the classes are "
+                                 f"{', '.join(LINK_CLASSES)}")
+            rows: Table = {}
+            for flows, points in dict(table).items():
+                flows = int(flows)
+                points = sorted((float(b), float(s)) for b, s in points)
+                if flows < 1 or not points or any(b < 0 or not 0 < s < math.inf
+                                                  for b, s in points):
+                    raise ValueError(f"tables[{link!r}][{flows}] must hold (bytes >= 0, "
+                                     f"seconds > 0) pairs for flows >= 1, not {points!r}")
+                rows[flows] = points
+            if rows:
+                clean[link] = rows
+        if not clean:
+            raise ValueError("tables measured no link class")
+        object.__setattr__(self, "tables", clean)
+
+    def has(self, link: str) -> bool:
+        """Whether ``link`` was measured."""
+        return link in self.tables
+
+    def round_s(self, link: str, flows: float, nbytes: float) -> float:
+        """Seconds of one exchange round: ``flows`` flows of ``nbytes`` each through one
+        ``link`` each way (module step 2).
+
+        Raises:
+            KeyError: naming ``link`` if it was not measured.
+        """
+        if link not in self.tables:
+            raise KeyError(f"link class {link!r} was not calibrated (measured: "
+                           f"{', '.join(self.tables)})")
+        table = self.tables[link]
+        counts = sorted(table)
+        flows = max(1.0, float(flows))
+        if flows >= counts[-1]:
+            top = counts[-1]
+            # Beyond the most flows measured the link is shared evenly: flows * bytes
+            # move at the rate ``top`` flows reached together.
+            return _interpolate(table[top], nbytes * flows / top)
+        lower = max(c for c in counts if c <= flows) if flows >= counts[0] else counts[0]
+        upper = min(c for c in counts if c >= flows)
+        low = _interpolate(table[lower], nbytes) if flows >= counts[0] else \
+            _interpolate(table[lower], nbytes * flows / lower)
+        if upper == lower:
+            return low
+        high = _interpolate(table[upper], nbytes)
+        return low + (high - low) * (flows - lower) / (upper - lower)
+
+    def latency_s(self, link: str) -> float:
+        """The smallest measured round on ``link`` (one flow): its start-up cost."""
+        table = self.tables[link]
+        return table[min(table)][0][1]
+
+    def to_dict(self) -> Dict[str, object]:
+        """A JSON-ready dict (:meth:`from_dict` reads it back)."""
+        return {"allreduce": self.allreduce, "source": self.source,
+                "notes": list(self.notes),
+                "tables": {link: {str(f): [list(p) for p in pts] for f, pts in t.items()}
+                           for link, t in self.tables.items()}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> "Calibration":
+        """The calibration :meth:`to_dict` wrote.
+
+        Raises:
+            ValueError: if ``data`` is not one.
+        """
+        if not isinstance(data, Mapping) or not isinstance(data.get("tables"), Mapping):
+            raise ValueError("a calibration is a JSON object with 'tables' (link class -> "
+                             "flows -> [[bytes, seconds], ...]); this is not one")
+        return cls(tables={link: {int(f): [tuple(p) for p in pts] for f, pts in t.items()}
+                           for link, t in data["tables"].items()},
+                   allreduce=str(data.get("allreduce", "recursive_halving")),
+                   source=str(data.get("source", "")),
+                   notes=tuple(str(n) for n in data.get("notes", ())))
+
+    def save(self, path: str) -> None:
+        """Writes :meth:`to_dict` as JSON, atomically (a reader never sees half)."""
+        from hvdx.atomic_file import write_atomically
+
+        write_atomically(path, (json.dumps(self.to_dict(), indent=1) + "\n").encode())
+
+    @classmethod
+    def load(cls, path: str) -> "Calibration":
+        """Reads a file :meth:`save` wrote.
+
+        Raises:
+            ValueError: naming ``path`` if it is not a calibration.
+        """
+        try:
+            with open(path, encoding="utf-8") as handle:
+                return cls.from_dict(json.load(handle))
+        except (OSError, json.JSONDecodeError, ValueError, TypeError) as error:
+            raise ValueError(f"calibration={path!r} is not a calibration file ({error}); "
+                             "write one with `hvdx plan --calibrate FILE`") from error

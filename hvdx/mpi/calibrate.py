@@ -1,0 +1,176 @@
+"""Calibration job: time exchange rounds per link class on the cluster a job runs on.
+
+What :class:`hvdx.core.calibration.Calibration` holds, measured as the rounds of MPI's
+collectives run: every pair of a round exchanges the same message both ways at once
+(``MPI_Sendrecv``), and every measured flow count is a number of pairs whose traffic
+shares one link. Collective over ``comm``:
+
+1. hosts from the shared-memory split, racks from ``HVDX_RACK`` / ``HVDX_CLUSTER_RACK``
+   (:mod:`hvdx.mpi.topology`; no label: one rack);
+2. the pair sets: ``"uplink"`` (between the first two racks; ``c`` pairs, one rank per
+   host on each side, share each rack's uplink, for ``c = 1, 2, 4, ...`` up to the
+   hosts of the smaller rack), ``"nic"`` (hosts of one rack paired, every rack at once:
+   one flow per NIC, and ``ranks_per_host`` flows with several ranks per host),
+   ``"intra-host"`` (ranks of one host paired);
+3. for each pair set and each size of :data:`DEFAULT_SIZES` in turn: a barrier, then the
+   pairs exchange, ``repeats`` times after one unrecorded warm-up (connections are set up
+   lazily); the round's time is the slowest pair's (a max over ranks) and the median of
+   the repeats is kept. Sizes stop growing once a round took over ``max_round_s``: the
+   slope is known by then and the cost model extrapolates it;
+4. every rank returns the same :class:`~hvdx.core.calibration.Calibration`; the
+   allreduce algorithm is MPICH's recursive halving when the library is MPICH.
+
+Run it as ``mpirun -n N hvdx plan --calibrate FILE``; ``hvdx bench`` runs it on its
+emulated cluster before the workloads (``python -m hvdx.mpi.calibrate --out FILE``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from hvdx.core.calibration import Calibration
+from hvdx.mpi.topology import host_labels, rack_labels
+
+__all__ = ["DEFAULT_SIZES", "calibrate", "pair_sets"]
+
+#: Bytes per flow of the measured rounds: from a latency-bound message to a model.
+DEFAULT_SIZES = (1024, 16 * 1024, 128 * 1024, 1 << 20, 4 << 20, 16 << 20)
+_TAG = 7401
+
+Pairs = List[Tuple[int, int]]
+
+
+def _one_per_host(ranks: Sequence[int], hosts: Sequence[int]) -> List[int]:
+    """``ranks`` ordered so that each host's first rank comes before any host's second."""
+    seen: Dict[int, int] = {}
+    keyed = []
+    for r in ranks:
+        keyed.append((seen.get(hosts[r], 0), r))
+        seen[hosts[r]] = seen.get(hosts[r], 0) + 1
+    return [r for _, r in sorted(keyed)]
+
+
+def pair_sets(hosts: Sequence[int], racks: Sequence[object]) -> List[Tuple[str, int, Pairs]]:
+    """Module step 2: ``(link class, flows per link, pairs)`` for every measurement.
+
+    Pure: ``hosts[r]`` and ``racks[r]`` are rank ``r``'s host and rack labels.
+    """
+    n = len(hosts)
+    order = list(dict.fromkeys(racks))
+    members = {label: [r for r in range(n) if racks[r] == label] for label in order}
+    sets: List[Tuple[str, int, Pairs]] = []
+    if len(order) > 1:
+        a = [r for r in _one_per_host(members[order[0]], hosts)]
+        b = [r for r in _one_per_host(members[order[1]], hosts)]
+        hosts_a = len({hosts[r] for r in a})
+        hosts_b = len({hosts[r] for r in b})
+        most = min(hosts_a, hosts_b)
+        counts = sorted({c for c in (1, 2, 4, 8, 16, most) if c <= most})
+        for c in counts:
+            sets.append(("uplink", c, list(zip(a[:c], b[:c]))))
+    nic: Pairs = []
+    per_host = max(hosts.count(h) for h in set(hosts))
+    for label in order:
+        by_host: Dict[int, List[int]] = {}
+        for r in members[label]:
+            by_host.setdefault(hosts[r], []).append(r)
+        rack_hosts = list(by_host)
+        for h0, h1 in zip(rack_hosts[0::2], rack_hosts[1::2]):
+            nic.append((by_host[h0][0], by_host[h1][0]))
+    if nic:
+        sets.append(("nic", 1, nic))
+        if per_host > 1:
+            many: Pairs = []
+            for label in order:
+                by_host = {}
+                for r in members[label]:
+                    by_host.setdefault(hosts[r], []).append(r)
+                rack_hosts = list(by_host)
+                for h0, h1 in zip(rack_hosts[0::2], rack_hosts[1::2]):
+                    many += list(zip(by_host[h0], by_host[h1]))
+            sets.append(("nic", per_host, many))
+    same: Pairs = []
+    for h in dict.fromkeys(hosts):
+        local = [r for r in range(n) if hosts[r] == h]
+        same += list(zip(local[0::2], local[1::2]))
+    if same:
+        sets.append(("intra-host", 1, same))
+    return sets
+
+
+def _round(comm: MPI.Comm, partner: Optional[int], send: np.ndarray,
+           receive: np.ndarray) -> float:
+    """One exchange round (module step 3): the slowest pair's seconds."""
+    comm.Barrier()
+    start = time.perf_counter()
+    if partner is not None:
+        comm.Sendrecv(send, dest=partner, sendtag=_TAG, recvbuf=receive, source=partner,
+                      recvtag=_TAG)
+    mine = time.perf_counter() - start
+    return comm.allreduce(mine, op=MPI.MAX)
+
+
+def calibrate(comm: Optional[MPI.Comm] = None, sizes: Sequence[int] = DEFAULT_SIZES,
+              repeats: int = 3, max_round_s: float = 1.0,
+              say: Optional[Callable[[str], None]] = None) -> Calibration:
+    """Module steps 1-4 (collective): the same calibration on every rank.
+
+    Args:
+        comm: the ranks (default ``MPI.COMM_WORLD``).
+        sizes: bytes per flow, increasing.
+        repeats: recorded rounds per size (after one warm-up).
+        max_round_s: a size whose round took longer is the last one measured.
+        say: progress lines (rank 0's only are meaningful).
+    """
+    comm = MPI.COMM_WORLD if comm is None else comm
+    hosts = host_labels(comm)
+    racks = rack_labels(comm) or ["one rack"] * comm.Get_size()
+    rank = comm.Get_rank()
+    tables: Dict[str, Dict[int, List[Tuple[float, float]]]] = {}
+    sets = pair_sets(hosts, racks)
+    biggest = np.zeros(max(sizes), dtype=np.uint8)
+    inbox = np.empty_like(biggest)
+    for link, flows, pairs in sets:
+        partner = next((b if a == rank else a for a, b in pairs if rank in (a, b)), None)
+        points = []
+        for nbytes in sizes:
+            times = [_round(comm, partner, biggest[:nbytes], inbox[:nbytes])
+                     for _ in range(repeats + 1)][1:]
+            seconds = float(np.median(times))
+            points.append((float(nbytes), seconds))
+            if seconds > max_round_s:
+                break
+        tables.setdefault(link, {})[flows] = points
+        if say is not None and rank == 0:
+            say(f"calibrated {link}, {flows} flow(s) per link: " + ", ".join(
+                f"{b / 1024:.0f} KiB {s * 1e3:.1f} ms" for b, s in points))
+    library = MPI.Get_library_version().strip().splitlines()[0]
+    allreduce = "recursive_halving" if "MPICH" in library.upper() else "ring"
+    source = (f"{comm.Get_size()} ranks on {len(set(hosts))} hosts in "
+              f"{len(set(racks))} rack(s); {library}")
+    return Calibration(tables=tables, allreduce=allreduce, source=source)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m hvdx.mpi.calibrate --out FILE``: calibrate and write FILE (rank 0)."""
+    parser = argparse.ArgumentParser(prog="python -m hvdx.mpi.calibrate")
+    parser.add_argument("--out", required=True, help="calibration file to write")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds per size")
+    args = parser.parse_args(argv)
+    say = lambda s: print(s, flush=True)  # noqa: E731
+    calibration = calibrate(repeats=args.repeats, say=say)
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        calibration.save(args.out)
+        say(f"written: {args.out}")
+    MPI.COMM_WORLD.Barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""The calibrated cost model: measured round times, MPICH's allreduce round by round, and
+the calibration job's pairs (hvdx.core.calibration, hvdx.core.cost_model,
+hvdx.mpi.calibrate.pair_sets). Expected values are written out here, not computed by the
+code under test."""
+
+import json
+
+import numpy as np
+import pytest
+
+from hvdx.core.calibration import Calibration
+from hvdx.core.cost_model import Cluster, Workload, predict
+
+MB = 1e6
+#: One flow: 10 ms + 1 ms per 100 KB; two flows on a link: 10 ms + 1.6 ms per 100 KB.
+LINEAR = {"uplink": {1: [(0, 0.010), (1e6, 0.020), (4e6, 0.050)],
+                     2: [(0, 0.010), (1e6, 0.026), (4e6, 0.074)]},
+          "nic": {1: [(1e3, 0.002), (1e6, 0.004)]}}
+
+
+def cal(**kwargs):
+    return Calibration(tables=LINEAR, **kwargs)
+
+
+def test_a_round_is_interpolated_linearly_in_bytes_between_measured_sizes():
+    assert cal().round_s("uplink", 1, 0.5e6) == pytest.approx(0.015)
+    assert cal().round_s("uplink", 1, 2.5e6) == pytest.approx(0.035)
+
+
+def test_beyond_the_largest_size_the_last_slope_continues_and_below_the_smallest_it_is_flat():
+    assert cal().round_s("uplink", 1, 10e6) == pytest.approx(0.050 + 6 * 0.010)
+    assert cal().round_s("nic", 1, 10) == pytest.approx(0.002)
+
+
+def test_flow_counts_between_two_measured_ones_are_interpolated():
+    # 1.5 flows of 1 MB: halfway between 20 ms and 26 ms.
+    assert cal().round_s("uplink", 1.5, 1e6) == pytest.approx(0.023)
+
+
+def test_more_flows_than_measured_share_the_link_evenly():
+    # 4 flows of 1 MB move 4 MB at the rate 2 flows reached: 2 flows of 2 MB.
+    assert cal().round_s("uplink", 4, 1e6) == pytest.approx(0.026 + (0.074 - 0.026) / 3)
+
+
+def test_a_link_class_not_measured_is_named():
+    with pytest.raises(KeyError, match="intra-host"):
+        cal().round_s("intra-host", 1, 1e6)
+
+
+def test_it_round_trips_through_json(tmp_path):
+    path = str(tmp_path / "c.json")
+    cal(source="here").save(path)
+    assert Calibration.load(path) == cal(source="here")
+    assert json.load(open(path))["allreduce"] == "recursive_halving"
+
+
+@pytest.mark.parametrize("tables, word", [
+    ({"wan": {1: [(0, 1.0)]}}, "wan"),
+    ({"uplink": {1: [(0, -1.0)]}}, "seconds > 0"),
+    ({}, "no link class"),
+])
+def test_bad_tables_are_refused_naming_what_is_wrong(tables, word):
+    with pytest.raises(ValueError, match=word):
+        Calibration(tables=tables)
+
+
+def test_a_file_that_is_not_a_calibration_is_refused_naming_it(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="x.json.*hvdx plan --calibrate"):
+        Calibration.load(str(path))
+    with pytest.raises(ValueError, match="allreduce='tree'"):
+        Calibration(tables=LINEAR, allreduce="tree")
+
+
+# --- MPICH's allreduce, round by round ---------------------------------------------
+
+def rounds(cluster, nbytes):
+    from hvdx.core.cost_model import _recursive_halving
+
+    everyone = np.arange(cluster.ranks)[None, :]
+    out = []
+    for t in _recursive_halving("allreduce", everyone, nbytes):
+        (src, dst, size), = t.flows
+        out.append((sorted(zip(src.tolist(), dst.tolist())), size))
+    return out
+
+
+def test_four_ranks_halve_at_distance_one_then_two_and_gather_back_in_reverse():
+    c = Cluster(racks=2, hosts_per_rack=2, nic_bps="1gbit", uplink_bps="100mbit")
+    near = [(0, 1), (1, 0), (2, 3), (3, 2)]
+    far = [(0, 2), (1, 3), (2, 0), (3, 1)]
+    assert rounds(c, 8 * MB) == [(near, 4 * MB), (far, 2 * MB), (far, 2 * MB), (near, 4 * MB)]
+
+
+def test_three_ranks_fold_one_in_then_halve_then_send_the_result_back():
+    c = Cluster(racks=1, hosts_per_rack=3, nic_bps="1gbit", uplink_bps="1gbit")
+    assert rounds(c, 8 * MB) == [([(0, 1)], 8 * MB), ([(1, 2), (2, 1)], 4 * MB),
+                                 ([(1, 2), (2, 1)], 4 * MB), ([(1, 0)], 8 * MB)]
+
+
+def test_short_messages_double_the_whole_buffer_each_round():
+    c = Cluster(racks=1, hosts_per_rack=4, nic_bps="1gbit", uplink_bps="1gbit")
+    assert [size for _, size in rounds(c, 2048)] == [2048, 2048]
+
+
+def test_a_calibrated_horovod_step_is_the_sum_of_its_measured_rounds():
+    c = Cluster(racks=2, hosts_per_rack=2, nic_bps="1gbit", uplink_bps="100mbit",
+                calibration=cal())
+    w = Workload(conv_params=2_000_000, fc_params=0, compute_s=0.1)  # 8 MB of float32
+    # Rounds: 4 MB between the hosts of a rack (one flow per NIC), then 2 MB across
+    # with two flows on each uplink, each twice (reduce-scatter, allgather); from LINEAR:
+    nic_4mb = 0.004 + (4e6 - 1e6) * (0.004 - 0.002) / (1e6 - 1e3)
+    uplink_2mb_two_flows = 0.026 + (0.074 - 0.026) / 3
+    expected = 2 * nic_4mb + 2 * uplink_2mb_two_flows
+    assert predict("horovod", c, w).comm_s == pytest.approx(expected)
+
+
+def test_without_a_calibration_horovod_is_still_priced_as_a_ring():
+    c = Cluster(racks=2, hosts_per_rack=2, nic_bps="1gbit", uplink_bps="100mbit",
+                latency_s=0)
+    w = Workload(conv_params=2_000_000, fc_params=0, compute_s=0.1)
+    # A rack-ordered ring: 2(n-1)/n * 8 MB through each uplink at 100 Mbit.
+    assert predict("horovod", c, w).comm_s == pytest.approx(1.5 * 8 * MB * 8 / 100e6)
+
+
+def test_a_calibrated_ring_calibration_keeps_the_ring():
+    c = Cluster(racks=1, hosts_per_rack=2, nic_bps="1gbit", uplink_bps="1gbit",
+                calibration=cal(allreduce="ring"))
+    w = Workload(conv_params=2_000_000, fc_params=0, compute_s=0.1)
+    # Two ranks: 2 rounds of 4 MB, one flow per NIC each way.
+    nic_4mb = 0.004 + (4e6 - 1e6) * (0.004 - 0.002) / (1e6 - 1e3)
+    assert predict("horovod", c, w).comm_s == pytest.approx(2 * nic_4mb)
+
+
+# --- the calibration job's pairs -------------------------------------------------------
+
+def test_two_racks_of_two_hosts_pair_across_with_one_and_two_flows_and_inside_each_rack():
+    from hvdx.mpi.calibrate import pair_sets
+
+    sets = pair_sets([0, 1, 2, 3], ["a", "a", "b", "b"])
+    assert sets == [("uplink", 1, [(0, 2)]), ("uplink", 2, [(0, 2), (1, 3)]),
+                    ("nic", 1, [(0, 1), (2, 3)])]
+
+
+def test_a_flat_cluster_measures_nics_only_and_two_ranks_per_host_add_shared_nics():
+    from hvdx.mpi.calibrate import pair_sets
+
+    assert pair_sets([0, 1, 2, 3], ["r"] * 4) == [("nic", 1, [(0, 1), (2, 3)])]
+    # Ranks 0,1 on host 0 and 2,3 on host 2 (host labels are first ranks).
+    assert pair_sets([0, 0, 2, 2], ["r"] * 4) == [
+        ("nic", 1, [(0, 2)]), ("nic", 2, [(0, 2), (1, 3)]),
+        ("intra-host", 1, [(0, 1), (2, 3)])]
