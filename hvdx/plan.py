@@ -11,6 +11,16 @@ Example::
     hvdx plan --preset datacenter --params 138e6 --fc-fraction 0.9 --compute-ms 100
     hvdx plan --preset emulated --sweep 10mbit,100mbit,1gbit
     hvdx plan --preset emulated --json
+    mpirun -n 4 hvdx plan --calibrate calibration.json     # measure, on the cluster
+    hvdx plan --racks 2 --hosts-per-rack 2 --nic 1gbit --uplink 100mbit \
+        --calibration calibration.json --params 1.37e6 --compute-ms 30
+
+``--calibrate FILE``, run as an MPI job over the cluster's hosts, times exchange rounds
+on each link class (:mod:`hvdx.mpi.calibrate`) and writes them to FILE;
+``--calibration FILE`` prices every strategy from those measurements instead of the
+rates and ``--latency`` (:class:`hvdx.core.calibration.Calibration`), with an
+allreduce laid out as the MPI library runs it. The cluster flags must describe the
+cluster the file was measured on.
 
 ``--json`` prints one object built from the same figures as the text, which rounds
 them; its keys are :data:`JSON_KEYS` (also the epilog of ``hvdx plan --help``).
@@ -60,7 +70,7 @@ MODEL_ONLY = frozenset({"hierarchical"})
 JSON_KEYS = (
     "--json keys: 'cluster' (racks, hosts_per_rack, ranks_per_host, ranks, nic_bps and "
     "uplink_bps in bits/s, oversubscription, latency_s, intra_host_bps (null: not a "
-    "bottleneck), placement); 'workload' (params, fc_params, bytes_per_element, "
+    "bottleneck), placement, calibration (where --calibration was measured, or null)); 'workload' (params, fc_params, bytes_per_element, "
     "compute_ms, batch_size, activation_size); without --sweep, 'strategies': the table's "
     "rows, fastest first, each with strategy (the cost model's key), label, model_only, "
     "step_ms, comm_ms, mb_per_rank_per_step, bottleneck, vs_horovod (speedup per batch) "
@@ -126,6 +136,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sweep", nargs="?", const="default", metavar="VALUES",
                         help="comma-separated uplink rates (100mbit,1gbit) or oversubscription "
                              "ratios (1,4,16); alone: ratios 1 to 64 (default: no sweep)")
+    cal = parser.add_argument_group("calibration (measured on the actual cluster)")
+    cal.add_argument("--calibrate", metavar="FILE",
+                     help="run as an MPI job on the cluster (mpirun -n N hvdx plan "
+                          "--calibrate FILE): time exchange rounds on every link class "
+                          "and write them to FILE, then stop (default: no calibration run)")
+    cal.add_argument("--calibration", metavar="FILE",
+                     help="price every strategy from the rounds measured in FILE (written "
+                          "by --calibrate on this cluster) instead of the rates and "
+                          "--latency (default: none: the rates alone)")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object instead of the text: the same figures, "
                              "unrounded (keys below)")
@@ -148,11 +167,25 @@ def build_cluster(args: argparse.Namespace) -> Cluster:
              else parse_rate(args.intra_host, "--intra-host"),
              "placement": args.placement}
     nic = parse_rate(base["nic"], "--nic")
+    extra["calibration"] = _calibration(args)
     if "oversubscription" in base:
         return Cluster.from_oversubscription(base["racks"], base["hosts_per_rack"], nic,
                                              base["oversubscription"], **extra)
     return Cluster(racks=base["racks"], hosts_per_rack=base["hosts_per_rack"], nic_bps=nic,
                    uplink_bps=parse_rate(base["uplink"], "--uplink"), **extra)
+
+
+def _calibration(args: argparse.Namespace):
+    """``--calibration``'s file, read (``None`` without the flag)."""
+    path = getattr(args, "calibration", None)
+    if path is None:
+        return None
+    from hvdx.core.calibration import Calibration
+
+    try:
+        return Calibration.load(path)
+    except ValueError as error:
+        raise ValueError(f"--calibration={path!r}: {error}") from None
 
 
 def build_workload(args: argparse.Namespace) -> Workload:
@@ -181,6 +214,9 @@ def report(args: argparse.Namespace) -> Dict[str, object]:
         ValueError: naming the flag, for a bad value.
     """
     cluster, workload, options = build_cluster(args), build_workload(args), _options(args)
+    if args.sweep is not None and cluster.calibration is not None:
+        raise ValueError(f"--sweep={args.sweep!r} with --calibration: the calibration "
+                         "was measured at one uplink rate; sweep without it")
     figures: Dict[str, object] = {"cluster": _cluster_figures(cluster),
                                   "workload": _workload_figures(workload)}
     if args.sweep is not None:
@@ -220,7 +256,8 @@ def _cluster_figures(c: Cluster) -> Dict[str, object]:
             "ranks_per_host": c.ranks_per_host, "ranks": c.ranks, "nic_bps": c.nic_bps,
             "uplink_bps": c.uplink_bps, "oversubscription": c.oversubscription,
             "latency_s": c.latency_s, "intra_host_bps": c.intra_host_bps,
-            "placement": c.placement}
+            "placement": c.placement,
+            "calibration": None if c.calibration is None else c.calibration.source}
 
 
 def _workload_figures(w: Workload) -> Dict[str, object]:
@@ -267,6 +304,8 @@ def _describe(c: Dict[str, object], w: Dict[str, object]) -> str:
             f"{format_rate(c['nic_bps'])}, uplink {format_rate(c['uplink_bps'])} "
             f"({c['oversubscription']:g}:1), latency {c['latency_s'] * 1e6:g}us, "
             f"{c['placement']} placement\n"
+            + (f"calibrated: rounds measured on {c['calibration']}\n"
+               if c.get("calibration") is not None else "") +
             f"workload: {w['params'] / 1e6:g}M params ({w['fc_params'] / 1e6:g}M FC), "
             f"{w['bytes_per_element']} B each, compute {w['compute_ms']:g} ms/step, "
             f"batch {w['batch_size']}, activations {w['activation_size']}/sample")
@@ -354,12 +393,37 @@ def run_plan(args: argparse.Namespace) -> int:
     Returns:
         0, or 2 after printing the message of a bad value to stderr.
     """
+    if getattr(args, "calibrate", None):
+        return _run_calibration(args.calibrate)
     try:
         figures = report(args)
     except ValueError as error:
         print(f"hvdx plan: error: {error}", file=sys.stderr)
         return 2
     print(json.dumps(figures) if args.json else render(figures))
+    return 0
+
+
+def _run_calibration(path: str) -> int:
+    """``--calibrate FILE``: every rank of the MPI job measures; rank 0 writes FILE."""
+    from mpi4py import MPI
+
+    from hvdx.mpi.calibrate import calibrate
+
+    world = MPI.COMM_WORLD
+    say = (lambda s: print(s, flush=True)) if world.Get_rank() == 0 else None  # noqa: E731
+    if world.Get_size() < 2:
+        if say:
+            say("hvdx plan: error: --calibrate measures links between ranks: run it as an "
+                "MPI job over the cluster's hosts, e.g. mpirun -n 4 -ppn 1 hvdx plan "
+                f"--calibrate {path}")
+        return 2
+    calibration = calibrate(say=say)
+    if say:
+        calibration.save(path)
+        say(f"written: {path} ({calibration.source}); use it with hvdx plan --calibration "
+            f"{path} and the cluster's flags")
+    world.Barrier()
     return 0
 
 

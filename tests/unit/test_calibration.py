@@ -151,3 +151,38 @@ def test_a_flat_cluster_measures_nics_only_and_two_ranks_per_host_add_shared_nic
     assert pair_sets([0, 0, 2, 2], ["r"] * 4) == [
         ("nic", 1, [(0, 2)]), ("nic", 2, [(0, 2), (1, 3)]),
         ("intra-host", 1, [(0, 1), (2, 3)])]
+
+
+# --- hvdx plan --calibration ------------------------------------------------------------
+
+def plan_figures(*argv):
+    import argparse
+
+    from hvdx import plan
+
+    parser = argparse.ArgumentParser()
+    plan.add_arguments(parser)
+    return plan.report(parser.parse_args(list(argv)))
+
+
+def test_plan_prices_from_the_calibration_file_and_says_where_it_was_measured(tmp_path):
+    path = str(tmp_path / "c.json")
+    cal(source="4 ranks here").save(path)
+    flags = ["--preset", "emulated", "--params", "2e6", "--fc-fraction", "0",
+             "--compute-ms", "100"]
+    with_file = plan_figures(*flags, "--calibration", path)
+    without = plan_figures(*flags)
+    assert with_file["cluster"]["calibration"] == "4 ranks here"
+    assert without["cluster"]["calibration"] is None
+    horovod = next(r for r in with_file["strategies"] if r["strategy"] == "horovod")
+    nic_4mb = 0.004 + (4e6 - 1e6) * (0.004 - 0.002) / (1e6 - 1e3)
+    assert horovod["comm_ms"] == pytest.approx(1e3 * (2 * nic_4mb + 2 * (0.026 + 0.048 / 3)))
+
+
+def test_plan_refuses_a_sweep_with_a_calibration_and_names_a_bad_file(tmp_path):
+    path = str(tmp_path / "c.json")
+    cal().save(path)
+    with pytest.raises(ValueError, match="--sweep=.*--calibration"):
+        plan_figures("--preset", "emulated", "--calibration", path, "--sweep")
+    with pytest.raises(ValueError, match="--calibration=.*nothing.json"):
+        plan_figures("--calibration", str(tmp_path / "nothing.json"))
