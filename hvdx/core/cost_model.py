@@ -553,10 +553,25 @@ def _grid(c: Cluster) -> np.ndarray:
     return np.argsort(c.rack_of_rank, kind="stable").reshape(c.racks, c.ranks_per_rack)
 
 
+#: Bytes of the bit vector Horovod's controller allreduces each cycle to agree on which
+#: tensors are ready (its response cache; Sergeev & Del Balso, arXiv 1802.05799).
+HOROVOD_NEGOTIATION_BYTES = 8
+
+
+def _negotiation(groups: np.ndarray, c: Cluster) -> List[_Traffic]:
+    """Horovod's per-step agreement in each process set: one allreduce of a few bytes
+    (recursive doubling). Priced only with a calibration: measured small rounds cost
+    milliseconds where ranks outnumber cores; at ``alpha`` = 25 us it would not show."""
+    if c.calibration is None:
+        return []
+    return _allreduces("Horovod negotiation", groups, HOROVOD_NEGOTIATION_BYTES, c)
+
+
 def _horovod(c: Cluster, w: Workload) -> _Plan:
     """Horovod's flat ring allreduce over all ranks (Patarasuk & Yuan 2009)."""
     everyone = np.arange(c.ranks)[None, :]
-    return _Plan("horovod", _allreduces("ring allreduce", everyone, w.model_bytes, c))
+    return _Plan("horovod", _negotiation(everyone, c) +
+                 _allreduces("ring allreduce", everyone, w.model_bytes, c))
 
 
 def _hierarchical(c: Cluster, w: Workload) -> _Plan:
@@ -621,10 +636,12 @@ def _dssync(c: Cluster, w: Workload, intra_phases: int = 1,
     period = max(intra + crossing, 1)
     # Crossing ranks are spread over hosts (first local rank of each host, then second).
     order = sorted(range(width), key=lambda j: (j % c.ranks_per_host, j // c.ranks_per_host))
-    traffic = _allreduces("intra-rack group allreduce", grid, w.model_bytes, c,
-                          intra / period) + \
-        _allreduces("cross-rack group allreduce", grid[:, order[:cross]].T, w.model_bytes,
-                    c, crossing / period)
+    crossing_groups = grid[:, order[:cross]].T
+    traffic = [t._replace(weight=intra / period) for t in _negotiation(grid, c)] + \
+        [t._replace(weight=crossing / period) for t in _negotiation(crossing_groups, c)] + \
+        _allreduces("intra-rack group allreduce", grid, w.model_bytes, c, intra / period) + \
+        _allreduces("cross-rack group allreduce", crossing_groups, w.model_bytes, c,
+                    crossing / period)
     return _Plan(f"dssync intra={intra_phases} cross={cross}", [t for t in traffic if t.weight > 0])
 
 

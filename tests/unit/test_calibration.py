@@ -108,11 +108,13 @@ def test_a_calibrated_horovod_step_is_the_sum_of_its_measured_rounds():
     c = Cluster(racks=2, hosts_per_rack=2, nic_bps="1gbit", uplink_bps="100mbit",
                 calibration=cal())
     w = Workload(conv_params=2_000_000, fc_params=0, compute_s=0.1)  # 8 MB of float32
-    # Rounds: 4 MB between the hosts of a rack (one flow per NIC), then 2 MB across
-    # with two flows on each uplink, each twice (reduce-scatter, allgather); from LINEAR:
+    # Horovod's negotiation first: 8 bytes doubled at distance 1 (NIC table's smallest
+    # round, 2 ms) and at distance 2 (two flows per uplink, 10 ms + 8 bytes' worth). Then the rounds:
+    # 4 MB between the hosts of a rack (one flow per NIC), 2 MB across with two flows
+    # on each uplink, each twice (reduce-scatter, allgather); from LINEAR:
     nic_4mb = 0.004 + (4e6 - 1e6) * (0.004 - 0.002) / (1e6 - 1e3)
     uplink_2mb_two_flows = 0.026 + (0.074 - 0.026) / 3
-    expected = 2 * nic_4mb + 2 * uplink_2mb_two_flows
+    expected = 0.002 + (0.010 + 8 * 0.016 / 1e6) + 2 * nic_4mb + 2 * uplink_2mb_two_flows
     assert predict("horovod", c, w).comm_s == pytest.approx(expected)
 
 
@@ -128,9 +130,10 @@ def test_a_calibrated_ring_calibration_keeps_the_ring():
     c = Cluster(racks=1, hosts_per_rack=2, nic_bps="1gbit", uplink_bps="1gbit",
                 calibration=cal(allreduce="ring"))
     w = Workload(conv_params=2_000_000, fc_params=0, compute_s=0.1)
-    # Two ranks: 2 rounds of 4 MB, one flow per NIC each way.
+    # Two ranks: the negotiation's 2 rounds of 4 bytes (2 ms each), then 2 rounds of
+    # 4 MB, one flow per NIC each way.
     nic_4mb = 0.004 + (4e6 - 1e6) * (0.004 - 0.002) / (1e6 - 1e3)
-    assert predict("horovod", c, w).comm_s == pytest.approx(2 * nic_4mb)
+    assert predict("horovod", c, w).comm_s == pytest.approx(2 * 0.002 + 2 * nic_4mb)
 
 
 # --- the calibration job's pairs -------------------------------------------------------
@@ -176,7 +179,9 @@ def test_plan_prices_from_the_calibration_file_and_says_where_it_was_measured(tm
     assert without["cluster"]["calibration"] is None
     horovod = next(r for r in with_file["strategies"] if r["strategy"] == "horovod")
     nic_4mb = 0.004 + (4e6 - 1e6) * (0.004 - 0.002) / (1e6 - 1e3)
-    assert horovod["comm_ms"] == pytest.approx(1e3 * (2 * nic_4mb + 2 * (0.026 + 0.048 / 3)))
+    negotiation = 0.002 + (0.010 + 8 * 0.016 / 1e6)
+    assert horovod["comm_ms"] == pytest.approx(
+        1e3 * (negotiation + 2 * nic_4mb + 2 * (0.026 + 0.048 / 3)))
 
 
 def test_plan_refuses_a_sweep_with_a_calibration_and_names_a_bad_file(tmp_path):
