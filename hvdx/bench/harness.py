@@ -20,6 +20,7 @@ Steps:
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import subprocess
@@ -119,11 +120,17 @@ def _add_predictions(rows: List[Summary], raw: List[Dict], spec,
                      calibration=None) -> None:
     """Price every run with the cost model, from the cluster spec and measured compute:
     ``predicted_step_s`` from the calibration measured on the cluster when there is one
-    (:mod:`hvdx.mpi.calibrate`), ``uncalibrated_step_s`` from the configured rates."""
+    (:mod:`hvdx.mpi.calibrate`), ``uncalibrated_step_s`` from the configured rates.
+
+    With a calibration, the compute is the floor's measured step of the same workload
+    where it ran (every rank training alone on the same cores: the whole step without
+    communication, optimizer and contention included), else the runner's timed forward
+    and backward pass."""
     from hvdx.core.cost_model import Cluster, Workload, predict
 
     if spec is None:
         return  # localhost: shared memory, nothing the model describes
+    floors = {r.workload: r.median_step_s for r in rows if r.strategy == FLOOR}
     for row, result in zip(rows, raw):
         model_name = STRATEGIES[row.strategy].cost_model
         if model_name is None:
@@ -144,6 +151,8 @@ def _add_predictions(rows: List[Summary], raw: List[Dict], spec,
         row.uncalibrated_step_s = predict(model_name, cluster, workload, **options).step_s
         row.predicted_step_s = row.uncalibrated_step_s
         if calibration is not None:
+            if row.workload in floors:
+                workload = dataclasses.replace(workload, compute_s=floors[row.workload])
             row.predicted_step_s = predict(model_name, Cluster(**layout, calibration=calibration),
                                            workload, **options).step_s
 
@@ -398,9 +407,9 @@ def _calibrate(cluster, ranks_per_host: int, out_dir: str, timeout: float, say):
                 say("  " + line.strip())
             if line.startswith("written: "):
                 break
-        proc.wait(timeout=EXIT_GRACE_S)
+        proc.wait(timeout=5.0)
     except subprocess.TimeoutExpired:
-        proc.kill()  # the file is complete (written atomically); MPI_Finalize hung
+        proc.kill()  # the file is complete (written atomically); MPI_Finalize lingers
         proc.wait()
     if not os.path.exists(path):
         say(f"  the calibration job failed (exit {proc.returncode}); the plan column "

@@ -12,11 +12,15 @@ shares one link. Collective over ``comm``:
    hosts of the smaller rack), ``"nic"`` (hosts of one rack paired, every rack at once:
    one flow per NIC, and ``ranks_per_host`` flows with several ranks per host),
    ``"intra-host"`` (ranks of one host paired);
-3. for each pair set and each size of :data:`DEFAULT_SIZES` in turn: a barrier, then the
-   pairs exchange, ``repeats`` times after one unrecorded warm-up (connections are set up
-   lazily); the round's time is the slowest pair's (a max over ranks) and the median of
-   the repeats is kept. Sizes stop growing once a round took over ``max_round_s``: the
-   slope is known by then and the cost model extrapolates it;
+3. for each pair set and each size of :data:`DEFAULT_SIZES` in turn: one unrecorded
+   exchange (connections are set up lazily), then ``repeats`` batches, each a barrier
+   and ``k`` exchanges back to back (8 up to 128 KiB, else 2), timed by the slowest rank
+   and divided by ``k``; the median batch is kept. Back to back, each exchange waits
+   for the partner's previous one, as the dependent rounds of a collective do; a single
+   exchange after a barrier would not: a small message is sent eagerly, and a rank that
+   leaves the barrier late finds its partner's data already there. Sizes stop growing
+   once a round took over ``max_round_s``: the slope is known by then and the cost
+   model extrapolates it;
 4. every rank returns the same :class:`~hvdx.core.calibration.Calibration`; the
    allreduce algorithm is MPICH's recursive halving when the library is MPICH.
 
@@ -40,7 +44,7 @@ from hvdx.mpi.topology import host_labels, rack_labels
 __all__ = ["DEFAULT_SIZES", "calibrate", "pair_sets"]
 
 #: Bytes per flow of the measured rounds: from a latency-bound message to a model.
-DEFAULT_SIZES = (1024, 16 * 1024, 128 * 1024, 1 << 20, 4 << 20, 16 << 20)
+DEFAULT_SIZES = (1024, 16 * 1024, 128 * 1024, 1 << 20, 4 << 20, 8 << 20)
 _TAG = 7401
 
 Pairs = List[Tuple[int, int]]
@@ -104,15 +108,22 @@ def pair_sets(hosts: Sequence[int], racks: Sequence[object]) -> List[Tuple[str, 
     return sets
 
 
-def _round(comm: MPI.Comm, partner: Optional[int], send: np.ndarray,
-           receive: np.ndarray) -> float:
-    """One exchange round (module step 3): the slowest pair's seconds."""
+#: Exchanges per timed batch: small ones back to back, so that a round's latency is
+#: measured rather than a barrier's skew; large ones are long enough on their own.
+_BATCH_SMALL, _BATCH_LARGE, _SMALL = 8, 2, 128 * 1024
+
+
+def _rounds(comm: MPI.Comm, partner: Optional[int], send: np.ndarray,
+            receive: np.ndarray, count: int) -> float:
+    """``count`` exchange rounds back to back (module step 3): the slowest rank's
+    seconds per round."""
     comm.Barrier()
     start = time.perf_counter()
     if partner is not None:
-        comm.Sendrecv(send, dest=partner, sendtag=_TAG, recvbuf=receive, source=partner,
-                      recvtag=_TAG)
-    mine = time.perf_counter() - start
+        for _ in range(count):
+            comm.Sendrecv(send, dest=partner, sendtag=_TAG, recvbuf=receive,
+                          source=partner, recvtag=_TAG)
+    mine = (time.perf_counter() - start) / count
     return comm.allreduce(mine, op=MPI.MAX)
 
 
@@ -124,7 +135,7 @@ def calibrate(comm: Optional[MPI.Comm] = None, sizes: Sequence[int] = DEFAULT_SI
     Args:
         comm: the ranks (default ``MPI.COMM_WORLD``).
         sizes: bytes per flow, increasing.
-        repeats: recorded rounds per size (after one warm-up).
+        repeats: timed batches per size (after one warm-up exchange).
         max_round_s: a size whose round took longer is the last one measured.
         say: progress lines (rank 0's only are meaningful).
     """
@@ -140,8 +151,10 @@ def calibrate(comm: Optional[MPI.Comm] = None, sizes: Sequence[int] = DEFAULT_SI
         partner = next((b if a == rank else a for a, b in pairs if rank in (a, b)), None)
         points = []
         for nbytes in sizes:
-            times = [_round(comm, partner, biggest[:nbytes], inbox[:nbytes])
-                     for _ in range(repeats + 1)][1:]
+            count = _BATCH_SMALL if nbytes <= _SMALL else _BATCH_LARGE
+            _rounds(comm, partner, biggest[:nbytes], inbox[:nbytes], 1)  # warm-up
+            times = [_rounds(comm, partner, biggest[:nbytes], inbox[:nbytes], count)
+                     for _ in range(repeats)]
             seconds = float(np.median(times))
             points.append((float(nbytes), seconds))
             if seconds > max_round_s:
