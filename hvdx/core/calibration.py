@@ -22,7 +22,14 @@ instead, and the cost model prices every phase from it:
    evenly);
 3. ``allreduce``: the algorithm the MPI library runs for an allreduce
    (``"recursive_halving"``, MPICH's: Thakur, Rabenseifner & Gropp, IJHPCA 2005; or
-   ``"ring"``, NCCL's), which the cost model lays out round by round.
+   ``"ring"``, NCCL's), which the cost model lays out round by round;
+4. ``allreduce_times``: where the calibration also timed the MPI allreduce itself on
+   the groups the strategies use (:data:`ALLREDUCE_GROUPS`: all ranks, each rack's
+   ranks at once, one rank per rack in each of several groups at once), the cost model
+   takes those times for an allreduce on such groups (interpolated in bytes as in step
+   2) instead of adding up its rounds: the collective as measured includes what the
+   rounds miss (the library's own copies and reductions, the rounds' waits on each
+   other).
 
 Pure numpy and standard library; saved and loaded as JSON.
 """
@@ -32,14 +39,18 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["ALLREDUCE_ALGORITHMS", "Calibration", "LINK_CLASSES"]
+__all__ = ["ALLREDUCE_ALGORITHMS", "ALLREDUCE_GROUPS", "Calibration", "LINK_CLASSES"]
 
 #: The link classes a calibration measures, as the cost model names its links.
 LINK_CLASSES = ("uplink", "nic", "intra-host")
 #: How the MPI library runs an allreduce (:mod:`hvdx.core.cost_model` lays out both).
 ALLREDUCE_ALGORITHMS = ("recursive_halving", "ring")
+#: The groups an allreduce is timed on (module step 4): ``"world"`` (every rank),
+#: ``"rack"`` (each rack's ranks, all racks at once), ``"cross"`` (the ``j``-th rank of
+#: every rack, for every ``j`` at once: DS-Sync's crossing groups).
+ALLREDUCE_GROUPS = ("world", "rack", "cross")
 
 Table = Dict[int, List[Tuple[float, float]]]  # flows -> [(bytes per flow, seconds)]
 
@@ -72,6 +83,8 @@ class Calibration:
     tables: Mapping[str, Table]
     allreduce: str = "recursive_halving"
     source: str = ""
+    #: group (:data:`ALLREDUCE_GROUPS`) -> ``[(bytes per rank, seconds)]`` (step 4).
+    allreduce_times: Mapping[str, List[Tuple[float, float]]] = field(default_factory=dict)
     #: Not compared: two calibrations are equal if they measured the same.
     notes: Tuple[str, ...] = field(default=(), compare=False)
 
@@ -98,6 +111,16 @@ class Calibration:
         if not clean:
             raise ValueError("tables measured no link class")
         object.__setattr__(self, "tables", clean)
+        times: Dict[str, List[Tuple[float, float]]] = {}
+        for group, points in dict(self.allreduce_times).items():
+            points = sorted((float(b), float(s)) for b, s in points)
+            if group not in ALLREDUCE_GROUPS or not points or any(
+                    b < 0 or not 0 < s < math.inf for b, s in points):
+                raise ValueError(f"allreduce_times[{group!r}] must be one of "
+                                 f"{', '.join(ALLREDUCE_GROUPS)} with (bytes >= 0, "
+                                 f"seconds > 0) pairs, not {points!r}")
+            times[group] = points
+        object.__setattr__(self, "allreduce_times", times)
 
     def has(self, link: str) -> bool:
         """Whether ``link`` was measured."""
@@ -130,6 +153,12 @@ class Calibration:
         high = _interpolate(table[upper], nbytes)
         return low + (high - low) * (flows - lower) / (upper - lower)
 
+    def allreduce_s(self, group: str, nbytes: float) -> Optional[float]:
+        """Seconds of an allreduce of ``nbytes`` on ``group`` (module step 4), or
+        ``None`` if that group was not timed."""
+        points = self.allreduce_times.get(group)
+        return None if points is None else _interpolate(points, nbytes)
+
     def latency_s(self, link: str) -> float:
         """The smallest measured round on ``link`` (one flow): its start-up cost."""
         table = self.tables[link]
@@ -139,6 +168,8 @@ class Calibration:
         """A JSON-ready dict (:meth:`from_dict` reads it back)."""
         return {"allreduce": self.allreduce, "source": self.source,
                 "notes": list(self.notes),
+                "allreduce_times": {g: [list(p) for p in pts]
+                                    for g, pts in self.allreduce_times.items()},
                 "tables": {link: {str(f): [list(p) for p in pts] for f, pts in t.items()}
                            for link, t in self.tables.items()}}
 
@@ -156,7 +187,9 @@ class Calibration:
                            for link, t in data["tables"].items()},
                    allreduce=str(data.get("allreduce", "recursive_halving")),
                    source=str(data.get("source", "")),
-                   notes=tuple(str(n) for n in data.get("notes", ())))
+                   notes=tuple(str(n) for n in data.get("notes", ())),
+                   allreduce_times={g: [tuple(p) for p in pts] for g, pts in
+                                    dict(data.get("allreduce_times") or {}).items()})
 
     def save(self, path: str) -> None:
         """Writes :meth:`to_dict` as JSON, atomically (a reader never sees half)."""

@@ -284,7 +284,8 @@ class Phase:
         weight: occurrences per step (``1/period`` for phases of a multi-step schedule).
         rounds: latency-bound message rounds (each costs alpha).
         seconds: time of one occurrence: ``rounds * alpha`` + busiest link.
-        bottleneck: ``"nic"``, ``"uplink"``, ``"intra-host"``, ``"latency"`` or ``"none"``.
+        bottleneck: ``"nic"``, ``"uplink"``, ``"intra-host"``, ``"latency"``, ``"none"``,
+            or ``"measured"`` (a calibrated collective timed as a whole).
         nic_bytes: bytes through the busiest host NIC, one way.
         uplink_bytes: bytes through the busiest rack uplink, one way.
         intra_bytes: bytes through the busiest rank's intra-host link, one way.
@@ -354,6 +355,9 @@ class _Traffic(NamedTuple):
     #: ``1/rounds`` of its bytes per round; False: every flow is sent once, all at once
     #: (an alltoall), and ``rounds`` counts start-ups only.
     repeated: bool = True
+    #: Seconds measured for this very collective (a calibrated allreduce); the flows
+    #: then only count its bytes.
+    measured_s: Optional[float] = None
 
 
 class _Plan(NamedTuple):
@@ -431,9 +435,30 @@ def _allreduces(name: str, groups: np.ndarray, nbytes: float, c: "Cluster",
     """The allreduce in every row as the cluster's MPI library runs it: MPICH's
     recursive halving when the calibration says so (:func:`_recursive_halving`), else
     a ring (:func:`_allreduce`)."""
-    if c.calibration is not None and c.calibration.allreduce == "recursive_halving":
-        return _recursive_halving(name.replace("ring ", ""), groups, nbytes, weight)
+    cal = c.calibration
+    if cal is not None:
+        measured = cal.allreduce_s(_group_kind(groups, c), nbytes) if groups.shape[1] > 1 \
+            else None
+        if measured is not None:
+            ring = _allreduce(name.replace("ring ", "") + " (measured)", groups, nbytes, weight)
+            return [ring._replace(measured_s=measured)]
+        if cal.allreduce == "recursive_halving":
+            return _recursive_halving(name.replace("ring ", ""), groups, nbytes, weight)
     return [_allreduce(name, groups, nbytes, weight)]
+
+
+def _group_kind(groups: np.ndarray, c: "Cluster") -> Optional[str]:
+    """Which of the calibration's timed groups (``"world"``, ``"rack"``, ``"cross"``)
+    the rows of ``groups`` are, or ``None``."""
+    rows = {frozenset(row.tolist()) for row in groups}
+    grid = _grid(c)
+    if rows == {frozenset(range(c.ranks))}:
+        return "world"
+    if c.racks > 1 and rows == {frozenset(row.tolist()) for row in grid}:
+        return "rack"
+    if c.racks > 1 and rows == {frozenset(col.tolist()) for col in grid.T}:
+        return "cross"
+    return None
 
 
 def _at_once(name: str, *parts: List[_Traffic]) -> List[_Traffic]:
@@ -531,6 +556,9 @@ def _price(traffic: _Traffic, c: Cluster) -> Phase:
     """
     loads = _link_loads(traffic.flows, c)
     sent = sum(len(src) * nbytes for src, _, nbytes in traffic.flows) / c.ranks
+    if traffic.measured_s is not None:
+        return Phase(traffic.name, traffic.weight, traffic.rounds, traffic.measured_s,
+                     "measured", loads["nic"], loads["uplink"], loads["intra-host"], sent)
     if c.calibration is not None:
         seconds, link = _price_calibrated(traffic, c)
         return Phase(traffic.name, traffic.weight, traffic.rounds, seconds, link,

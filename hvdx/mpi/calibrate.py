@@ -21,7 +21,11 @@ shares one link. Collective over ``comm``:
    leaves the barrier late finds its partner's data already there. Sizes stop growing
    once a round took over ``max_round_s``: the slope is known by then and the cost
    model extrapolates it;
-4. every rank returns the same :class:`~hvdx.core.calibration.Calibration`; the
+4. the MPI allreduce itself (float32, sum) on the groups the strategies use
+   (:data:`~hvdx.core.calibration.ALLREDUCE_GROUPS`: all ranks; each rack's ranks, all
+   racks at once; one rank per rack, every such group at once), timed as in step 3
+   for the sizes of :data:`ALLREDUCE_SIZES`;
+5. every rank returns the same :class:`~hvdx.core.calibration.Calibration`; the
    allreduce algorithm is MPICH's recursive halving when the library is MPICH.
 
 Run it as ``mpirun -n N hvdx plan --calibrate FILE``; ``hvdx bench`` runs it on its
@@ -45,6 +49,8 @@ __all__ = ["DEFAULT_SIZES", "calibrate", "pair_sets"]
 
 #: Bytes per flow of the measured rounds: from a latency-bound message to a model.
 DEFAULT_SIZES = (1024, 16 * 1024, 128 * 1024, 1 << 20, 4 << 20, 8 << 20)
+#: Bytes per rank of the timed allreduces (module step 4).
+ALLREDUCE_SIZES = (1024, 64 * 1024, 1 << 20, 4 << 20, 8 << 20)
 _TAG = 7401
 
 Pairs = List[Tuple[int, int]]
@@ -163,11 +169,58 @@ def calibrate(comm: Optional[MPI.Comm] = None, sizes: Sequence[int] = DEFAULT_SI
         if say is not None and rank == 0:
             say(f"calibrated {link}, {flows} flow(s) per link: " + ", ".join(
                 f"{b / 1024:.0f} KiB {s * 1e3:.1f} ms" for b, s in points))
+    times = _allreduce_times(comm, hosts, racks, repeats, max_round_s, say)
     library = MPI.Get_library_version().strip().splitlines()[0]
     allreduce = "recursive_halving" if "MPICH" in library.upper() else "ring"
     source = (f"{comm.Get_size()} ranks on {len(set(hosts))} hosts in "
               f"{len(set(racks))} rack(s); {library}")
-    return Calibration(tables=tables, allreduce=allreduce, source=source)
+    return Calibration(tables=tables, allreduce=allreduce, source=source,
+                       allreduce_times=times)
+
+
+def _allreduce_times(comm: MPI.Comm, hosts: Sequence[int], racks: Sequence[object],
+                     repeats: int, max_round_s: float,
+                     say: Optional[Callable[[str], None]]) -> Dict[str, List[Tuple[float, float]]]:
+    """Module step 4: ``{group: [(bytes, seconds)]}``."""
+    rank = comm.Get_rank()
+    order = list(dict.fromkeys(racks))
+    mine = racks[rank]
+    place = [r for r in range(comm.Get_size()) if racks[r] == mine].index(rank)
+    widths = {label: racks.count(label) for label in order}
+    groups = [("world", None)]
+    if len(order) > 1 and min(widths.values()) > 1:
+        groups.append(("rack", order.index(mine)))
+    if len(order) > 1 and len(set(widths.values())) == 1:
+        groups.append(("cross", place))
+    times: Dict[str, List[Tuple[float, float]]] = {}
+    for name, color in groups:
+        sub = comm if color is None else comm.Split(color, rank)
+        points = []
+        try:
+            for nbytes in ALLREDUCE_SIZES:
+                send = np.ones(nbytes // 4, dtype=np.float32)
+                result = np.empty_like(send)
+                count = _BATCH_SMALL if nbytes <= _SMALL else _BATCH_LARGE
+                sub.Allreduce(send, result)  # warm-up
+                batches = []
+                for _ in range(repeats):
+                    comm.Barrier()
+                    start = time.perf_counter()
+                    for _ in range(count):
+                        sub.Allreduce(send, result)
+                    batches.append(comm.allreduce((time.perf_counter() - start) / count,
+                                                  op=MPI.MAX))
+                points.append((float(nbytes), float(np.median(batches))))
+                if points[-1][1] > max_round_s:
+                    break
+        finally:
+            if sub is not comm:
+                sub.Free()
+        times[name] = points
+        if say is not None and rank == 0:
+            say(f"calibrated allreduce on {name}: " + ", ".join(
+                f"{b / 1024:.0f} KiB {s * 1e3:.1f} ms" for b, s in points))
+    return times
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

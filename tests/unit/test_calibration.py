@@ -191,3 +191,33 @@ def test_plan_refuses_a_sweep_with_a_calibration_and_names_a_bad_file(tmp_path):
         plan_figures("--preset", "emulated", "--calibration", path, "--sweep")
     with pytest.raises(ValueError, match="--calibration=.*nothing.json"):
         plan_figures("--calibration", str(tmp_path / "nothing.json"))
+
+
+# --- allreduces timed as a whole ----------------------------------------------------------
+
+def test_a_timed_allreduce_on_the_same_groups_replaces_the_sum_of_rounds():
+    timed = Calibration(tables=LINEAR, allreduce_times={
+        "world": [(1e3, 0.005), (8e6, 0.805)], "rack": [(1e3, 0.001), (8e6, 0.081)]})
+    c = Cluster(racks=2, hosts_per_rack=2, nic_bps="1gbit", uplink_bps="100mbit",
+                calibration=timed)
+    w = Workload(conv_params=2_000_000, fc_params=0, compute_s=0.1)
+    # The negotiation (8 bytes: below the smallest size, 5 ms) and the 8 MB allreduce.
+    assert predict("horovod", c, w).comm_s == pytest.approx(0.005 + 0.805)
+    # DS-Sync's intra-rack groups are the timed "rack" groups; its crossing groups were
+    # not timed here, so they are laid out in rounds: both crossing groups at once, two
+    # flows per uplink, 4 MB each way, then back.
+    p = predict("dssync", c, w, intra_phases=1)
+    intra = next(ph for ph in p.phases if ph.name.startswith("intra-rack group allreduce"))
+    assert intra.bottleneck == "measured" and intra.seconds == pytest.approx(0.081)
+    crossing = [ph for ph in p.phases if ph.name.startswith("cross-rack group allreduce")]
+    assert [ph.seconds for ph in crossing] == pytest.approx([0.074, 0.074])
+
+
+def test_timed_allreduces_round_trip_and_bad_groups_are_refused(tmp_path):
+    timed = Calibration(tables=LINEAR, allreduce_times={"cross": [(1e3, 0.002)]})
+    path = str(tmp_path / "c.json")
+    timed.save(path)
+    assert Calibration.load(path).allreduce_s("cross", 10) == pytest.approx(0.002)
+    assert Calibration.load(path).allreduce_s("world", 10) is None
+    with pytest.raises(ValueError, match="allreduce_times\\['tree'\\]"):
+        Calibration(tables=LINEAR, allreduce_times={"tree": [(1e3, 0.002)]})
