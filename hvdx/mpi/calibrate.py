@@ -144,8 +144,14 @@ def calibrate(comm: Optional[MPI.Comm] = None, sizes: Sequence[int] = DEFAULT_SI
         repeats: timed batches per size (after one warm-up exchange).
         max_round_s: a size whose round took longer is the last one measured.
         say: progress lines (rank 0's only are meaningful).
+
+    Raises:
+        ValueError: on every rank, if ``comm`` has one rank (no link to time).
     """
     comm = MPI.COMM_WORLD if comm is None else comm
+    if comm.Get_size() < 2:
+        raise ValueError(f"comm has {comm.Get_size()} rank: calibrating needs at least 2 "
+                         "ranks, one per host or as many as training uses")
     hosts = host_labels(comm)
     racks = rack_labels(comm) or ["one rack"] * comm.Get_size()
     rank = comm.Get_rank()
