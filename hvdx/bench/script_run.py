@@ -20,8 +20,9 @@ Steps:
 
 What it cannot see: the interfaces count the whole job (start-up, the initial
 broadcast, anything the script sends besides its steps), divided by the steps in the
-step log; a script that never calls ``step()`` of an hvdx ``DistributedOptimizer`` (a
-TensorFlow script today) gets its wall time and printed img/sec only.
+step log; a script that never steps through hvdx (torch's ``DistributedOptimizer``,
+TensorFlow's ``DistributedGradientTape``, Keras' ``DistributedOptimizer``) gets its wall
+time and printed img/sec only.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 import horovod.tensorflow as _hvd
 import tensorflow as tf
 
-from hvdx import environment
+from hvdx import environment, step_log
 from hvdx.settings import group_sizes, horovod_settings
 from hvdx.strategy import strategy_or_error
 from hvdx.tensorflow import registry
@@ -63,6 +63,8 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     tape, error = registry.with_deferred_error(
         lambda: registry.tape(horovod, strategy, arguments, gradtape), horovod, strategy)
     error = error or problem
+    # HVDX_BENCH_STEP_LOG (hvdx bench --script): step times; unset, nothing is added.
+    tape = step_log.watch_tensorflow(tape, _hvd.rank, registry.tape_counters(strategy))
     if registry.checks_its_own_variables(strategy):
         return tape
     settings = horovod_settings(

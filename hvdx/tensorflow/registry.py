@@ -16,7 +16,8 @@ from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 from hvdx.strategy import Strategy, adapter_for, kept_for_every_rank
 
 __all__ = ["GradientArguments", "KERAS_ADAPTERS", "TAPE_ADAPTERS",
-           "checks_its_own_variables", "keras", "tape", "with_deferred_error"]
+           "checks_its_own_variables", "keras", "tape", "tape_counters",
+           "with_deferred_error"]
 
 
 class GradientArguments(NamedTuple):
@@ -117,6 +118,26 @@ def checks_its_own_variables(strategy: Optional[Strategy]) -> bool:
     itself (synchronization strategies do, when they first see them); otherwise the
     entry point wraps it in Horovod's usual first-call check."""
     return strategy is not None and strategy.argument == "sync"
+
+
+def tape_counters(strategy: Optional[Strategy]) -> Optional[Callable]:
+    """``(tape, variables) -> hvdx_stats`` of the tapes that run ``strategy`` (for the
+    step log, :func:`hvdx.step_log.watch_tensorflow`); ``None`` for Horovod's (a Keras
+    optimizer carries its own ``hvdx_stats``)."""
+    if strategy is None:
+        return None
+    if strategy.argument == "sync":  # DS-Sync, graphs: the state the tape mixes with
+        return lambda tape, variables: getattr(
+            getattr(tape, "_hvdx_state", None), "hvdx_stats", None)
+
+    def compressed(tape, variables):  # TopK: the state of the variables it reduced
+        from hvdx.tensorflow.topk import topk_state
+
+        if strategy.name != "topk":
+            return None
+        local = getattr(tape, "_local_sources", ())  # Horovod keeps these out
+        return topk_state([v for v in variables if v.ref() not in local]).stats
+    return compressed
 
 
 def tape(horovod: Callable, strategy: Optional[Strategy], args: GradientArguments,

@@ -38,6 +38,8 @@ def check_variables_once(owner, method_name: str, variables_of, settings, what: 
     if error is not None and not any(k.endswith(".error") for k, _ in settings):
         settings = list(settings) + [(f"{what}.error", str(error))]
     original = getattr(owner, method_name)
+    # A method this instance already shadows (hvdx's step log) is put back afterwards.
+    shadowed = owner.__dict__.get(method_name)
     process_set = owner.process_set if hasattr(owner, "process_set") else None
 
     # Plain trace-time Python (mpi4py, hashing): AutoGraph has nothing to convert here,
@@ -57,8 +59,11 @@ def check_variables_once(owner, method_name: str, variables_of, settings, what: 
             check_consistent(fingerprint, comm, what)
         if error is not None:
             raise error
-        # From now on the instance resolves the method on its class again.
-        if method_name in owner.__dict__:
+        # From now on the instance resolves the method on its class again (or on what
+        # shadowed it before).
+        if shadowed is not None:
+            object.__setattr__(owner, method_name, shadowed)
+        elif method_name in owner.__dict__:
             object.__delattr__(owner, method_name)
         return original(*args, **kwargs)
 

@@ -72,15 +72,17 @@ def test_a_script_that_cannot_be_switched_is_refused_naming_it(source, words):
     assert words in str(error.value)
 
 
-def test_the_shipped_synthetic_benchmark_is_switched_on_its_import_line_only():
+@pytest.mark.parametrize("name, framework", [("pytorch", "torch"),
+                                             ("tensorflow2", "tensorflow")])
+def test_the_shipped_synthetic_benchmark_is_switched_on_its_import_line_only(name, framework):
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "examples" / "pytorch_synthetic_benchmark.py"
+    path = Path(__file__).resolve().parents[2] / "examples" / f"{name}_synthetic_benchmark.py"
     source = path.read_text()
     out, changes = switch_imports(source, str(path))
-    assert len(changes) == 1 and changes[0].endswith(
-        "import horovod.torch as hvd -> import hvdx.torch as hvd")
-    assert out.replace("import hvdx.torch as hvd", "import horovod.torch as hvd") == source
+    ours, theirs = f"import hvdx.{framework} as hvd", f"import horovod.{framework} as hvd"
+    assert len(changes) == 1 and changes[0].endswith(f"{theirs} -> {ours}")
+    assert out.replace(ours, theirs) == source
 
 
 # --- strategies --------------------------------------------------------------------------
@@ -174,6 +176,71 @@ def test_set_each_step_is_recorded_once_through_a_subclass_chain(monkeypatch, tm
     first = step_log.main_optimizer(logs[1])
     assert len(first["times"]) == 4 and first["parameter_bytes"] == 12
     assert first["hvdx_stats"] is None  # a Horovod optimizer has no hvdx counters
+
+
+def _fresh_step_log(monkeypatch, tmp_path):
+    prefix = str(tmp_path / "run.steps")
+    monkeypatch.setenv(step_log.VARIABLE, prefix)
+    monkeypatch.setattr(step_log, "_WATCHES", [])
+    monkeypatch.setattr(step_log, "_RANK", [])
+    monkeypatch.setattr(step_log, "_TF_WATCHES", {})
+    monkeypatch.setattr(step_log, "atexit", types.SimpleNamespace(register=lambda *a: None))
+    return prefix
+
+
+def test_tensorflow_unset_nothing_is_hooked(monkeypatch):
+    tf = pytest.importorskip("tensorflow")
+
+    monkeypatch.delenv(step_log.VARIABLE, raising=False)
+    optimizer = tf.keras.optimizers.SGD(0.1)
+    with tf.GradientTape() as tape:
+        pass
+    assert step_log.watch_tensorflow(optimizer, 0) is optimizer
+    assert step_log.watch_tensorflow(tape, 0, lambda *a: 1 / 0) is tape
+    assert "apply_gradients" not in vars(optimizer) and "gradient" not in vars(tape)
+
+
+def test_tensorflow_steps_are_recorded_once_each_eagerly_and_in_a_tf_function(
+        monkeypatch, tmp_path):
+    # In a tf.function the Python code runs when traced only: the time must be taken by
+    # an op that runs on every call; a tape made every step records into one watch.
+    tf = pytest.importorskip("tensorflow")
+    prefix = _fresh_step_log(monkeypatch, tmp_path)
+    weight = tf.Variable(tf.ones([3]))
+    optimizer = tf.keras.optimizers.SGD(0.1)
+    counters = []
+
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(weight * weight)
+        tape = step_log.watch_tensorflow(
+            tape, 1, lambda t, variables: counters.append(variables) or None)
+        gradients = tape.gradient(loss, [weight])
+        optimizer.apply_gradients(zip(gradients, [weight]))
+
+    for _ in range(3):
+        step()
+    traced = tf.function(step)
+    for _ in range(4):
+        traced()
+    assert traced.experimental_get_tracing_count() == 1
+    assert len(counters) == 1 and len(counters[0]) == 1 and counters[0][0] is weight
+
+    model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(4,))])
+    keras_optimizer = step_log.watch_tensorflow(tf.keras.optimizers.SGD(0.1), lambda: 1)
+    model.compile(optimizer=keras_optimizer, loss="mse")
+    model.fit(tf.ones([12, 4]), tf.zeros([12, 2]), batch_size=4, epochs=2, verbose=0)
+    keras_optimizer.apply_gradients([(tf.ones([4, 2]), model.trainable_variables[0]),
+                                     (None, model.trainable_variables[1])])  # eagerly
+
+    step_log._write(prefix)
+    tape_log, keras_log = step_log.read(prefix)[1]["optimizers"]
+    assert len(tape_log["times"]) == 7 and tape_log["parameter_bytes"] == 12
+    assert tape_log["times"] == sorted(tape_log["times"])
+    assert tape_log["hvdx_stats"] is None
+    assert len(keras_log["times"]) == 2 * 3 + 1
+    assert keras_log["parameter_bytes"] == (4 * 2 + 2) * 4  # the first step's variables
+    assert float(weight[0]) == pytest.approx(0.8 ** 7)  # every step applied, once
 
 
 # --- the row and the table ---------------------------------------------------------------

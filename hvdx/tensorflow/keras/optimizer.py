@@ -3,7 +3,7 @@
 import horovod.tensorflow.keras as _hvd_keras
 from horovod.tensorflow import Average, Compression, global_process_set
 
-from hvdx import environment
+from hvdx import environment, step_log
 from hvdx.settings import group_sizes, horovod_settings
 from hvdx.strategy import strategy_or_error
 from hvdx.tensorflow import registry
@@ -70,6 +70,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
         lambda: registry.keras(horovod, strategy, arguments, optimizer),
         lambda: horovod(Compression.none, 1.0, Average), strategy)
     error = error or problem
+    # HVDX_BENCH_STEP_LOG (hvdx bench --script): step times; unset, nothing is added.
+    opt = step_log.watch_tensorflow(opt, _hvd_keras.rank)
     if registry.checks_its_own_variables(strategy):
         return opt
     settings = horovod_settings(

@@ -12,6 +12,7 @@ from mpi4py import MPI
 
 import hvdx.tensorflow as hvd
 import hvdx.tensorflow.keras as hvd_keras
+from hvdx import step_log
 from tf_models import batches, copy_of, small_cnn
 
 LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -105,6 +106,46 @@ def test_keras_fit_twenty_steps_bitwise_identical_to_horovod(kwargs):
     ours = train_with_fit(hvd_keras.DistributedOptimizer, copy_of(initial), **kwargs)
     theirs = train_with_fit(horovod.tensorflow.keras.DistributedOptimizer, copy_of(initial),
                             **kwargs)
+    assert_trained_identically(ours, theirs, initial)
+
+
+# At 2 ranks only: the suite's budget (the unit tests take the same path in one process).
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.skipif(not SMALL_WORLD, reason="run at 2 ranks")
+@pytest.mark.parametrize("how", ["tape", "tape-topk", "fit"])
+def test_bench_step_log_times_each_step_once_and_changes_no_weight(how, monkeypatch,
+                                                                   tmp_path):
+    # HVDX_BENCH_STEP_LOG (hvdx bench --script): one time per step, also in a traced
+    # tf.function (fit's) where trace-time Python runs once; the first call's
+    # consistency check still runs, and training is still Horovod's, bit for bit.
+    monkeypatch.setenv(step_log.VARIABLE, str(tmp_path / "steps"))
+    monkeypatch.setattr(step_log, "_WATCHES", [])
+    monkeypatch.setattr(step_log, "_RANK", [])
+    monkeypatch.setattr(step_log, "_TF_WATCHES", {})
+    monkeypatch.setattr(step_log, "atexit", types.SimpleNamespace(register=lambda *a: None))
+    initial = initial_model()
+    kwargs = {"compression": hvd.Compression.topk(0.1, 0.1)} if how == "tape-topk" else {}
+    if how == "fit":
+        ours = train_with_fit(hvd_keras.DistributedOptimizer, copy_of(initial))
+    else:
+        ours = train_with_tape(hvd.DistributedGradientTape, copy_of(initial), True, **kwargs)
+    monkeypatch.delenv(step_log.VARIABLE)
+    [watch] = step_log._WATCHES
+    figures = watch.figures()
+    assert step_log._RANK == [hvd.rank()]
+    assert len(figures["times"]) == STEPS and figures["times"] == sorted(figures["times"])
+    assert figures["parameter_bytes"] == 4 * sum(
+        v.shape.num_elements() for v in ours.trainable_variables)
+    if how == "tape-topk":
+        assert figures["hvdx_stats"]["steps"] == STEPS
+        return
+    assert figures["hvdx_stats"] is None
+    if how == "fit":
+        theirs = train_with_fit(horovod.tensorflow.keras.DistributedOptimizer,
+                                copy_of(initial))
+    else:
+        theirs = train_with_tape(horovod.tensorflow.DistributedGradientTape,
+                                 copy_of(initial), True)
     assert_trained_identically(ours, theirs, initial)
 
 
