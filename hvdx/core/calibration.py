@@ -23,7 +23,14 @@ instead, and the cost model prices every phase from it:
 3. ``allreduce``: the algorithm the MPI library runs for an allreduce
    (``"recursive_halving"``, MPICH's: Thakur, Rabenseifner & Gropp, IJHPCA 2005; or
    ``"ring"``, NCCL's), which the cost model lays out round by round;
-4. ``allreduce_times``: where the calibration also timed the MPI allreduce itself on
+4. ``shift_tables``: the same for shifts, rounds in which every rank sends to one rank
+   and receives from another (a directed ring over the pairs' ranks: each link carries
+   the same number of flows each way, on different connections), as decentralized
+   SGD's hops and Stanza's activations move; a phase whose flows are not all swapped
+   in pairs is priced from them where they were measured. A swap and a shift through
+   the same shaped link did not run at the same rate: a 4 MiB swap reached 47 Mbit/s per
+   100 Mbit NIC where the graph's hops reached about 70;
+5. ``allreduce_times``: where the calibration also timed the MPI allreduce itself on
    the groups the strategies use (:data:`ALLREDUCE_GROUPS`: all ranks, each rack's
    ranks at once, one rank per rack in each of several groups at once), the cost model
    takes those times for an allreduce on such groups (interpolated in bytes as in step
@@ -83,7 +90,9 @@ class Calibration:
     tables: Mapping[str, Table]
     allreduce: str = "recursive_halving"
     source: str = ""
-    #: group (:data:`ALLREDUCE_GROUPS`) -> ``[(bytes per rank, seconds)]`` (step 4).
+    #: As ``tables``, for shifts (module step 4).
+    shift_tables: Mapping[str, Table] = field(default_factory=dict)
+    #: group (:data:`ALLREDUCE_GROUPS`) -> ``[(bytes per rank, seconds)]`` (step 5).
     allreduce_times: Mapping[str, List[Tuple[float, float]]] = field(default_factory=dict)
     #: Not compared: two calibrations are equal if they measured the same.
     notes: Tuple[str, ...] = field(default=(), compare=False)
@@ -92,25 +101,12 @@ class Calibration:
         if self.allreduce not in ALLREDUCE_ALGORITHMS:
             raise ValueError(f"allreduce={self.allreduce!r} must be one of "
                              f"{', '.join(ALLREDUCE_ALGORITHMS)}")
-        clean: Dict[str, Table] = {}
-        for link, table in dict(self.tables).items():
-            if link not in LINK_CLASSES:
-                raise ValueError(f"tables has link class {link!r}; the classes are "
-                                 f"{', '.join(LINK_CLASSES)}")
-            rows: Table = {}
-            for flows, points in dict(table).items():
-                flows = int(flows)
-                points = sorted((float(b), float(s)) for b, s in points)
-                if flows < 1 or not points or any(b < 0 or not 0 < s < math.inf
-                                                  for b, s in points):
-                    raise ValueError(f"tables[{link!r}][{flows}] must hold (bytes >= 0, "
-                                     f"seconds > 0) pairs for flows >= 1, not {points!r}")
-                rows[flows] = points
-            if rows:
-                clean[link] = rows
+        clean = self._checked("tables", self.tables)
         if not clean:
             raise ValueError("tables measured no link class")
         object.__setattr__(self, "tables", clean)
+        object.__setattr__(self, "shift_tables", self._checked("shift_tables",
+                                                               self.shift_tables))
         times: Dict[str, List[Tuple[float, float]]] = {}
         for group, points in dict(self.allreduce_times).items():
             points = sorted((float(b), float(s)) for b, s in points)
@@ -122,13 +118,34 @@ class Calibration:
             times[group] = points
         object.__setattr__(self, "allreduce_times", times)
 
+    @staticmethod
+    def _checked(name: str, tables: Mapping[str, Table]) -> Dict[str, Table]:
+        clean: Dict[str, Table] = {}
+        for link, table in dict(tables).items():
+            if link not in LINK_CLASSES:
+                raise ValueError(f"{name} has link class {link!r}; the classes are "
+                                 f"{', '.join(LINK_CLASSES)}")
+            rows: Table = {}
+            for flows, points in dict(table).items():
+                flows = int(flows)
+                points = sorted((float(b), float(s)) for b, s in points)
+                if flows < 1 or not points or any(b < 0 or not 0 < s < math.inf
+                                                  for b, s in points):
+                    raise ValueError(f"{name}[{link!r}][{flows}] must hold (bytes >= 0, "
+                                     f"seconds > 0) pairs for flows >= 1, not {points!r}")
+                rows[flows] = points
+            if rows:
+                clean[link] = rows
+        return clean
+
     def has(self, link: str) -> bool:
         """Whether ``link`` was measured."""
         return link in self.tables
 
-    def round_s(self, link: str, flows: float, nbytes: float) -> float:
+    def round_s(self, link: str, flows: float, nbytes: float, shift: bool = False) -> float:
         """Seconds of one exchange round: ``flows`` flows of ``nbytes`` each through one
-        ``link`` each way (module step 2).
+        ``link`` each way (module step 2); with ``shift``, from the shifts where
+        ``link``'s were measured (step 4), else from the swaps.
 
         Raises:
             KeyError: naming ``link`` if it was not measured.
@@ -136,7 +153,8 @@ class Calibration:
         if link not in self.tables:
             raise KeyError(f"link class {link!r} was not calibrated (measured: "
                            f"{', '.join(self.tables)})")
-        table = self.tables[link]
+        table = self.shift_tables[link] if shift and link in self.shift_tables else \
+            self.tables[link]
         counts = sorted(table)
         flows = max(1.0, float(flows))
         if flows >= counts[-1]:
@@ -170,8 +188,7 @@ class Calibration:
                 "notes": list(self.notes),
                 "allreduce_times": {g: [list(p) for p in pts]
                                     for g, pts in self.allreduce_times.items()},
-                "tables": {link: {str(f): [list(p) for p in pts] for f, pts in t.items()}
-                           for link, t in self.tables.items()}}
+                "tables": _plain(self.tables), "shift_tables": _plain(self.shift_tables)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> "Calibration":
@@ -183,8 +200,8 @@ class Calibration:
         if not isinstance(data, Mapping) or not isinstance(data.get("tables"), Mapping):
             raise ValueError("a calibration is a JSON object with 'tables' (link class -> "
                              "flows -> [[bytes, seconds], ...]); this is not one")
-        return cls(tables={link: {int(f): [tuple(p) for p in pts] for f, pts in t.items()}
-                           for link, t in data["tables"].items()},
+        return cls(tables=_parsed(data["tables"]),
+                   shift_tables=_parsed(data.get("shift_tables") or {}),
                    allreduce=str(data.get("allreduce", "recursive_halving")),
                    source=str(data.get("source", "")),
                    notes=tuple(str(n) for n in data.get("notes", ())),
@@ -210,3 +227,13 @@ class Calibration:
         except (OSError, json.JSONDecodeError, ValueError, TypeError) as error:
             raise ValueError(f"calibration={path!r} is not a calibration file ({error}); "
                              "write one with `hvdx plan --calibrate FILE`") from error
+
+
+def _plain(tables: Mapping[str, Table]) -> Dict[str, Dict[str, List[List[float]]]]:
+    return {link: {str(f): [list(p) for p in pts] for f, pts in t.items()}
+            for link, t in tables.items()}
+
+
+def _parsed(tables: Mapping[str, Mapping]) -> Dict[str, Table]:
+    return {link: {int(f): [tuple(p) for p in pts] for f, pts in t.items()}
+            for link, t in dict(tables).items()}

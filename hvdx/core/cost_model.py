@@ -527,8 +527,9 @@ def _price_calibrated(traffic: _Traffic, c: Cluster) -> Tuple[float, str]:
 
     1. per link and direction, the flows through it and their bytes;
     2. a repeated traffic (a ring) is ``rounds`` rounds of ``1/rounds`` of those bytes,
-       each priced by :meth:`Calibration.round_s` for that many flows; a traffic sent
-       all at once is one round;
+       each priced by :meth:`Calibration.round_s` for that many flows, from the timed
+       swaps if every flow is answered by one the other way, else from the timed
+       shifts; a traffic sent all at once is one round;
     3. the busiest link sets the time; a class the calibration lacks is priced by the
        rates and alpha (``intra-host`` without a rate: free).
     """
@@ -536,10 +537,14 @@ def _price_calibrated(traffic: _Traffic, c: Cluster) -> Tuple[float, str]:
     rates = {"nic": c.nic_bps, "uplink": c.uplink_bps, "intra-host": c.intra_host_bps}
     best, where = 0.0, "none"
     rounds = traffic.rounds if traffic.repeated else 1
+    # Ranks that swap messages in pairs, or a shift (sent to one rank, received from
+    # another): the calibration timed both (hvdx.core.calibration, step 4).
+    edges = {(int(a), int(b)) for src, dst, _ in traffic.flows for a, b in zip(src, dst)}
+    shift = any((b, a) not in edges for a, b in edges)
     for link, loaded in _link_flows(traffic.flows, c).items():
         for flows, nbytes in loaded:
             if cal.has(link):
-                seconds = rounds * cal.round_s(link, flows, nbytes / flows / rounds)
+                seconds = rounds * cal.round_s(link, flows, nbytes / flows / rounds, shift)
             elif rates[link]:
                 seconds = traffic.rounds * c.latency_s + 8 * nbytes / rates[link]
             else:

@@ -21,11 +21,15 @@ shares one link. Collective over ``comm``:
    leaves the barrier late finds its partner's data already there. Sizes stop growing
    once a round took over ``max_round_s``: the slope is known by then and the cost
    model extrapolates it;
-4. the MPI allreduce itself (float32, sum) on the groups the strategies use
+4. the shifts (``"uplink"``: a directed ring through ``c`` ranks of each of the first two
+   racks, alternating racks, so that ``c`` flows cross the uplink each way on different
+   connections; ``"nic"``: a directed ring through the hosts of each rack), each rank
+   sending to its successor while receiving from its predecessor, timed as in step 3;
+5. the MPI allreduce itself (float32, sum) on the groups the strategies use
    (:data:`~hvdx.core.calibration.ALLREDUCE_GROUPS`: all ranks; each rack's ranks, all
    racks at once; one rank per rack, every such group at once), timed as in step 3
    for the sizes of :data:`ALLREDUCE_SIZES`;
-5. every rank returns the same :class:`~hvdx.core.calibration.Calibration`; the
+6. every rank returns the same :class:`~hvdx.core.calibration.Calibration`; the
    allreduce algorithm is MPICH's recursive halving when the library is MPICH.
 
 Run it as ``mpirun -n N hvdx plan --calibrate FILE``; ``hvdx bench`` runs it on its
@@ -45,7 +49,7 @@ from mpi4py import MPI
 from hvdx.core.calibration import Calibration
 from hvdx.mpi.topology import host_labels, rack_labels
 
-__all__ = ["DEFAULT_SIZES", "calibrate", "pair_sets"]
+__all__ = ["DEFAULT_SIZES", "calibrate", "pair_sets", "shift_sets"]
 
 #: Bytes per flow of the measured rounds: from a latency-bound message to a model.
 DEFAULT_SIZES = (1024, 16 * 1024, 128 * 1024, 1 << 20, 4 << 20, 8 << 20)
@@ -119,6 +123,46 @@ def pair_sets(hosts: Sequence[int], racks: Sequence[object]) -> List[Tuple[str, 
 _BATCH_SMALL, _BATCH_LARGE, _SMALL = 8, 2, 128 * 1024
 
 
+def shift_sets(hosts: Sequence[int], racks: Sequence[object]) -> List[Tuple[str, int, Pairs]]:
+    """Module step 4: ``(link class, flows per link each way, directed edges)``.
+
+    Pure: the uplink's rings go ``a0 -> b0 -> a1 -> b1 -> ... -> a0`` through the first
+    ``c`` hosts of the first two racks (``c = 1`` is a swap); the NIC's ring goes through
+    each rack's hosts in order, every rack at once (only with three hosts or more in a
+    rack: two make a swap, which step 3 timed).
+    """
+    n = len(hosts)
+    order = list(dict.fromkeys(racks))
+    members = {label: [r for r in range(n) if racks[r] == label] for label in order}
+    sets: List[Tuple[str, int, Pairs]] = []
+    for link, flows, pairs in pair_sets(hosts, racks):
+        if link == "uplink" and flows > 1:
+            ring = [r for pair in pairs for r in pair]
+            sets.append(("uplink", flows, list(zip(ring, ring[1:] + ring[:1]))))
+    edges: Pairs = []
+    for label in order:
+        firsts = list(dict.fromkeys(hosts[r] for r in members[label]))
+        ring = [next(r for r in members[label] if hosts[r] == h) for h in firsts]
+        if len(ring) > 2:
+            edges += list(zip(ring, ring[1:] + ring[:1]))
+    if edges:
+        sets.append(("nic", 1, edges))
+    return sets
+
+
+def _shifts(comm: MPI.Comm, successor: Optional[int], predecessor: Optional[int],
+            send: np.ndarray, receive: np.ndarray, count: int) -> float:
+    """``count`` shift rounds back to back: the slowest rank's seconds per round."""
+    comm.Barrier()
+    start = time.perf_counter()
+    if successor is not None:
+        for _ in range(count):
+            MPI.Request.Waitall([comm.Irecv(receive, source=predecessor, tag=_TAG),
+                                 comm.Isend(send, dest=successor, tag=_TAG)])
+    mine = (time.perf_counter() - start) / count
+    return comm.allreduce(mine, op=MPI.MAX)
+
+
 def _rounds(comm: MPI.Comm, partner: Optional[int], send: np.ndarray,
             receive: np.ndarray, count: int) -> float:
     """``count`` exchange rounds back to back (module step 3): the slowest rank's
@@ -175,13 +219,30 @@ def calibrate(comm: Optional[MPI.Comm] = None, sizes: Sequence[int] = DEFAULT_SI
         if say is not None and rank == 0:
             say(f"calibrated {link}, {flows} flow(s) per link: " + ", ".join(
                 f"{b / 1024:.0f} KiB {s * 1e3:.1f} ms" for b, s in points))
+    shifts: Dict[str, Dict[int, List[Tuple[float, float]]]] = {}
+    for link, flows, edges in shift_sets(hosts, racks):
+        successor = next((b for a, b in edges if a == rank), None)
+        predecessor = next((a for a, b in edges if b == rank), None)
+        points = []
+        for nbytes in sizes:
+            count = _BATCH_SMALL if nbytes <= _SMALL else _BATCH_LARGE
+            args = (successor, predecessor, biggest[:nbytes], inbox[:nbytes])
+            _shifts(comm, *args, 1)  # warm-up
+            seconds = float(np.median([_shifts(comm, *args, count) for _ in range(repeats)]))
+            points.append((float(nbytes), seconds))
+            if seconds > max_round_s:
+                break
+        shifts.setdefault(link, {})[flows] = points
+        if say is not None and rank == 0:
+            say(f"calibrated shifts on {link}, {flows} flow(s) per link each way: " +
+                ", ".join(f"{b / 1024:.0f} KiB {s * 1e3:.1f} ms" for b, s in points))
     times = _allreduce_times(comm, hosts, racks, repeats, max_round_s, say)
     library = MPI.Get_library_version().strip().splitlines()[0]
     allreduce = "recursive_halving" if "MPICH" in library.upper() else "ring"
     source = (f"{comm.Get_size()} ranks on {len(set(hosts))} hosts in "
               f"{len(set(racks))} rack(s); {library}")
     return Calibration(tables=tables, allreduce=allreduce, source=source,
-                       allreduce_times=times)
+                       shift_tables=shifts, allreduce_times=times)
 
 
 def _allreduce_times(comm: MPI.Comm, hosts: Sequence[int], racks: Sequence[object],

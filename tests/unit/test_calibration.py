@@ -221,3 +221,24 @@ def test_timed_allreduces_round_trip_and_bad_groups_are_refused(tmp_path):
     assert Calibration.load(path).allreduce_s("world", 10) is None
     with pytest.raises(ValueError, match="allreduce_times\\['tree'\\]"):
         Calibration(tables=LINEAR, allreduce_times={"tree": [(1e3, 0.002)]})
+
+
+# --- shifts --------------------------------------------------------------------------------
+
+def test_shift_rings_alternate_racks_over_the_uplink_and_go_round_each_racks_hosts():
+    from hvdx.mpi.calibrate import shift_sets
+
+    assert shift_sets([0, 1, 2, 3], ["a", "a", "b", "b"]) == [
+        ("uplink", 2, [(0, 2), (2, 1), (1, 3), (3, 0)])]
+    assert shift_sets([0, 1, 2, 3], ["r"] * 4) == [
+        ("nic", 1, [(0, 1), (1, 2), (2, 3), (3, 0)])]
+
+
+def test_a_shift_is_priced_from_the_timed_shifts_and_a_swap_from_the_timed_swaps():
+    shifted = Calibration(tables=LINEAR, shift_tables={"nic": {1: [(0, 0.001), (1e6, 0.009)]}})
+    c = Cluster(racks=1, hosts_per_rack=4, nic_bps="1gbit", uplink_bps="1gbit",
+                calibration=shifted)
+    w = Workload(conv_params=250_000, fc_params=0, compute_s=0.1)  # 1 MB of float32
+    # The one-peer graph on 4 ranks: i -> i+1, then i -> i+2 (a swap: 0<->2, 1<->3).
+    p = predict("decentralized", c, w, topology="one-peer-exp")
+    assert [ph.seconds for ph in p.phases] == pytest.approx([0.009, 0.004])
