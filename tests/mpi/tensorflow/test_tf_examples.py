@@ -23,3 +23,21 @@ def test_keras_example_trains_checkpoints_and_resumes(strategy, tmp_path, capsys
 @pytest.mark.parametrize("strategy", ["none", "topk", "stanza"])
 def test_tape_example_trains_checkpoints_and_resumes(strategy, tmp_path, capsys):
     run_and_resume("tf_tape_digits", strategy, tmp_path, capsys)
+
+
+@TWO_RANKS
+@pytest.mark.mpi(min_size=2)
+def test_tf2_synthetic_benchmark_example_runs_as_horovods_does(capsys, monkeypatch):
+    # A script at module level, as Horovod's own: run as __main__ with brief flags.
+    import runpy
+
+    from example_runs import EXAMPLES
+    from mpi4py import MPI
+
+    path = str(EXAMPLES / "tensorflow2_synthetic_benchmark.py")
+    monkeypatch.setattr(sys, "argv", [path, "--batch-size", "8", "--num-warmup-batches",
+                                      "1", "--num-batches-per-iter", "1", "--num-iters", "2"])
+    runpy.run_path(path, run_name="__main__")
+    out = capsys.readouterr().out
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        assert out.count("img/sec per") >= 2, out
