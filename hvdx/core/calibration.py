@@ -107,16 +107,13 @@ class Calibration:
         object.__setattr__(self, "tables", clean)
         object.__setattr__(self, "shift_tables", self._checked("shift_tables",
                                                                self.shift_tables))
-        times: Dict[str, List[Tuple[float, float]]] = {}
-        for group, points in dict(self.allreduce_times).items():
-            points = sorted((float(b), float(s)) for b, s in points)
-            if group not in ALLREDUCE_GROUPS or not points or any(
-                    b < 0 or not 0 < s < math.inf for b, s in points):
-                raise ValueError(f"allreduce_times[{group!r}] must be one of "
-                                 f"{', '.join(ALLREDUCE_GROUPS)} with (bytes >= 0, "
-                                 f"seconds > 0) pairs, not {points!r}")
-            times[group] = points
-        object.__setattr__(self, "allreduce_times", times)
+        for group in dict(self.allreduce_times):
+            if group not in ALLREDUCE_GROUPS:
+                raise ValueError(f"allreduce_times[{group!r}]: the groups are "
+                                 f"{', '.join(ALLREDUCE_GROUPS)}")
+        object.__setattr__(self, "allreduce_times", {
+            group: _points(f"allreduce_times[{group!r}]", points)
+            for group, points in dict(self.allreduce_times).items()})
 
     @staticmethod
     def _checked(name: str, tables: Mapping[str, Table]) -> Dict[str, Table]:
@@ -127,13 +124,10 @@ class Calibration:
                                  f"{', '.join(LINK_CLASSES)}")
             rows: Table = {}
             for flows, points in dict(table).items():
-                flows = int(flows)
-                points = sorted((float(b), float(s)) for b, s in points)
-                if flows < 1 or not points or any(b < 0 or not 0 < s < math.inf
-                                                  for b, s in points):
-                    raise ValueError(f"{name}[{link!r}][{flows}] must hold (bytes >= 0, "
-                                     f"seconds > 0) pairs for flows >= 1, not {points!r}")
-                rows[flows] = points
+                where = f"{name}[{link!r}][{flows}]"
+                if int(flows) < 1:
+                    raise ValueError(f"{where}: flows must be at least 1")
+                rows[int(flows)] = _points(where, points)
             if rows:
                 clean[link] = rows
         return clean
@@ -227,6 +221,15 @@ class Calibration:
         except (OSError, json.JSONDecodeError, ValueError, TypeError) as error:
             raise ValueError(f"calibration={path!r} is not a calibration file ({error}); "
                              "write one with `hvdx plan --calibrate FILE`") from error
+
+
+def _points(where: str, points) -> List[Tuple[float, float]]:
+    """``points`` sorted by size, checked: ``(bytes >= 0, seconds > 0)`` pairs."""
+    points = sorted((float(b), float(s)) for b, s in points)
+    if not points or any(b < 0 or not 0 < s < math.inf for b, s in points):
+        raise ValueError(f"{where} must hold (bytes >= 0, seconds > 0) pairs, not "
+                         f"{points!r}")
+    return points
 
 
 def _plain(tables: Mapping[str, Table]) -> Dict[str, Dict[str, List[List[float]]]]:

@@ -480,15 +480,15 @@ def _shift(n: int, distance: int, nbytes: float) -> Flow:
     return src, (src + distance) % n, nbytes
 
 
-def _link_loads(flows: List[Flow], c: Cluster) -> Dict[str, float]:
-    """Bytes through the busiest NIC, uplink and intra-host port, in its busier direction.
+def _link_flows(flows: List[Flow], c: Cluster) -> Dict[str, List[Tuple[int, float]]]:
+    """Per link class, every loaded link in each direction as ``(flows, bytes)``.
 
     A flow loads its hosts' NICs when it leaves its host, its racks' uplinks when it leaves
     its rack, and the two ranks' intra-host ports when it stays on one host.
     """
     sizes = {"nic": c.racks * c.hosts_per_rack, "uplink": c.racks, "intra-host": c.ranks}
-    out = {link: np.zeros(size) for link, size in sizes.items()}
-    into = {link: np.zeros(size) for link, size in sizes.items()}
+    counts = {link: np.zeros((2, size)) for link, size in sizes.items()}
+    loads = {link: np.zeros((2, size)) for link, size in sizes.items()}
     host, rack = c.host_of_rank, c.rack_of_rank
     for src, dst, nbytes in flows:
         host_s, host_d = host[src], host[dst]
@@ -496,29 +496,20 @@ def _link_loads(flows: List[Flow], c: Cluster) -> Dict[str, float]:
         for link, a, b, mask in (("nic", host_s, host_d, host_s != host_d),
                                  ("uplink", rack_s, rack_d, rack_s != rack_d),
                                  ("intra-host", src, dst, (host_s == host_d) & (src != dst))):
-            out[link] += np.bincount(a[mask], minlength=sizes[link]) * nbytes
-            into[link] += np.bincount(b[mask], minlength=sizes[link]) * nbytes
-    return {link: float(max(out[link].max(), into[link].max())) for link in sizes}
-
-
-def _link_flows(flows: List[Flow], c: Cluster) -> Dict[str, List[Tuple[int, float]]]:
-    """Per link class, every loaded link in each direction as ``(flows, bytes)``."""
-    sizes = {"nic": c.racks * c.hosts_per_rack, "uplink": c.racks, "intra-host": c.ranks}
-    host, rack = c.host_of_rank, c.rack_of_rank
-    out: Dict[str, List[Tuple[int, float]]] = {}
-    for link, size in sizes.items():
-        counts = np.zeros((2, size))
-        loads = np.zeros((2, size))
-        for src, dst, nbytes in flows:
-            a, b, mask = {"nic": (host[src], host[dst], host[src] != host[dst]),
-                          "uplink": (rack[src], rack[dst], rack[src] != rack[dst]),
-                          "intra-host": (src, dst, (host[src] == host[dst]) & (src != dst))
-                          }[link]
             for side, ends in ((0, a), (1, b)):
-                counts[side] += np.bincount(ends[mask], minlength=size)
-                loads[side] += np.bincount(ends[mask], minlength=size) * nbytes
-        out[link] = [(int(k), float(v)) for k, v in zip(counts.ravel(), loads.ravel()) if k]
-    return out
+                leaving = np.bincount(ends[mask], minlength=sizes[link])
+                counts[link][side] += leaving
+                loads[link][side] += leaving * nbytes
+    return {link: [(int(k), float(v)) for k, v in zip(counts[link].ravel(),
+                                                      loads[link].ravel()) if k]
+            for link in sizes}
+
+
+def _link_loads(flows: List[Flow], c: Cluster) -> Dict[str, float]:
+    """Bytes through the busiest NIC, uplink and intra-host port, in its busier direction
+    (:func:`_link_flows`)."""
+    return {link: max((nbytes for _, nbytes in loaded), default=0.0)
+            for link, loaded in _link_flows(flows, c).items()}
 
 
 def _price_calibrated(traffic: _Traffic, c: Cluster) -> Tuple[float, str]:

@@ -80,35 +80,28 @@ def pair_sets(hosts: Sequence[int], racks: Sequence[object]) -> List[Tuple[str, 
     members = {label: [r for r in range(n) if racks[r] == label] for label in order}
     sets: List[Tuple[str, int, Pairs]] = []
     if len(order) > 1:
-        a = [r for r in _one_per_host(members[order[0]], hosts)]
-        b = [r for r in _one_per_host(members[order[1]], hosts)]
+        a = _one_per_host(members[order[0]], hosts)
+        b = _one_per_host(members[order[1]], hosts)
         hosts_a = len({hosts[r] for r in a})
         hosts_b = len({hosts[r] for r in b})
         most = min(hosts_a, hosts_b)
         counts = sorted({c for c in (1, 2, 4, 8, 16, most) if c <= most})
         for c in counts:
             sets.append(("uplink", c, list(zip(a[:c], b[:c]))))
-    nic: Pairs = []
     per_host = max(hosts.count(h) for h in set(hosts))
+    host_pairs = []  # (ranks of host h0, ranks of host h1): hosts of one rack, paired
     for label in order:
         by_host: Dict[int, List[int]] = {}
         for r in members[label]:
             by_host.setdefault(hosts[r], []).append(r)
         rack_hosts = list(by_host)
-        for h0, h1 in zip(rack_hosts[0::2], rack_hosts[1::2]):
-            nic.append((by_host[h0][0], by_host[h1][0]))
-    if nic:
-        sets.append(("nic", 1, nic))
+        host_pairs += [(by_host[h0], by_host[h1])
+                       for h0, h1 in zip(rack_hosts[0::2], rack_hosts[1::2])]
+    if host_pairs:
+        sets.append(("nic", 1, [(r0[0], r1[0]) for r0, r1 in host_pairs]))
         if per_host > 1:
-            many: Pairs = []
-            for label in order:
-                by_host = {}
-                for r in members[label]:
-                    by_host.setdefault(hosts[r], []).append(r)
-                rack_hosts = list(by_host)
-                for h0, h1 in zip(rack_hosts[0::2], rack_hosts[1::2]):
-                    many += list(zip(by_host[h0], by_host[h1]))
-            sets.append(("nic", per_host, many))
+            sets.append(("nic", per_host,
+                         [pair for r0, r1 in host_pairs for pair in zip(r0, r1)]))
     same: Pairs = []
     for h in dict.fromkeys(hosts):
         local = [r for r in range(n) if hosts[r] == h]
@@ -150,31 +143,39 @@ def shift_sets(hosts: Sequence[int], racks: Sequence[object]) -> List[Tuple[str,
     return sets
 
 
-def _shifts(comm: MPI.Comm, successor: Optional[int], predecessor: Optional[int],
-            send: np.ndarray, receive: np.ndarray, count: int) -> float:
-    """``count`` shift rounds back to back: the slowest rank's seconds per round."""
-    comm.Barrier()
-    start = time.perf_counter()
-    if successor is not None:
-        for _ in range(count):
-            MPI.Request.Waitall([comm.Irecv(receive, source=predecessor, tag=_TAG),
-                                 comm.Isend(send, dest=successor, tag=_TAG)])
-    mine = (time.perf_counter() - start) / count
-    return comm.allreduce(mine, op=MPI.MAX)
-
-
-def _rounds(comm: MPI.Comm, partner: Optional[int], send: np.ndarray,
-            receive: np.ndarray, count: int) -> float:
-    """``count`` exchange rounds back to back (module step 3): the slowest rank's
+def _batch_s(comm: MPI.Comm, count: int, one_round: Callable[[], None]) -> float:
+    """A barrier, then ``count`` rounds back to back (module step 3): the slowest rank's
     seconds per round."""
     comm.Barrier()
     start = time.perf_counter()
-    if partner is not None:
-        for _ in range(count):
-            comm.Sendrecv(send, dest=partner, sendtag=_TAG, recvbuf=receive,
-                          source=partner, recvtag=_TAG)
-    mine = (time.perf_counter() - start) / count
-    return comm.allreduce(mine, op=MPI.MAX)
+    for _ in range(count):
+        one_round()
+    return comm.allreduce((time.perf_counter() - start) / count, op=MPI.MAX)
+
+
+def _points(comm: MPI.Comm, sizes: Sequence[int], repeats: int, max_round_s: float,
+            round_of: Callable[[int], Callable[[], None]]) -> List[Tuple[float, float]]:
+    """Module step 3 for one pattern: ``[(bytes, seconds per round)]`` for each size,
+    ``round_of(nbytes)`` giving one round of it; sizes stop after a round over
+    ``max_round_s``."""
+    points: List[Tuple[float, float]] = []
+    for nbytes in sizes:
+        one_round = round_of(nbytes)
+        count = _BATCH_SMALL if nbytes <= _SMALL else _BATCH_LARGE
+        _batch_s(comm, 1, one_round)  # warm-up: connections are set up lazily
+        seconds = float(np.median([_batch_s(comm, count, one_round)
+                                   for _ in range(repeats)]))
+        points.append((float(nbytes), seconds))
+        if seconds > max_round_s:
+            break
+    return points
+
+
+def _said(say: Optional[Callable[[str], None]], rank: int, what: str,
+          points: List[Tuple[float, float]]) -> None:
+    if say is not None and rank == 0:
+        say(f"calibrated {what}: " + ", ".join(f"{b / 1024:.0f} KiB {s * 1e3:.1f} ms"
+                                                for b, s in points))
 
 
 def calibrate(comm: Optional[MPI.Comm] = None, sizes: Sequence[int] = DEFAULT_SIZES,
@@ -203,39 +204,33 @@ def calibrate(comm: Optional[MPI.Comm] = None, sizes: Sequence[int] = DEFAULT_SI
     sets = pair_sets(hosts, racks)
     biggest = np.zeros(max(sizes), dtype=np.uint8)
     inbox = np.empty_like(biggest)
+
+    def swap(partner: Optional[int]) -> Callable[[int], Callable[[], None]]:
+        if partner is None:
+            return lambda nbytes: lambda: None
+        return lambda nbytes: lambda: comm.Sendrecv(
+            biggest[:nbytes], dest=partner, sendtag=_TAG, recvbuf=inbox[:nbytes],
+            source=partner, recvtag=_TAG)
+
+    def shift(successor: Optional[int], predecessor: Optional[int]):
+        if successor is None:
+            return lambda nbytes: lambda: None
+        return lambda nbytes: lambda: MPI.Request.Waitall([
+            comm.Irecv(inbox[:nbytes], source=predecessor, tag=_TAG),
+            comm.Isend(biggest[:nbytes], dest=successor, tag=_TAG)])
+
     for link, flows, pairs in sets:
         partner = next((b if a == rank else a for a, b in pairs if rank in (a, b)), None)
-        points = []
-        for nbytes in sizes:
-            count = _BATCH_SMALL if nbytes <= _SMALL else _BATCH_LARGE
-            _rounds(comm, partner, biggest[:nbytes], inbox[:nbytes], 1)  # warm-up
-            times = [_rounds(comm, partner, biggest[:nbytes], inbox[:nbytes], count)
-                     for _ in range(repeats)]
-            seconds = float(np.median(times))
-            points.append((float(nbytes), seconds))
-            if seconds > max_round_s:
-                break
+        points = _points(comm, sizes, repeats, max_round_s, swap(partner))
         tables.setdefault(link, {})[flows] = points
-        if say is not None and rank == 0:
-            say(f"calibrated {link}, {flows} flow(s) per link: " + ", ".join(
-                f"{b / 1024:.0f} KiB {s * 1e3:.1f} ms" for b, s in points))
+        _said(say, rank, f"{link}, {flows} flow(s) per link", points)
     shifts: Dict[str, Dict[int, List[Tuple[float, float]]]] = {}
     for link, flows, edges in shift_sets(hosts, racks):
         successor = next((b for a, b in edges if a == rank), None)
         predecessor = next((a for a, b in edges if b == rank), None)
-        points = []
-        for nbytes in sizes:
-            count = _BATCH_SMALL if nbytes <= _SMALL else _BATCH_LARGE
-            args = (successor, predecessor, biggest[:nbytes], inbox[:nbytes])
-            _shifts(comm, *args, 1)  # warm-up
-            seconds = float(np.median([_shifts(comm, *args, count) for _ in range(repeats)]))
-            points.append((float(nbytes), seconds))
-            if seconds > max_round_s:
-                break
+        points = _points(comm, sizes, repeats, max_round_s, shift(successor, predecessor))
         shifts.setdefault(link, {})[flows] = points
-        if say is not None and rank == 0:
-            say(f"calibrated shifts on {link}, {flows} flow(s) per link each way: " +
-                ", ".join(f"{b / 1024:.0f} KiB {s * 1e3:.1f} ms" for b, s in points))
+        _said(say, rank, f"shifts on {link}, {flows} flow(s) per link each way", points)
     times = _allreduce_times(comm, hosts, racks, repeats, max_round_s, say)
     library = MPI.Get_library_version().strip().splitlines()[0]
     allreduce = "recursive_halving" if "MPICH" in library.upper() else "ring"
@@ -260,33 +255,22 @@ def _allreduce_times(comm: MPI.Comm, hosts: Sequence[int], racks: Sequence[objec
     if len(order) > 1 and len(set(widths.values())) == 1:
         groups.append(("cross", place))
     times: Dict[str, List[Tuple[float, float]]] = {}
+    def allreduce(sub: MPI.Comm) -> Callable[[int], Callable[[], None]]:
+        def round_of(nbytes: int) -> Callable[[], None]:
+            send = np.ones(nbytes // 4, dtype=np.float32)
+            result = np.empty_like(send)
+            return lambda: sub.Allreduce(send, result)
+        return round_of
+
     for name, color in groups:
         sub = comm if color is None else comm.Split(color, rank)
-        points = []
         try:
-            for nbytes in ALLREDUCE_SIZES:
-                send = np.ones(nbytes // 4, dtype=np.float32)
-                result = np.empty_like(send)
-                count = _BATCH_SMALL if nbytes <= _SMALL else _BATCH_LARGE
-                sub.Allreduce(send, result)  # warm-up
-                batches = []
-                for _ in range(repeats):
-                    comm.Barrier()
-                    start = time.perf_counter()
-                    for _ in range(count):
-                        sub.Allreduce(send, result)
-                    batches.append(comm.allreduce((time.perf_counter() - start) / count,
-                                                  op=MPI.MAX))
-                points.append((float(nbytes), float(np.median(batches))))
-                if points[-1][1] > max_round_s:
-                    break
+            times[name] = _points(comm, ALLREDUCE_SIZES, repeats, max_round_s,
+                                  allreduce(sub))
         finally:
             if sub is not comm:
                 sub.Free()
-        times[name] = points
-        if say is not None and rank == 0:
-            say(f"calibrated allreduce on {name}: " + ", ".join(
-                f"{b / 1024:.0f} KiB {s * 1e3:.1f} ms" for b, s in points))
+        _said(say, rank, f"allreduce on {name}", times[name])
     return times
 
 
