@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 from hvdx.strategy import Strategy, adapter_for, kept_for_every_rank
 
-__all__ = ["GradientArguments", "KERAS_ADAPTERS", "TAPE_ADAPTERS",
+__all__ = ["GradientArguments", "KERAS_ADAPTERS", "TAPE_ADAPTERS", "TAPE_COUNTERS",
            "checks_its_own_variables", "keras", "tape", "tape_counters",
            "with_deferred_error"]
 
@@ -120,24 +120,29 @@ def checks_its_own_variables(strategy: Optional[Strategy]) -> bool:
     return strategy is not None and strategy.argument == "sync"
 
 
+def _topk_counters(tape, variables):
+    """TopK's counters: the state of the variables the tape reduced."""
+    from hvdx.tensorflow.topk import topk_state
+
+    local = getattr(tape, "_local_sources", ())  # Horovod keeps these out
+    return topk_state([v for v in variables if v.ref() not in local]).stats
+
+
+def _mixing_counters(tape, variables):
+    """DS-Sync's and the graphs' counters: the state the tape mixes with."""
+    return getattr(getattr(tape, "_hvdx_state", None), "hvdx_stats", None)
+
+
+#: Strategy name -> ``counters(tape, variables) -> hvdx_stats``, beside the adapters.
+TAPE_COUNTERS: Dict[str, Callable] = {
+    "topk": _topk_counters, "dssync": _mixing_counters, "decentralized": _mixing_counters}
+
+
 def tape_counters(strategy: Optional[Strategy]) -> Optional[Callable]:
     """``(tape, variables) -> hvdx_stats`` of the tapes that run ``strategy`` (for the
     step log, :func:`hvdx.step_log.watch_tensorflow`); ``None`` for Horovod's (a Keras
     optimizer carries its own ``hvdx_stats``)."""
-    if strategy is None:
-        return None
-    if strategy.argument == "sync":  # DS-Sync, graphs: the state the tape mixes with
-        return lambda tape, variables: getattr(
-            getattr(tape, "_hvdx_state", None), "hvdx_stats", None)
-
-    def compressed(tape, variables):  # TopK: the state of the variables it reduced
-        from hvdx.tensorflow.topk import topk_state
-
-        if strategy.name != "topk":
-            return None
-        local = getattr(tape, "_local_sources", ())  # Horovod keeps these out
-        return topk_state([v for v in variables if v.ref() not in local]).stats
-    return compressed
+    return None if strategy is None else TAPE_COUNTERS.get(strategy.name)
 
 
 def tape(horovod: Callable, strategy: Optional[Strategy], args: GradientArguments,
