@@ -21,9 +21,12 @@ import functools
 import glob
 import json
 import os
+import statistics
 import time
 import weakref
 from typing import Callable, Dict, List, Optional
+
+from hvdx.atomic_file import write_atomically
 
 __all__ = ["VARIABLE", "Watch", "intervals", "main_optimizer", "median_step", "path_of",
            "read", "watch_tensorflow", "watch_torch"]
@@ -68,10 +71,9 @@ def _write(prefix: str) -> None:
     if not _RANK:
         return
     path = path_of(prefix, _RANK[0])
+    figures = {"rank": _RANK[0], "optimizers": [w.figures() for w in _WATCHES]}
     try:
-        with open(path + ".tmp", "w") as f:
-            json.dump({"rank": _RANK[0], "optimizers": [w.figures() for w in _WATCHES]}, f)
-        os.replace(path + ".tmp", path)
+        write_atomically(path, json.dumps(figures).encode())
     except OSError:
         pass  # a benchmark's figure, never a reason for a training script to fail
 
@@ -244,8 +246,5 @@ def intervals(times: List[float]) -> List[float]:
 
 def median_step(times: List[float]) -> Optional[float]:
     """The median of :func:`intervals`; ``None`` with fewer than two steps."""
-    gaps = sorted(intervals(times))
-    if not gaps:
-        return None
-    mid = len(gaps) // 2
-    return gaps[mid] if len(gaps) % 2 else (gaps[mid - 1] + gaps[mid]) / 2
+    gaps = intervals(times)
+    return statistics.median(gaps) if gaps else None
