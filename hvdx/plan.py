@@ -20,7 +20,9 @@ on each link class (:mod:`hvdx.mpi.calibrate`) and writes them to FILE;
 ``--calibration FILE`` prices every strategy from those measurements instead of the
 rates and ``--latency`` (:class:`hvdx.core.calibration.Calibration`), with an
 allreduce laid out as the MPI library runs it. The cluster flags must describe the
-cluster the file was measured on.
+cluster the file was measured on. ``--local-steps horovod=140ms,topk=135ms,...`` gives
+each strategy's step measured with every rank on one host (``hvdx bench --localhost``),
+which then replaces ``--compute-ms`` for it: the phases are added to it.
 
 ``--json`` prints one object built from the same figures as the text, which rounds
 them; its keys are :data:`JSON_KEYS` (also the epilog of ``hvdx plan --help``).
@@ -51,7 +53,7 @@ from hvdx.core.cost_model import (
 )
 
 __all__ = ["JSON_KEYS", "MODEL_ONLY", "PRESETS", "add_arguments", "build_cluster",
-           "build_workload", "main", "render", "report", "run_plan"]
+           "build_workload", "local_steps", "main", "render", "report", "run_plan"]
 
 #: Clusters by name; flags given explicitly override them.
 PRESETS: Dict[str, Dict[str, object]] = {
@@ -145,6 +147,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="price every strategy from the rounds measured in FILE (written "
                           "by --calibrate on this cluster) instead of the rates and "
                           "--latency (default: none: the rates alone)")
+    cal.add_argument("--local-steps", metavar="KEY=TIME,...",
+                     help="each strategy's step measured with every rank on one host "
+                          "(e.g. horovod=131ms,topk=142ms; `hvdx bench --localhost` "
+                          "measures them): it replaces the modelled compute, and the "
+                          "cluster's phases are added to it (default: none: the compute)")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object instead of the text: the same figures, "
                              "unrounded (keys below)")
@@ -196,6 +203,27 @@ def build_workload(args: argparse.Namespace) -> Workload:
         activation_size=args.activation_size, fc_compute_fraction=args.fc_compute_fraction)
 
 
+def local_steps(text: Optional[str]) -> Dict[str, float]:
+    """``--local-steps``: ``"horovod=131ms,topk=0.142"`` as ``{key: seconds}``.
+
+    Raises:
+        ValueError: naming the flag and the entry that is not ``KEY=TIME`` with a
+            strategy key of :data:`hvdx.core.cost_model.STRATEGIES`.
+    """
+    from hvdx.core.cost_model import STRATEGIES
+
+    steps: Dict[str, float] = {}
+    for entry in (text or "").split(","):
+        if not entry.strip():
+            continue
+        key, sep, value = (part.strip() for part in entry.partition("="))
+        if not sep or key not in STRATEGIES:
+            raise ValueError(f"--local-steps={text!r}: {entry.strip()!r} is not KEY=TIME "
+                             f"with KEY one of {', '.join(STRATEGIES)}")
+        steps[key] = parse_time(value, f"--local-steps {key}")
+    return steps
+
+
 def _options(args: argparse.Namespace) -> Dict[str, object]:
     options = {"ratio": args.ratio, "intra_phases": args.intra_phases,
                "fc_workers": args.fc_workers, "mix_every": args.mix_every}
@@ -223,9 +251,10 @@ def report(args: argparse.Namespace) -> Dict[str, object]:
         figures["sweep"] = [_sweep_point(point, workload, options)
                             for point in _sweep_points(args.sweep, cluster)]
     else:
-        baseline = predict("horovod", cluster, workload)
+        local = local_steps(getattr(args, "local_steps", None))
+        baseline = predict("horovod", cluster, workload, local.get("horovod"))
         rows = [_row(p, baseline)
-                for p in compare(cluster, workload, DEFAULT_STRATEGIES, **options)]
+                for p in compare(cluster, workload, DEFAULT_STRATEGIES, local, **options)]
         figures["strategies"] = rows
         figures["verdict"] = _winner(rows)
     return figures

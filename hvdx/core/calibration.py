@@ -30,7 +30,11 @@ instead, and the cost model prices every phase from it:
    in pairs is priced from them where they were measured. A swap and a shift through
    the same shaped link did not run at the same rate: a 4 MiB swap reached 47 Mbit/s per
    100 Mbit NIC where the graph's hops reached about 70;
-5. ``allreduce_times``: where the calibration also timed the MPI allreduce itself on
+5. ``oneway_tables``: the same for flows that load a link one way only (nothing comes
+   back on it, as Stanza's activations go to the FC worker and its gradients come back
+   in a later phase): through a shaped link, 2 x 128 KiB one way took 23 ms where the
+   same bytes as a shift took 30 (the shift's returning data shares the queues);
+6. ``allreduce_times``: where the calibration also timed the MPI allreduce itself on
    the groups the strategies use (:data:`ALLREDUCE_GROUPS`: all ranks, each rack's
    ranks at once, one rank per rack in each of several groups at once), the cost model
    takes those times for an allreduce on such groups (interpolated in bytes as in step
@@ -54,7 +58,7 @@ __all__ = ["ALLREDUCE_ALGORITHMS", "ALLREDUCE_GROUPS", "Calibration", "LINK_CLAS
 LINK_CLASSES = ("uplink", "nic", "intra-host")
 #: How the MPI library runs an allreduce (:mod:`hvdx.core.cost_model` lays out both).
 ALLREDUCE_ALGORITHMS = ("recursive_halving", "ring")
-#: The groups an allreduce is timed on (module step 4): ``"world"`` (every rank),
+#: The groups an allreduce is timed on (module step 6): ``"world"`` (every rank),
 #: ``"rack"`` (each rack's ranks, all racks at once), ``"cross"`` (the ``j``-th rank of
 #: every rack, for every ``j`` at once: DS-Sync's crossing groups).
 ALLREDUCE_GROUPS = ("world", "rack", "cross")
@@ -92,7 +96,9 @@ class Calibration:
     source: str = ""
     #: As ``tables``, for shifts (module step 4).
     shift_tables: Mapping[str, Table] = field(default_factory=dict)
-    #: group (:data:`ALLREDUCE_GROUPS`) -> ``[(bytes per rank, seconds)]`` (step 5).
+    #: As ``tables``, for flows that load a link one way only (module step 5).
+    oneway_tables: Mapping[str, Table] = field(default_factory=dict)
+    #: group (:data:`ALLREDUCE_GROUPS`) -> ``[(bytes per rank, seconds)]`` (step 6).
     allreduce_times: Mapping[str, List[Tuple[float, float]]] = field(default_factory=dict)
     #: Not compared: two calibrations are equal if they measured the same.
     notes: Tuple[str, ...] = field(default=(), compare=False)
@@ -105,8 +111,8 @@ class Calibration:
         if not clean:
             raise ValueError("tables measured no link class")
         object.__setattr__(self, "tables", clean)
-        object.__setattr__(self, "shift_tables", self._checked("shift_tables",
-                                                               self.shift_tables))
+        for name in ("shift_tables", "oneway_tables"):
+            object.__setattr__(self, name, self._checked(name, getattr(self, name)))
         for group in dict(self.allreduce_times):
             if group not in ALLREDUCE_GROUPS:
                 raise ValueError(f"allreduce_times[{group!r}]: the groups are "
@@ -136,10 +142,12 @@ class Calibration:
         """Whether ``link`` was measured."""
         return link in self.tables
 
-    def round_s(self, link: str, flows: float, nbytes: float, shift: bool = False) -> float:
+    def round_s(self, link: str, flows: float, nbytes: float, shift: bool = False,
+                oneway: bool = False) -> float:
         """Seconds of one exchange round: ``flows`` flows of ``nbytes`` each through one
-        ``link`` each way (module step 2); with ``shift``, from the shifts where
-        ``link``'s were measured (step 4), else from the swaps.
+        ``link`` each way (module step 2); with ``oneway`` (nothing comes back the other
+        way), from the one-way rounds where ``link``'s were measured (step 5); else with
+        ``shift``, from the shifts where they were (step 4); else from the swaps.
 
         Raises:
             KeyError: naming ``link`` if it was not measured.
@@ -147,8 +155,11 @@ class Calibration:
         if link not in self.tables:
             raise KeyError(f"link class {link!r} was not calibrated (measured: "
                            f"{', '.join(self.tables)})")
-        table = self.shift_tables[link] if shift and link in self.shift_tables else \
-            self.tables[link]
+        table = self.tables[link]
+        if oneway and link in self.oneway_tables:
+            table = self.oneway_tables[link]
+        elif shift and link in self.shift_tables:
+            table = self.shift_tables[link]
         counts = sorted(table)
         flows = max(1.0, float(flows))
         if flows >= counts[-1]:
@@ -166,7 +177,7 @@ class Calibration:
         return low + (high - low) * (flows - lower) / (upper - lower)
 
     def allreduce_s(self, group: str, nbytes: float) -> Optional[float]:
-        """Seconds of an allreduce of ``nbytes`` on ``group`` (module step 4), or
+        """Seconds of an allreduce of ``nbytes`` on ``group`` (module step 6), or
         ``None`` if that group was not timed."""
         points = self.allreduce_times.get(group)
         return None if points is None else _interpolate(points, nbytes)
@@ -182,7 +193,8 @@ class Calibration:
                 "notes": list(self.notes),
                 "allreduce_times": {g: [list(p) for p in pts]
                                     for g, pts in self.allreduce_times.items()},
-                "tables": _plain(self.tables), "shift_tables": _plain(self.shift_tables)}
+                "tables": _plain(self.tables), "shift_tables": _plain(self.shift_tables),
+                "oneway_tables": _plain(self.oneway_tables)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> "Calibration":
@@ -196,6 +208,7 @@ class Calibration:
                              "flows -> [[bytes, seconds], ...]); this is not one")
         return cls(tables=_parsed(data["tables"]),
                    shift_tables=_parsed(data.get("shift_tables") or {}),
+                   oneway_tables=_parsed(data.get("oneway_tables") or {}),
                    allreduce=str(data.get("allreduce", "recursive_halving")),
                    source=str(data.get("source", "")),
                    notes=tuple(str(n) for n in data.get("notes", ())),

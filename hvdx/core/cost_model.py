@@ -309,7 +309,8 @@ class Prediction:
 
     Attributes:
         strategy: key in :data:`STRATEGIES`; ``label`` adds its options.
-        compute_s: compute on the critical path, seconds.
+        compute_s: compute on the critical path, seconds; or the strategy's measured local
+            step (``predict``'s ``local_step_s``), which holds its compute.
         comm_s: communication, seconds (phases weighted per step).
         bytes_per_rank: bytes sent per rank per step, averaged over ranks.
         bottleneck: the link (or latency) that accounts for most of ``comm_s``.
@@ -480,8 +481,9 @@ def _shift(n: int, distance: int, nbytes: float) -> Flow:
     return src, (src + distance) % n, nbytes
 
 
-def _link_flows(flows: List[Flow], c: Cluster) -> Dict[str, List[Tuple[int, float]]]:
-    """Per link class, every loaded link in each direction as ``(flows, bytes)``.
+def _link_flows(flows: List[Flow], c: Cluster) -> Dict[str, List[Tuple[int, float, bool]]]:
+    """Per link class, every loaded link in each direction as ``(flows, bytes, oneway)``,
+    ``oneway`` when nothing goes through that link the other way.
 
     A flow loads its hosts' NICs when it leaves its host, its racks' uplinks when it leaves
     its rack, and the two ranks' intra-host ports when it stays on one host.
@@ -500,15 +502,17 @@ def _link_flows(flows: List[Flow], c: Cluster) -> Dict[str, List[Tuple[int, floa
                 leaving = np.bincount(ends[mask], minlength=sizes[link])
                 counts[link][side] += leaving
                 loads[link][side] += leaving * nbytes
-    return {link: [(int(k), float(v)) for k, v in zip(counts[link].ravel(),
-                                                      loads[link].ravel()) if k]
+    # Row 0 of a link is its traffic out, row 1 its traffic in: the other way is row 1 - side.
+    return {link: [(int(counts[link][side, i]), float(loads[link][side, i]),
+                    not counts[link][1 - side, i])
+                   for side in (0, 1) for i in range(sizes[link]) if counts[link][side, i]]
             for link in sizes}
 
 
 def _link_loads(flows: List[Flow], c: Cluster) -> Dict[str, float]:
     """Bytes through the busiest NIC, uplink and intra-host port, in its busier direction
     (:func:`_link_flows`)."""
-    return {link: max((nbytes for _, nbytes in loaded), default=0.0)
+    return {link: max((nbytes for _, nbytes, _ in loaded), default=0.0)
             for link, loaded in _link_flows(flows, c).items()}
 
 
@@ -518,7 +522,8 @@ def _price_calibrated(traffic: _Traffic, c: Cluster) -> Tuple[float, str]:
 
     1. per link and direction, the flows through it and their bytes;
     2. a repeated traffic (a ring) is ``rounds`` rounds of ``1/rounds`` of those bytes,
-       each priced by :meth:`Calibration.round_s` for that many flows, from the timed
+       each priced by :meth:`Calibration.round_s` for that many flows: from the timed
+       one-way rounds on a link that nothing crosses the other way, from the timed
        swaps if every flow is answered by one the other way, else from the timed
        shifts; a traffic sent all at once is one round;
     3. the busiest link sets the time; a class the calibration lacks is priced by the
@@ -533,9 +538,10 @@ def _price_calibrated(traffic: _Traffic, c: Cluster) -> Tuple[float, str]:
     edges = {(int(a), int(b)) for src, dst, _ in traffic.flows for a, b in zip(src, dst)}
     shift = any((b, a) not in edges for a, b in edges)
     for link, loaded in _link_flows(traffic.flows, c).items():
-        for flows, nbytes in loaded:
+        for flows, nbytes, oneway in loaded:
             if cal.has(link):
-                seconds = rounds * cal.round_s(link, flows, nbytes / flows / rounds, shift)
+                seconds = rounds * cal.round_s(link, flows, nbytes / flows / rounds, shift,
+                                               oneway)
             elif rates[link]:
                 seconds = traffic.rounds * c.latency_s + 8 * nbytes / rates[link]
             else:
@@ -782,13 +788,22 @@ def _options_of(strategy: str) -> Tuple[str, ...]:
     return tuple(inspect.signature(STRATEGIES[strategy]).parameters)[2:]
 
 
-def predict(strategy: str, cluster: Cluster, workload: Workload, **options) -> Prediction:
+def predict(strategy: str, cluster: Cluster, workload: Workload,
+            local_step_s: Optional[float] = None, **options) -> Prediction:
     """Predicts one step of ``strategy`` on ``cluster``.
 
     Args:
         strategy: a key of :data:`STRATEGIES`.
         cluster: the network.
         workload: the model and its compute time.
+        local_step_s: this strategy's step measured with every rank on one host, talking
+            through shared memory (``hvdx bench`` measures it before its cluster runs).
+            It replaces the modelled compute: it holds the compute, the strategy's own
+            CPU work (TopK's selection and sums, Stanza's head for every conv worker),
+            and what each of its collectives costs on these cores apart from the wire
+            (the ranks' waits on each other), none of which the phases price; shared
+            memory's own transfer time is small next to a cluster's (8 MiB: under 1 ms),
+            so the phases are added whole. ``None``: the workload's compute.
         **options: the strategy's options: topk ``ratio``, ``downlink_ratio``, ``mode``;
             dssync ``intra_phases``, ``cross_ranks``; decentralized ``topology``,
             ``order``, ``mix_every``; stanza ``fc_workers``.
@@ -802,15 +817,17 @@ def predict(strategy: str, cluster: Cluster, workload: Workload, **options) -> P
     if unknown:
         raise ValueError(f"strategy {strategy!r} takes no option {', '.join(unknown)}; it "
                          f"takes: {', '.join(_options_of(strategy)) or 'none'}")
+    if local_step_s is not None:
+        local_step_s = parse_time(local_step_s, "local_step_s")
     plan = STRATEGIES[strategy](cluster, workload, **options)
     phases = tuple(_price(t, cluster) for t in plan.traffic)
     per_link: Dict[str, float] = {}
     for p in phases:
         per_link[p.bottleneck] = per_link.get(p.bottleneck, 0.0) + p.weight * p.seconds
     comm = sum(per_link.values())
+    compute = workload.compute_s if plan.compute_s is None else plan.compute_s
     return Prediction(
-        strategy, plan.label,
-        workload.compute_s if plan.compute_s is None else plan.compute_s, comm,
+        strategy, plan.label, compute if local_step_s is None else local_step_s, comm,
         sum(p.weight * p.sent_bytes for p in phases),
         max(per_link, key=per_link.get) if comm > 0 else "none", phases,
         cluster.ranks if plan.data_ranks is None else plan.data_ranks, plan.overlap)
@@ -818,20 +835,32 @@ def predict(strategy: str, cluster: Cluster, workload: Workload, **options) -> P
 
 def compare(cluster: Cluster, workload: Workload,
             strategies: Sequence[Union[str, Tuple[str, Mapping]]] = DEFAULT_STRATEGIES,
+            local_steps: Optional[Mapping[str, float]] = None,
             **options) -> List[Prediction]:
     """Predicts several strategies, fastest first (by time per batch trained).
 
     Args:
         strategies: keys, or ``(key, options)`` pairs whose options win over ``options``.
+        local_steps: strategy key -> its measured local step (:func:`predict`'s
+            ``local_step_s``), for every entry of that key; keys not given: none.
         **options: shared options; each strategy takes those it knows.
+
+    Raises:
+        ValueError: for an unknown strategy, here or in ``local_steps``.
     """
+    local_steps = dict(local_steps or {})
+    for name in local_steps:
+        if name not in STRATEGIES:
+            raise ValueError(f"local_steps has strategy {name!r}, not one of "
+                             f"{', '.join(STRATEGIES)}")
     predictions = []
     for entry in strategies:
         name, own = (entry, {}) if isinstance(entry, str) else entry
         if name not in STRATEGIES:
             raise ValueError(f"strategy={name!r} is not one of {', '.join(STRATEGIES)}")
         merged = {k: v for k, v in options.items() if k in _options_of(name)}
-        predictions.append(predict(name, cluster, workload, **{**merged, **own}))
+        predictions.append(predict(name, cluster, workload, local_steps.get(name),
+                                   **{**merged, **own}))
     return sorted(predictions, key=lambda p: p.seconds_per_batch)
 
 

@@ -15,7 +15,9 @@ shares one link. Collective over ``comm``:
 3. for each pair set and each size of :data:`DEFAULT_SIZES` in turn: one unrecorded
    exchange (connections are set up lazily), then ``repeats`` batches, each a barrier
    and ``k`` exchanges back to back (8 up to 128 KiB, else 2), timed by the slowest rank
-   and divided by ``k``; the median batch is kept. Back to back, each exchange waits
+   and divided by ``k``; the median batch is kept. Ranks outside the exchange wait
+   for it with sleeps, not spinning in MPI (where ranks outnumber cores, a spinning
+   idle rank takes a core from those exchanging). Back to back, each exchange waits
    for the partner's previous one, as the dependent rounds of a collective do; a single
    exchange after a barrier would not: a small message is sent eagerly, and a rank that
    leaves the barrier late finds its partner's data already there. Sizes stop growing
@@ -25,11 +27,14 @@ shares one link. Collective over ``comm``:
    racks, alternating racks, so that ``c`` flows cross the uplink each way on different
    connections; ``"nic"``: a directed ring through the hosts of each rack), each rank
    sending to its successor while receiving from its predecessor, timed as in step 3;
-5. the MPI allreduce itself (float32, sum) on the groups the strategies use
+5. the one-way rounds (the swaps' pairs of step 2, the first rank of each pair sending
+   and the second receiving, nothing coming back), timed as in step 3: a link that
+   carries data one way only moves it faster than a swap or a shift through it;
+6. the MPI allreduce itself (float32, sum) on the groups the strategies use
    (:data:`~hvdx.core.calibration.ALLREDUCE_GROUPS`: all ranks; each rack's ranks, all
    racks at once; one rank per rack, every such group at once), timed as in step 3
    for the sizes of :data:`ALLREDUCE_SIZES`;
-6. every rank returns the same :class:`~hvdx.core.calibration.Calibration`; the
+7. every rank returns the same :class:`~hvdx.core.calibration.Calibration`; the
    allreduce algorithm is MPICH's recursive halving when the library is MPICH.
 
 Run it as ``mpirun -n N hvdx plan --calibrate FILE``; ``hvdx bench`` runs it on its
@@ -47,13 +52,14 @@ import numpy as np
 from mpi4py import MPI
 
 from hvdx.core.calibration import Calibration
+from hvdx.mpi import sparse
 from hvdx.mpi.topology import host_labels, rack_labels
 
-__all__ = ["DEFAULT_SIZES", "calibrate", "pair_sets", "shift_sets"]
+__all__ = ["DEFAULT_SIZES", "calibrate", "oneway_sets", "pair_sets", "shift_sets"]
 
 #: Bytes per flow of the measured rounds: from a latency-bound message to a model.
 DEFAULT_SIZES = (1024, 16 * 1024, 128 * 1024, 1 << 20, 4 << 20, 8 << 20)
-#: Bytes per rank of the timed allreduces (module step 4).
+#: Bytes per rank of the timed allreduces (module step 6).
 ALLREDUCE_SIZES = (1024, 64 * 1024, 1 << 20, 4 << 20, 8 << 20)
 _TAG = 7401
 
@@ -143,14 +149,29 @@ def shift_sets(hosts: Sequence[int], racks: Sequence[object]) -> List[Tuple[str,
     return sets
 
 
+def oneway_sets(hosts: Sequence[int], racks: Sequence[object]) -> List[Tuple[str, int, Pairs]]:
+    """Module step 5: ``(link class, flows per link one way, directed edges)``: the
+    pairs of :func:`pair_sets` (intra-host's aside), each sending from its first rank to
+    its second. Pure."""
+    return [(link, flows, [(a, b) for a, b in pairs])
+            for link, flows, pairs in pair_sets(hosts, racks) if link != "intra-host"]
+
+
 def _batch_s(comm: MPI.Comm, count: int, one_round: Callable[[], None]) -> float:
     """A barrier, then ``count`` rounds back to back (module step 3): the slowest rank's
-    seconds per round."""
-    comm.Barrier()
+    seconds per round. The barrier and the reduction of the times wait with sleeps
+    (:func:`hvdx.mpi.sparse.wait`), so that a rank outside the round (or done with it)
+    leaves the cores to those in it, as a rank waiting in hvdx's own exchanges does:
+    spinning in MPI instead, one idle rank of four on two cores doubled a three-rank
+    allreduce of 224 KB (70 ms against 34)."""
+    sparse.wait(comm.Ibarrier())
     start = time.perf_counter()
     for _ in range(count):
         one_round()
-    return comm.allreduce((time.perf_counter() - start) / count, op=MPI.MAX)
+    mine = np.array([(time.perf_counter() - start) / count])
+    slowest = np.empty_like(mine)
+    sparse.wait(comm.Iallreduce(mine, slowest, op=MPI.MAX))
+    return float(slowest[0])
 
 
 def _points(comm: MPI.Comm, sizes: Sequence[int], repeats: int, max_round_s: float,
@@ -181,7 +202,7 @@ def _said(say: Optional[Callable[[str], None]], rank: int, what: str,
 def calibrate(comm: Optional[MPI.Comm] = None, sizes: Sequence[int] = DEFAULT_SIZES,
               repeats: int = 3, max_round_s: float = 1.0,
               say: Optional[Callable[[str], None]] = None) -> Calibration:
-    """Module steps 1-4 (collective): the same calibration on every rank.
+    """Module steps 1-7 (collective): the same calibration on every rank.
 
     Args:
         comm: the ranks (default ``MPI.COMM_WORLD``).
@@ -219,6 +240,15 @@ def calibrate(comm: Optional[MPI.Comm] = None, sizes: Sequence[int] = DEFAULT_SI
             comm.Irecv(inbox[:nbytes], source=predecessor, tag=_TAG),
             comm.Isend(biggest[:nbytes], dest=successor, tag=_TAG)])
 
+    def send(successor: Optional[int], predecessor: Optional[int]):
+        if successor is not None:
+            return lambda nbytes: lambda: comm.Send(biggest[:nbytes], dest=successor,
+                                                     tag=_TAG)
+        if predecessor is not None:
+            return lambda nbytes: lambda: comm.Recv(inbox[:nbytes], source=predecessor,
+                                                     tag=_TAG)
+        return lambda nbytes: lambda: None
+
     for link, flows, pairs in sets:
         partner = next((b if a == rank else a for a, b in pairs if rank in (a, b)), None)
         points = _points(comm, sizes, repeats, max_round_s, swap(partner))
@@ -231,19 +261,26 @@ def calibrate(comm: Optional[MPI.Comm] = None, sizes: Sequence[int] = DEFAULT_SI
         points = _points(comm, sizes, repeats, max_round_s, shift(successor, predecessor))
         shifts.setdefault(link, {})[flows] = points
         _said(say, rank, f"shifts on {link}, {flows} flow(s) per link each way", points)
+    oneway: Dict[str, Dict[int, List[Tuple[float, float]]]] = {}
+    for link, flows, edges in oneway_sets(hosts, racks):
+        successor = next((b for a, b in edges if a == rank), None)
+        predecessor = next((a for a, b in edges if b == rank), None)
+        points = _points(comm, sizes, repeats, max_round_s, send(successor, predecessor))
+        oneway.setdefault(link, {})[flows] = points
+        _said(say, rank, f"one way on {link}, {flows} flow(s) per link", points)
     times = _allreduce_times(comm, hosts, racks, repeats, max_round_s, say)
     library = MPI.Get_library_version().strip().splitlines()[0]
     allreduce = "recursive_halving" if "MPICH" in library.upper() else "ring"
     source = (f"{comm.Get_size()} ranks on {len(set(hosts))} hosts in "
               f"{len(set(racks))} rack(s); {library}")
     return Calibration(tables=tables, allreduce=allreduce, source=source,
-                       shift_tables=shifts, allreduce_times=times)
+                       shift_tables=shifts, oneway_tables=oneway, allreduce_times=times)
 
 
 def _allreduce_times(comm: MPI.Comm, hosts: Sequence[int], racks: Sequence[object],
                      repeats: int, max_round_s: float,
                      say: Optional[Callable[[str], None]]) -> Dict[str, List[Tuple[float, float]]]:
-    """Module step 4: ``{group: [(bytes, seconds)]}``."""
+    """Module step 6: ``{group: [(bytes, seconds)]}``."""
     rank = comm.Get_rank()
     order = list(dict.fromkeys(racks))
     mine = racks[rank]

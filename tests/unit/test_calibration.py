@@ -242,3 +242,100 @@ def test_a_shift_is_priced_from_the_timed_shifts_and_a_swap_from_the_timed_swaps
     # The one-peer graph on 4 ranks: i -> i+1, then i -> i+2 (a swap: 0<->2, 1<->3).
     p = predict("decentralized", c, w, topology="one-peer-exp")
     assert [ph.seconds for ph in p.phases] == pytest.approx([0.009, 0.004])
+
+
+# --- one-way rounds and the strategy's local step ---------------------------------------
+
+ONE_WAY = {"uplink": {1: [(0, 0.001), (1e6, 0.011)], 2: [(0, 0.001), (1e6, 0.021)]}}
+
+
+def test_one_way_pairs_send_from_the_first_rank_of_each_swap_pair_and_skip_intra_host():
+    from hvdx.mpi.calibrate import oneway_sets
+
+    assert oneway_sets([0, 1, 2, 3], ["a", "a", "b", "b"]) == [
+        ("uplink", 1, [(0, 2)]), ("uplink", 2, [(0, 2), (1, 3)]),
+        ("nic", 1, [(0, 1), (2, 3)])]
+    assert oneway_sets([0, 0, 2, 2], ["r"] * 4) == [("nic", 1, [(0, 2)]),
+                                                   ("nic", 2, [(0, 2), (1, 3)])]
+
+
+def test_a_round_that_loads_a_link_one_way_is_priced_from_the_one_way_table():
+    c = cal(oneway_tables=ONE_WAY)
+    assert c.round_s("uplink", 2, 0.5e6, oneway=True) == pytest.approx(0.011)
+    assert c.round_s("uplink", 2, 0.5e6, shift=True, oneway=True) == pytest.approx(0.011)
+    # Not one way: the swaps; a class without one-way times: the swaps too.
+    assert c.round_s("uplink", 2, 0.5e6) == pytest.approx(0.018)
+    assert c.round_s("nic", 1, 1e6, oneway=True) == pytest.approx(0.004)
+
+
+def test_one_way_tables_round_trip_through_json(tmp_path):
+    path = str(tmp_path / "c.json")
+    cal(oneway_tables=ONE_WAY).save(path)
+    assert Calibration.load(path).oneway_tables == {
+        "uplink": {1: [(0.0, 0.001), (1e6, 0.011)], 2: [(0.0, 0.001), (1e6, 0.021)]}}
+    # A file written before one-way rounds were timed still loads, without them.
+    data = json.load(open(path))
+    del data["oneway_tables"]
+    assert Calibration.from_dict(data).oneway_tables == {}
+
+
+def test_stanzas_activations_cross_the_uplink_one_way_and_its_allreduce_both_ways():
+    # 2 x 2 hosts, one FC worker (rank 3): conv workers 0 and 1 (rack a) send their
+    # activations across the uplink, nothing comes back in that phase.
+    one_way = Calibration(tables=LINEAR, oneway_tables=ONE_WAY)
+    c = Cluster(racks=2, hosts_per_rack=2, nic_bps="1gbit", uplink_bps="100mbit",
+                calibration=one_way)
+    w = Workload(conv_params=1000, fc_params=1000, compute_s=0.1, batch_size=10,
+                 activation_size=12_500)  # 500 KB of activations per conv worker
+    phases = {ph.name: ph.seconds for ph in predict("stanza", c, w).phases}
+    # Two flows of 0.5 MB one way: 1 ms + 0.5 * 20 ms, from ONE_WAY.
+    assert phases["activations to FC workers"] == pytest.approx(0.011)
+    assert phases["activation gradients to conv workers"] == pytest.approx(0.011)
+
+
+def test_a_measured_local_step_replaces_the_compute_and_the_phases_are_added_whole():
+    c = Cluster(racks=2, hosts_per_rack=2, nic_bps="1gbit", uplink_bps="100mbit",
+                calibration=cal())
+    w = Workload(conv_params=2_000_000, fc_params=0, compute_s=0.1)
+    plain = predict("horovod", c, w)
+    local = predict("horovod", c, w, local_step_s=0.25)
+    assert local.compute_s == 0.25
+    assert local.comm_s == plain.comm_s
+    assert local.step_s == pytest.approx(0.25 + plain.comm_s)
+    # Stanza's modelled compute (its head for every conv worker) is replaced too.
+    s = Workload(conv_params=1000, fc_params=1000, compute_s=0.1, activation_size=10,
+                 fc_compute_fraction=0.5)
+    assert predict("stanza", c, s, local_step_s="40ms").compute_s == pytest.approx(0.040)
+
+
+@pytest.mark.parametrize("bad", [-1.0, "soon", float("nan")])
+def test_a_bad_local_step_is_refused_naming_it(bad):
+    c = Cluster(racks=1, hosts_per_rack=2, nic_bps="1gbit", uplink_bps="1gbit")
+    w = Workload(conv_params=1000, fc_params=0, compute_s=0.1)
+    with pytest.raises(ValueError, match="local_step_s"):
+        predict("horovod", c, w, local_step_s=bad)
+
+
+def test_plan_adds_the_phases_to_each_strategys_local_step_where_one_is_given(tmp_path):
+    path = str(tmp_path / "c.json")
+    cal().save(path)
+    flags = ["--preset", "emulated", "--params", "2e6", "--fc-fraction", "0",
+             "--compute-ms", "100", "--calibration", path]
+    plain = {r["label"]: r for r in plan_figures(*flags)["strategies"]}
+    local = {r["label"]: r for r in
+             plan_figures(*flags, "--local-steps", "horovod=250ms, topk=0.04")["strategies"]}
+    assert local.keys() == plain.keys()
+    for label, row in local.items():
+        assert row["comm_ms"] == pytest.approx(plain[label]["comm_ms"])
+        if "cta" in label:
+            continue  # combine-then-adapt overlaps: its step is not compute + comm
+        compute = plain[label]["step_ms"] - plain[label]["comm_ms"]
+        expected = {"horovod": 250.0, "topk": 40.0}.get(row["strategy"], compute)
+        assert row["step_ms"] - row["comm_ms"] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("text, word", [("horovod", "horovod"), ("ring=1ms", "ring"),
+                                        ("topk=fast", "topk")])
+def test_plan_refuses_a_local_step_that_is_not_a_strategy_and_a_time(text, word):
+    with pytest.raises(ValueError, match=f"--local-steps.*{word}"):
+        plan_figures("--preset", "emulated", "--local-steps", text)
