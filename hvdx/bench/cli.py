@@ -57,8 +57,9 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
                             "communication: the limit of any strategy), and with it the "
                             "table's 'x floor' column")
     bench.add_argument("--no-calibrate", action="store_true",
-                       help="skip the calibration job (exchange rounds timed on each link "
-                            "class before the runs); the table's plan column then comes "
+                       help="skip the calibration (exchange rounds timed on each link "
+                            "class, and each strategy's step with every rank on this "
+                            "host, before the runs); the table's plan column then comes "
                             "from the configured link rates")
     bench.add_argument("--eval-every", type=int, default=5,
                        help="steps between two accuracy evaluations")

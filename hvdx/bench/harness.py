@@ -44,6 +44,10 @@ BYTES_TOLERANCE = 0.10
 #: over UCX's TCP transport was seen to spin forever on one rank (rarely); the result
 #: is complete by then, so the job is killed instead of waited for.
 EXIT_GRACE_S = 30.0
+#: Steps of each strategy's local run (every rank on this host, shared memory), whose
+#: median step the calibrated plan takes as the strategy's step without the cluster's
+#: wire (:func:`hvdx.core.cost_model.predict`'s ``local_step_s``).
+LOCAL_STEPS = 20
 
 
 @dataclass
@@ -122,10 +126,11 @@ def _add_predictions(rows: List[Summary], raw: List[Dict], spec,
     ``predicted_step_s`` from the calibration measured on the cluster when there is one
     (:mod:`hvdx.mpi.calibrate`), ``uncalibrated_step_s`` from the configured rates.
 
-    With a calibration, the compute is the floor's measured step of the same workload
-    where it ran (every rank training alone on the same cores: the whole step without
-    communication, optimizer and contention included), else the runner's timed forward
-    and backward pass."""
+    With a calibration, the step without the cluster's wire is the strategy's own local
+    run (every rank on this host through shared memory, :data:`LOCAL_STEPS` steps:
+    compute, the strategy's CPU work and its collectives' waits) where there was one, else
+    the floor's measured step of the same workload (every rank training alone on the same
+    cores), else the runner's timed forward and backward pass."""
     from hvdx.core.cost_model import Cluster, Workload, predict
 
     if spec is None:
@@ -154,7 +159,8 @@ def _add_predictions(rows: List[Summary], raw: List[Dict], spec,
             if row.workload in floors:
                 workload = dataclasses.replace(workload, compute_s=floors[row.workload])
             row.predicted_step_s = predict(model_name, Cluster(**layout, calibration=calibration),
-                                           workload, **options).step_s
+                                           workload, result.get("local_step_s"),
+                                           **options).step_s
 
 
 def _add_speedups(rows: List[Summary]) -> None:
@@ -363,8 +369,11 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
     rows, raw = [], []
     calibration = None
     try:
+        local_steps = {}
         if cluster_used and calibrate:
             calibration = _calibrate(cluster, ranks_per_host, out_dir, timeout, say)
+            local_steps = _local_steps(workloads, [s for s, _ in runs], out_dir, ranks,
+                                       timeout, say)
         total = len(workloads) * len(runs)
         for w in workloads:
             for s, placement in runs:
@@ -373,6 +382,8 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
                 result = run_one(cluster, w, s, steps or WORKLOADS[w].default_steps,
                                  eval_every, out_dir, ranks, ranks_per_host, timeout, say,
                                  placement=placement)
+                if (w, s) in local_steps:
+                    result["local_step_s"] = local_steps[w, s]
                 raw.append(result)
                 rows.append(summarize(result, WORKLOADS[w].target_accuracy, network))
     finally:
@@ -383,6 +394,31 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
     _add_predictions(rows, raw, spec if cluster_used else None, calibration)
     _write(rows, raw, out_dir)
     return rows
+
+
+def _local_steps(workloads: List[str], strategies: List[str], out_dir: str, ranks: int,
+                 timeout: float, say) -> Dict[tuple, float]:
+    """Each priced strategy's median step with every rank on this host, talking through
+    shared memory, :data:`LOCAL_STEPS` steps: the step the calibrated plan adds the
+    cluster's wire to (:func:`_add_predictions`). A run that fails is said and left out
+    (the plan then takes the floor's step)."""
+    local_dir = os.path.join(out_dir, "local")
+    os.makedirs(local_dir, exist_ok=True)
+    priced = [s for s in dict.fromkeys(strategies) if STRATEGIES[s].cost_model is not None]
+    say(f"timing each strategy's local step ({LOCAL_STEPS} steps, every rank on this host)")
+    steps: Dict[tuple, float] = {}
+    for w in workloads:
+        for s in priced:
+            try:
+                result = run_one(None, w, s, LOCAL_STEPS, LOCAL_STEPS, local_dir, ranks, 1,
+                                 timeout, lambda line: None)
+            except RuntimeError as error:
+                say(f"  {w} / {s}: the local run failed ({str(error).splitlines()[0]}); "
+                    "its plan takes the floor's step")
+                continue
+            steps[w, s] = float(np.median(result["step_times"]))
+            say(f"  {w} / {s}: {steps[w, s] * 1e3:.1f} ms per step")
+    return steps
 
 
 def _calibrate(cluster, ranks_per_host: int, out_dir: str, timeout: float, say):

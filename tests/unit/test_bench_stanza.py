@@ -70,3 +70,30 @@ def test_the_prediction_uses_the_layout_the_run_used_and_the_measured_split():
                                 batch_size=32, activation_size=1024, fc_compute_fraction=0.3),
                        fc_workers=2)
     assert rows[0].predicted_step_s == pytest.approx(expected.step_s)
+
+
+def test_a_calibrated_prediction_adds_the_runs_local_step_to_the_priced_phases():
+    from hvdx.core.calibration import Calibration
+
+    spec = ClusterSpec(racks=2, hosts_per_rack=2, nic="1gbit", uplink="100mbit")
+    calibration = Calibration(tables={"uplink": {1: [(0, 0.01), (1e6, 0.09)]},
+                                      "nic": {1: [(0, 0.001), (1e6, 0.009)]}})
+    run = {"workload": "digits_vgg", "strategy": "stanza", "ranks": 4, "steps": 10,
+           "step_times": [0.2] * 10, "curve": [{"step": 10, "time": 2.0, "accuracy": 0.96}],
+           "hvdx_bytes_per_rank_per_step": 3e5, "ranks_detail": [{"interface_tx_rx": None}] * 4,
+           "parameter_split": (55_000, 1_350_000), "parameters": 1_405_000, "compute_s": 0.05,
+           "cost_options": {"fc_workers": 1},
+           "stanza": {"activation_size": 1024, "fc_compute_fraction": 0.3}}
+    local = dict(run, local_step_s=0.04)
+    rows = [summarize(run, 0.95, "net"), summarize(local, 0.95, "net")]
+    _add_predictions(rows, [run, local], spec, calibration)
+    cluster = Cluster(racks=2, hosts_per_rack=2, nic_bps=1e9, uplink_bps=1e8,
+                      calibration=calibration)
+    comm = predict("stanza", cluster, Workload(conv_params=55_000, fc_params=1_350_000,
+                                               compute_s=0.05, batch_size=32,
+                                               activation_size=1024)).comm_s
+    # With its local step, the run's plan is that step plus the phases; without, the
+    # modelled compute (head for three conv workers) plus the same phases.
+    assert rows[1].predicted_step_s == pytest.approx(0.04 + comm)
+    assert rows[0].predicted_step_s == pytest.approx(0.05 * (0.7 + 3 * 0.3) + comm)
+    assert rows[1].uncalibrated_step_s == rows[0].uncalibrated_step_s
