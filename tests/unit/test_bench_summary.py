@@ -36,3 +36,15 @@ def test_speedups_divide_horovods_times_by_the_strategys():
     assert rows[1].target_speedup == 4.0
     table = render_table(rows)
     assert "net" in table.splitlines()[0] and "4.00" in table
+
+
+def test_the_plan_error_is_against_the_mean_step_after_warm_up_so_rare_steps_count():
+    # Two warm-up steps, then a schedule of cheap steps and one expensive one (DS-Sync's
+    # crossing): the median (0.6) leaves it out, the mean after warm-up is 0.4.
+    run = dict(result("dssync", 0.2, CURVE, steps=6), step_times=[9.0, 9.0, 0.2, 0.2, 0.2, 1.0])
+    row = summarize(run, 0.9, "net")
+    assert row.median_step_s == 0.6
+    assert abs(row.mean_step_s - 0.4) < 1e-12
+    row.predicted_step_s = 0.5
+    assert abs(row.prediction_error - 0.25) < 1e-12
+    assert "400.0" in render_table([row]) and "+25%" in render_table([row])
