@@ -254,20 +254,22 @@ def calibrate(comm: Optional[MPI.Comm] = None, sizes: Sequence[int] = DEFAULT_SI
         points = _points(comm, sizes, repeats, max_round_s, swap(partner))
         tables.setdefault(link, {})[flows] = points
         _said(say, rank, f"{link}, {flows} flow(s) per link", points)
-    shifts: Dict[str, Dict[int, List[Tuple[float, float]]]] = {}
-    for link, flows, edges in shift_sets(hosts, racks):
-        successor = next((b for a, b in edges if a == rank), None)
-        predecessor = next((a for a, b in edges if b == rank), None)
-        points = _points(comm, sizes, repeats, max_round_s, shift(successor, predecessor))
-        shifts.setdefault(link, {})[flows] = points
-        _said(say, rank, f"shifts on {link}, {flows} flow(s) per link each way", points)
-    oneway: Dict[str, Dict[int, List[Tuple[float, float]]]] = {}
-    for link, flows, edges in oneway_sets(hosts, racks):
-        successor = next((b for a, b in edges if a == rank), None)
-        predecessor = next((a for a, b in edges if b == rank), None)
-        points = _points(comm, sizes, repeats, max_round_s, send(successor, predecessor))
-        oneway.setdefault(link, {})[flows] = points
-        _said(say, rank, f"one way on {link}, {flows} flow(s) per link", points)
+    def directed(edge_sets, round_of, what: str) -> Dict[str, Dict[int, List[Tuple[float, float]]]]:
+        # Steps 4 and 5: each rank sends to its successor, receives from its predecessor.
+        measured: Dict[str, Dict[int, List[Tuple[float, float]]]] = {}
+        for link, flows, edges in edge_sets:
+            successor = next((b for a, b in edges if a == rank), None)
+            predecessor = next((a for a, b in edges if b == rank), None)
+            points = _points(comm, sizes, repeats, max_round_s,
+                             round_of(successor, predecessor))
+            measured.setdefault(link, {})[flows] = points
+            _said(say, rank, what.format(link=link, flows=flows), points)
+        return measured
+
+    shifts = directed(shift_sets(hosts, racks), shift,
+                      "shifts on {link}, {flows} flow(s) per link each way")
+    oneway = directed(oneway_sets(hosts, racks), send,
+                      "one way on {link}, {flows} flow(s) per link")
     times = _allreduce_times(comm, hosts, racks, repeats, max_round_s, say)
     library = MPI.Get_library_version().strip().splitlines()[0]
     allreduce = "recursive_halving" if "MPICH" in library.upper() else "ring"

@@ -55,14 +55,20 @@ def test_each_workload_splits_into_features_and_a_head_that_make_the_model(workl
                if any(True for _ in m.parameters(recurse=False)))
 
 
+def stanza_run(strategy, fc_workers):
+    """A runner result of Stanza on digits_vgg, as the harness reads it."""
+    return {"workload": "digits_vgg", "strategy": strategy, "ranks": 4, "steps": 10,
+            "step_times": [0.2] * 10, "curve": [{"step": 10, "time": 2.0, "accuracy": 0.96}],
+            "hvdx_bytes_per_rank_per_step": 3e5,
+            "ranks_detail": [{"interface_tx_rx": None}] * 4,
+            "parameter_split": (55_000, 1_350_000), "parameters": 1_405_000,
+            "compute_s": 0.05, "cost_options": {"fc_workers": fc_workers},
+            "stanza": {"activation_size": 1024, "fc_compute_fraction": 0.3}}
+
+
 def test_the_prediction_uses_the_layout_the_run_used_and_the_measured_split():
     spec = ClusterSpec(racks=2, hosts_per_rack=2, nic="1gbit", uplink="100mbit")
-    run = {"workload": "digits_vgg", "strategy": "stanza_auto", "ranks": 4, "steps": 10,
-           "step_times": [0.2] * 10, "curve": [{"step": 10, "time": 2.0, "accuracy": 0.96}],
-           "hvdx_bytes_per_rank_per_step": 3e5, "ranks_detail": [{"interface_tx_rx": None}] * 4,
-           "parameter_split": (55_000, 1_350_000), "parameters": 1_405_000, "compute_s": 0.05,
-           "cost_options": {"fc_workers": 2},
-           "stanza": {"activation_size": 1024, "fc_compute_fraction": 0.3}}
+    run = stanza_run("stanza_auto", 2)
     rows = [summarize(run, 0.95, "net")]
     _add_predictions(rows, [run], spec)
     expected = predict("stanza", Cluster(racks=2, hosts_per_rack=2, nic_bps=1e9, uplink_bps=1e8),
@@ -78,12 +84,7 @@ def test_a_calibrated_prediction_adds_the_runs_local_step_to_the_priced_phases()
     spec = ClusterSpec(racks=2, hosts_per_rack=2, nic="1gbit", uplink="100mbit")
     calibration = Calibration(tables={"uplink": {1: [(0, 0.01), (1e6, 0.09)]},
                                       "nic": {1: [(0, 0.001), (1e6, 0.009)]}})
-    run = {"workload": "digits_vgg", "strategy": "stanza", "ranks": 4, "steps": 10,
-           "step_times": [0.2] * 10, "curve": [{"step": 10, "time": 2.0, "accuracy": 0.96}],
-           "hvdx_bytes_per_rank_per_step": 3e5, "ranks_detail": [{"interface_tx_rx": None}] * 4,
-           "parameter_split": (55_000, 1_350_000), "parameters": 1_405_000, "compute_s": 0.05,
-           "cost_options": {"fc_workers": 1},
-           "stanza": {"activation_size": 1024, "fc_compute_fraction": 0.3}}
+    run = stanza_run("stanza", 1)
     local = dict(run, local_step_s=0.04)
     rows = [summarize(run, 0.95, "net"), summarize(local, 0.95, "net")]
     _add_predictions(rows, [run, local], spec, calibration)
