@@ -34,7 +34,8 @@ import numpy as np
 from hvdx.bench.strategies import STRATEGIES
 from hvdx.bench.workloads import WORKLOADS
 
-__all__ = ["Summary", "placement_hosts", "run_bench", "summarize", "render_table"]
+__all__ = ["Summary", "mean_step", "placement_hosts", "run_bench", "summarize",
+           "render_table"]
 
 #: The strategy with no communication at all (:data:`hvdx.bench.strategies.STRATEGIES`).
 FLOOR = "floor"
@@ -108,6 +109,13 @@ class Summary:
         return self.interface_rx_per_step / self.hvdx_received_per_step
 
 
+def mean_step(step_times: List[float]) -> float:
+    """The mean step after the first :data:`WARMUP_STEPS` (all of them if there are no
+    more): what the plan predicts, and the local step it adds the wire to."""
+    counted = step_times[WARMUP_STEPS:] if len(step_times) > WARMUP_STEPS else step_times
+    return float(np.mean(counted))
+
+
 def summarize(result: Dict, target: float, network: str) -> Summary:
     """Reduce one runner result (see :mod:`hvdx.bench.runner`) to a table row."""
     reached = [p["time"] for p in result["curve"] if p["accuracy"] >= target]
@@ -122,9 +130,7 @@ def summarize(result: Dict, target: float, network: str) -> Summary:
         workload=result["workload"], strategy=result["strategy"], network=network,
         ranks=result["ranks"], steps=steps,
         median_step_s=float(np.median(result["step_times"])),
-        mean_step_s=float(np.mean(result["step_times"][WARMUP_STEPS:]
-                                  if len(result["step_times"]) > WARMUP_STEPS
-                                  else result["step_times"])),
+        mean_step_s=mean_step(result["step_times"]),
         time_to_target_s=reached[0] if reached else None, target_accuracy=target,
         final_accuracy=result["curve"][-1]["accuracy"],
         hvdx_bytes_per_step=result["hvdx_bytes_per_rank_per_step"],
@@ -430,7 +436,7 @@ def _local_steps(workloads: List[str], strategies: List[str], out_dir: str, rank
                 say(f"  {w} / {s}: the local run failed ({str(error).splitlines()[0]}); "
                     "its plan takes the floor's step")
                 continue
-            steps[w, s] = float(np.mean(result["step_times"][WARMUP_STEPS:]))
+            steps[w, s] = mean_step(result["step_times"])
             say(f"  {w} / {s}: {steps[w, s] * 1e3:.1f} ms per step")
     return steps
 

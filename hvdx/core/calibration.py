@@ -26,10 +26,10 @@ instead, and the cost model prices every phase from it:
 4. ``shift_tables``: the same for shifts, rounds in which every rank sends to one rank
    and receives from another (a directed ring over the pairs' ranks: each link carries
    the same number of flows each way, on different connections), as decentralized
-   SGD's hops and Stanza's activations move; a phase whose flows are not all swapped
-   in pairs is priced from them where they were measured. A swap and a shift through
-   the same shaped link did not run at the same rate: a 4 MiB swap reached 47 Mbit/s per
-   100 Mbit NIC where the graph's hops reached about 70;
+   SGD's hops move; a phase whose flows are not all swapped in pairs is priced from
+   them where they were measured. A swap and a shift through the same shaped link did
+   not run at the same rate: a 4 MiB swap reached 47 Mbit/s per 100 Mbit NIC where the
+   graph's hops reached about 70;
 5. ``oneway_tables``: the same for flows that load a link one way only (nothing comes
    back on it, as Stanza's activations go to the FC worker and its gradients come back
    in a later phase): through a shaped link, 2 x 128 KiB one way took 23 ms where the

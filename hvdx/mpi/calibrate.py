@@ -76,14 +76,21 @@ def _one_per_host(ranks: Sequence[int], hosts: Sequence[int]) -> List[int]:
     return [r for _, r in sorted(keyed)]
 
 
+def _rack_members(racks: Sequence[object]) -> Dict[object, List[int]]:
+    """Each rack label (in the order ranks first name it) -> its ranks, in rank order."""
+    members: Dict[object, List[int]] = {}
+    for rank, label in enumerate(racks):
+        members.setdefault(label, []).append(rank)
+    return members
+
+
 def pair_sets(hosts: Sequence[int], racks: Sequence[object]) -> List[Tuple[str, int, Pairs]]:
     """Module step 2: ``(link class, flows per link, pairs)`` for every measurement.
 
     Pure: ``hosts[r]`` and ``racks[r]`` are rank ``r``'s host and rack labels.
     """
-    n = len(hosts)
-    order = list(dict.fromkeys(racks))
-    members = {label: [r for r in range(n) if racks[r] == label] for label in order}
+    members = _rack_members(racks)
+    order = list(members)
     sets: List[Tuple[str, int, Pairs]] = []
     if len(order) > 1:
         a = _one_per_host(members[order[0]], hosts)
@@ -110,7 +117,7 @@ def pair_sets(hosts: Sequence[int], racks: Sequence[object]) -> List[Tuple[str, 
                          [pair for r0, r1 in host_pairs for pair in zip(r0, r1)]))
     same: Pairs = []
     for h in dict.fromkeys(hosts):
-        local = [r for r in range(n) if hosts[r] == h]
+        local = [r for r in range(len(hosts)) if hosts[r] == h]
         same += list(zip(local[0::2], local[1::2]))
     if same:
         sets.append(("intra-host", 1, same))
@@ -130,9 +137,8 @@ def shift_sets(hosts: Sequence[int], racks: Sequence[object]) -> List[Tuple[str,
     each rack's hosts in order, every rack at once (only with three hosts or more in a
     rack: two make a swap, which step 3 timed).
     """
-    n = len(hosts)
-    order = list(dict.fromkeys(racks))
-    members = {label: [r for r in range(n) if racks[r] == label] for label in order}
+    members = _rack_members(racks)
+    order = list(members)
     sets: List[Tuple[str, int, Pairs]] = []
     for link, flows, pairs in pair_sets(hosts, racks):
         if link == "uplink" and flows > 1:
@@ -153,8 +159,7 @@ def oneway_sets(hosts: Sequence[int], racks: Sequence[object]) -> List[Tuple[str
     """Module step 5: ``(link class, flows per link one way, directed edges)``: the
     pairs of :func:`pair_sets` (intra-host's aside), each sending from its first rank to
     its second. Pure."""
-    return [(link, flows, [(a, b) for a, b in pairs])
-            for link, flows, pairs in pair_sets(hosts, racks) if link != "intra-host"]
+    return [s for s in pair_sets(hosts, racks) if s[0] != "intra-host"]
 
 
 def _batch_s(comm: MPI.Comm, count: int, one_round: Callable[[], None]) -> float:
