@@ -247,11 +247,12 @@ def report(args: argparse.Namespace) -> Dict[str, object]:
                          "was measured at one uplink rate; sweep without it")
     figures: Dict[str, object] = {"cluster": _cluster_figures(cluster),
                                   "workload": _workload_figures(workload)}
+    # A local step does not depend on the links: it holds at every point of a sweep.
+    local = local_steps(getattr(args, "local_steps", None))
     if args.sweep is not None:
-        figures["sweep"] = [_sweep_point(point, workload, options)
+        figures["sweep"] = [_sweep_point(point, workload, options, local)
                             for point in _sweep_points(args.sweep, cluster)]
     else:
-        local = local_steps(getattr(args, "local_steps", None))
         baseline = predict("horovod", cluster, workload, local.get("horovod"))
         rows = [_row(p, baseline)
                 for p in compare(cluster, workload, DEFAULT_STRATEGIES, local, **options)]
@@ -314,10 +315,10 @@ def _winner(rows: List[Dict[str, object]]) -> Dict[str, object]:
                                   if r["model_only"] and r["vs_horovod"] > best["vs_horovod"]]}
 
 
-def _sweep_point(cluster: Cluster, workload: Workload,
-                 options: Dict[str, object]) -> Dict[str, object]:
+def _sweep_point(cluster: Cluster, workload: Workload, options: Dict[str, object],
+                 local: Dict[str, float]) -> Dict[str, object]:
     # compare() one strategy at a time keeps the rows in DEFAULT_STRATEGIES order.
-    predictions = [compare(cluster, workload, [entry], **options)[0]
+    predictions = [compare(cluster, workload, [entry], local, **options)[0]
                    for entry in DEFAULT_STRATEGIES]
     baseline = next(p for p in predictions if p.strategy == "horovod")
     rows = [_row(p, baseline) for p in predictions]

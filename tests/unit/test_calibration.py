@@ -339,3 +339,15 @@ def test_plan_adds_the_phases_to_each_strategys_local_step_where_one_is_given(tm
 def test_plan_refuses_a_local_step_that_is_not_a_strategy_and_a_time(text, word):
     with pytest.raises(ValueError, match=f"--local-steps.*{word}"):
         plan_figures("--preset", "emulated", "--local-steps", text)
+
+
+def test_a_sweep_adds_the_phases_to_the_local_steps_at_every_uplink_rate():
+    flags = ["--preset", "emulated", "--params", "2e6", "--fc-fraction", "0",
+             "--compute-ms", "100", "--sweep", "10mbit,1gbit"]
+    plain = plan_figures(*flags)["sweep"]
+    local = plan_figures(*flags, "--local-steps", "horovod=250ms")["sweep"]
+    for before, after in zip(plain, local):
+        rows = {r["label"]: r for r in before["strategies"]}
+        horovod = next(r for r in after["strategies"] if r["strategy"] == "horovod")
+        assert horovod["comm_ms"] == pytest.approx(rows[horovod["label"]]["comm_ms"])
+        assert horovod["step_ms"] == pytest.approx(250.0 + horovod["comm_ms"])
