@@ -96,12 +96,25 @@ def run_job(command: List[str], what: str, timeout: float = 900.0,
     hands its environment to the ranks).
 
     Raises:
-        RuntimeError: naming ``what``, with the end of the job's error output, when the
-            job fails or prints no result.
+        RuntimeError: naming ``what``, with the end of the job's output, when the job
+            prints no result. A job that printed its result and then exited non-zero
+            (the launcher's teardown) keeps its result, with a note on stderr.
     """
     proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
                           env=None if env is None else dict(os.environ, **env))
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+    if not lines:
+        # Hydra prints its "BAD TERMINATION" banner on stdout, the ranks' errors go to
+        # stderr: the end of both.
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n"
+                           f"{proc.stderr[-2000:]}{proc.stdout[-1000:]}")
+    if proc.returncode != 0:
+        # Rank 0 prints the result only after the job's last collective, so the
+        # measurement is whole. What failed is the teardown: the ranks leave without
+        # MPI_Finalize (see :func:`report`), and Hydra kills (SIGKILL, exit 9) any rank
+        # still alive when the first one's PMI connection closes; on a loaded machine a
+        # rank descheduled between the final barrier and its exit is one. Kept, and said.
+        print(f"hvdx: {what} exited with code {proc.returncode} after rank 0 printed its "
+              "result (the launcher's teardown of ranks leaving without MPI_Finalize); "
+              "result kept", file=sys.stderr)
     return json.loads(lines[-1])
