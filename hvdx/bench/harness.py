@@ -51,7 +51,10 @@ WARMUP_STEPS = 2
 #: mean step after :data:`WARMUP_STEPS` the calibrated plan takes as the strategy's step
 #: without the cluster's wire (:func:`hvdx.core.cost_model.predict`'s ``local_step_s``).
 #: Steps on 2 shared cores vary by a quarter around their mean: 20 steps left the
-#: median of TopK's local step 20% apart between two runs.
+#: median of TopK's local step 20% apart between two runs. Each local run comes right
+#: before the strategy's cluster run: the machine's speed drifts by a third over
+#: minutes (Horovod's local step read 150, 129 and 91 ms in three benches of a session),
+#: and a local step timed minutes before its cluster run had drifted away from it.
 LOCAL_STEPS = 40
 
 
@@ -368,9 +371,10 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
               placements: Optional[List[str]] = None, floor: bool = True,
               calibrate: bool = True):
     """Run every strategy on every workload (and rank placement), and the floor (every
-    rank training alone) unless ``floor`` is false; on an emulated cluster, first the
-    calibration job (:mod:`hvdx.mpi.calibrate`) unless ``calibrate`` is false, whose
-    measurements price the ``plan`` column; write and return the summaries."""
+    rank training alone) unless ``floor`` is false; on an emulated cluster, unless
+    ``calibrate`` is false, first the calibration job (:mod:`hvdx.mpi.calibrate`), whose
+    measurements price the ``plan`` column, and right before each priced strategy's first
+    run its local step (:func:`_local_step`); write and return the summaries."""
     for name, known, what in ((workloads, WORKLOADS, "workload"),
                               (strategies, STRATEGIES, "strategy")):
         for item in name:
@@ -389,20 +393,24 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
     rows, raw = [], []
     calibration = None
     try:
-        local_steps = {}
-        if cluster_used and calibrate:
+        local_steps: Dict[tuple, Optional[float]] = {}
+        priced = cluster_used and calibrate
+        if priced:
             calibration = _calibrate(cluster, ranks_per_host, out_dir, timeout, say)
-            local_steps = _local_steps(workloads, [s for s, _ in runs], out_dir, ranks,
-                                       timeout, say)
         total = len(workloads) * len(runs)
         for w in workloads:
             for s, placement in runs:
                 where = f"{network}, {placement} placement" if cluster_used else network
                 say(f"[{len(raw) + 1}/{total}] {w} with {STRATEGIES[s].label} on {where}")
+                if priced and STRATEGIES[s].cost_model is not None and \
+                        (w, s) not in local_steps:
+                    # Just before the cluster run, so that both meet the machine in the
+                    # same state (see LOCAL_STEPS).
+                    local_steps[w, s] = _local_step(w, s, out_dir, ranks, timeout, say)
                 result = run_one(cluster, w, s, steps or WORKLOADS[w].default_steps,
                                  eval_every, out_dir, ranks, ranks_per_host, timeout, say,
                                  placement=placement)
-                if (w, s) in local_steps:
+                if local_steps.get((w, s)) is not None:
                     result["local_step_s"] = local_steps[w, s]
                 raw.append(result)
                 rows.append(summarize(result, WORKLOADS[w].target_accuracy, network))
@@ -416,29 +424,25 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
     return rows
 
 
-def _local_steps(workloads: List[str], strategies: List[str], out_dir: str, ranks: int,
-                 timeout: float, say) -> Dict[tuple, float]:
-    """Each priced strategy's mean step after :data:`WARMUP_STEPS` with every rank on
-    this host, talking through shared memory, :data:`LOCAL_STEPS` steps: the step the
-    calibrated plan adds the cluster's wire to (:func:`_add_predictions`). A run that
-    fails is said and left out (the plan then takes the floor's step)."""
+def _local_step(workload: str, strategy: str, out_dir: str, ranks: int, timeout: float,
+                say) -> Optional[float]:
+    """The strategy's mean step after :data:`WARMUP_STEPS` with every rank on this host,
+    talking through shared memory, :data:`LOCAL_STEPS` steps: the step the calibrated
+    plan adds the cluster's wire to (:func:`_add_predictions`). A run that fails is said
+    and gives ``None`` (the plan then takes the floor's step)."""
     local_dir = os.path.join(out_dir, "local")
     os.makedirs(local_dir, exist_ok=True)
-    priced = [s for s in dict.fromkeys(strategies) if STRATEGIES[s].cost_model is not None]
-    say(f"timing each strategy's local step ({LOCAL_STEPS} steps, every rank on this host)")
-    steps: Dict[tuple, float] = {}
-    for w in workloads:
-        for s in priced:
-            try:
-                result = run_one(None, w, s, LOCAL_STEPS, LOCAL_STEPS, local_dir, ranks, 1,
-                                 timeout, lambda line: None)
-            except RuntimeError as error:
-                say(f"  {w} / {s}: the local run failed ({str(error).splitlines()[0]}); "
-                    "its plan takes the floor's step")
-                continue
-            steps[w, s] = mean_step(result["step_times"])
-            say(f"  {w} / {s}: {steps[w, s] * 1e3:.1f} ms per step")
-    return steps
+    try:
+        result = run_one(None, workload, strategy, LOCAL_STEPS, LOCAL_STEPS, local_dir,
+                         ranks, 1, timeout, lambda line: None)
+    except RuntimeError as error:
+        say(f"  {workload} / {strategy}: the local run failed "
+            f"({str(error).splitlines()[0]}); its plan takes the floor's step")
+        return None
+    step = mean_step(result["step_times"])
+    say(f"  {workload} / {strategy}: local step {step * 1e3:.1f} ms ({LOCAL_STEPS} steps, "
+        "every rank on this host)")
+    return step
 
 
 def _calibrate(cluster, ranks_per_host: int, out_dir: str, timeout: float, say):
