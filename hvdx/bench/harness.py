@@ -85,7 +85,8 @@ class Summary:
     uncalibrated_step_s: Optional[float] = None
     #: How ranks were placed on the emulated hosts (``None`` on localhost).
     placement: Optional[str] = None
-    #: The mean step after the first :data:`WARMUP_STEPS`: what the plan predicts.
+    #: The mean step after the first :data:`WARMUP_STEPS`, over whole periods of the
+    #: strategy's schedule (:func:`mean_step`): what the plan predicts.
     mean_step_s: Optional[float] = None
 
     @property
@@ -112,11 +113,19 @@ class Summary:
         return self.interface_rx_per_step / self.hvdx_received_per_step
 
 
-def mean_step(step_times: List[float]) -> float:
+def mean_step(step_times: List[float], period: int = 1) -> float:
     """The mean step after the first :data:`WARMUP_STEPS` (all of them if there are no
-    more): what the plan predicts, and the local step it adds the wire to."""
+    more), over as many whole periods of the strategy's schedule as the run holds
+    (``period``: the runner's ``schedule_period``): what the plan predicts, and the local
+    step it adds the wire to.
+
+    The plan spreads a schedule's rare steps over its period (DS-Sync's one crossing
+    step in 17 at 20 Mbit); a window that cuts a period holds too many or too few of
+    them (28 steps: one crossing in 28), and reads the schedule's mean wrong.
+    """
     counted = step_times[WARMUP_STEPS:] if len(step_times) > WARMUP_STEPS else step_times
-    return float(np.mean(counted))
+    whole = len(counted) // period * period
+    return float(np.mean(counted[:whole] if whole else counted))
 
 
 def summarize(result: Dict, target: float, network: str) -> Summary:
@@ -133,7 +142,7 @@ def summarize(result: Dict, target: float, network: str) -> Summary:
         workload=result["workload"], strategy=result["strategy"], network=network,
         ranks=result["ranks"], steps=steps,
         median_step_s=float(np.median(result["step_times"])),
-        mean_step_s=mean_step(result["step_times"]),
+        mean_step_s=mean_step(result["step_times"], result.get("schedule_period", 1)),
         time_to_target_s=reached[0] if reached else None, target_accuracy=target,
         final_accuracy=result["curve"][-1]["accuracy"],
         hvdx_bytes_per_step=result["hvdx_bytes_per_rank_per_step"],
@@ -439,7 +448,7 @@ def _local_step(workload: str, strategy: str, out_dir: str, ranks: int, timeout:
         say(f"  {workload} / {strategy}: the local run failed "
             f"({str(error).splitlines()[0]}); its plan takes the floor's step")
         return None
-    step = mean_step(result["step_times"])
+    step = mean_step(result["step_times"], result.get("schedule_period", 1))
     say(f"  {workload} / {strategy}: local step {step * 1e3:.1f} ms ({LOCAL_STEPS} steps, "
         "every rank on this host)")
     return step

@@ -231,6 +231,9 @@ def main(argv=None):
             "compute_s": float(np.median([r["compute_s"] for r in everyone])),
             "cost_options": strategy.cost_options_of(optimizer)
             if strategy.cost_options_of else strategy.cost_options,
+            # Steps after which the communication repeats (1: every step alike).
+            "schedule_period": (strategy.period_of(optimizer) if strategy.period_of
+                                else None) or 1,
             # Horovod's settings the job ran with (a strategy may set its own cycle).
             "horovod_env": {k: v for k, v in sorted(os.environ.items())
                             if k.startswith("HOROVOD_")},

@@ -38,6 +38,10 @@ class Strategy:
     cost_options: Dict = field(default_factory=dict)
     #: (distributed optimizer) -> cost options read off the run (override cost_options).
     cost_options_of: Optional[Callable] = None
+    #: (distributed optimizer) -> the steps after which the strategy's communication
+    #: repeats (a DS-Sync rotation, a one-peer graph), or ``None``: every step alike,
+    #: or no period (a shuffle). The bench's mean step covers whole periods.
+    period_of: Optional[Callable] = None
     init_kwargs: Dict = field(default_factory=dict)  # for hvd.init
     #: Environment variables of the strategy's MPI job (every rank), e.g. Horovod's.
     env: Dict[str, str] = field(default_factory=dict)
@@ -155,6 +159,12 @@ def _rotation_options(optimizer) -> Dict:
     return {"intra_phases": schedule.intra_phases, "cross_ranks": schedule.cross_ranks}
 
 
+def _rotation_period(optimizer) -> int:
+    """The rotation's period: ``intra_phases`` intra-rack steps and one crossing step
+    (:class:`hvdx.core.dssync_schedule.RotationSchedule`)."""
+    return optimizer._hvdx_groups.schedule.period
+
+
 def _dssync_bytes(optimizer, model, size, steps):
     """The ring model inside each step's group (hvdx hands the groups to Horovod)."""
     each_way = optimizer.hvdx_stats.total_bytes / steps
@@ -228,9 +238,16 @@ def _decentralized_final_stats(optimizer, steps) -> Dict:
     return dict(counts, consensus_distance=optimizer.consensus_distance())
 
 
+def _graph_period(optimizer) -> int:
+    """The graph's period (``ceil(log2 n)`` for a one-peer graph, else 1) times the
+    steps between mixes."""
+    return optimizer.hvdx_graph.period * optimizer._hvdx_sync.mix_every
+
+
 def _decentralized_strategy(name: str, label: str, options: Dict, default: bool) -> Strategy:
     return Strategy(name, label, _decentralized_with(options), decentralized_bytes,
                     cost_model="decentralized", cost_options=dict(options),
+                    period_of=_graph_period,
                     env=DECENTRALIZED_ENV, default=default,
                     final_stats=_decentralized_final_stats, before_eval=_complete_exchange)
 
@@ -321,12 +338,12 @@ STRATEGIES: Dict[str, Strategy] = {
                                           "mode": "sharded"}, env=TOPK_TUNED_ENV),
     "dssync": Strategy("dssync", "DS-Sync rotation, parameters from the cost of crossing",
                        _dssync, _dssync_bytes, cost_model="dssync",
-                       cost_options_of=_rotation_options,
+                       cost_options_of=_rotation_options, period_of=_rotation_period,
                        init_kwargs={"process_sets": "dynamic"}),
     "dssync_adaptive": Strategy(
         "dssync_adaptive", "DS-Sync rotation, re-planned from a bandwidth probe every "
         f"{DSSYNC_ADAPTIVE_OPTIONS['probe_every']} steps", _dssync_adaptive, _dssync_bytes,
-        cost_model="dssync", cost_options_of=_rotation_options,
+        cost_model="dssync", cost_options_of=_rotation_options, period_of=_rotation_period,
         init_kwargs={"process_sets": "dynamic"}, default=False),
     "decentralized": _decentralized_strategy(
         "decentralized", "decentralized SGD, one-peer exponential graph, adapt-then-combine, "

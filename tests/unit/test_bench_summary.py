@@ -1,6 +1,6 @@
 """The benchmark's table: speedups are ratios to the Horovod run of the same workload."""
 
-from hvdx.bench.harness import Summary, _add_speedups, render_table, summarize
+from hvdx.bench.harness import _add_speedups, mean_step, render_table, summarize
 
 
 def result(strategy, step_s, curve, rx=None, ranks=4, steps=10):
@@ -48,3 +48,49 @@ def test_the_plan_error_is_against_the_mean_step_after_warm_up_so_rare_steps_cou
     row.predicted_step_s = 0.5
     assert abs(row.prediction_error - 0.25) < 1e-12
     assert "400.0" in render_table([row]) and "+25%" in render_table([row])
+
+
+def test_the_mean_step_covers_whole_periods_of_the_schedule_only():
+    # A period of 4 (three intra-rack steps at 0.2 s, one crossing at 1.4 s, whose mean
+    # is 0.5 s); after two warm-up steps, 7 steps: one whole period and three more
+    # intra steps, which would read 0.371 s. Only the whole period counts.
+    times = [9.0, 9.0] + [0.2, 0.2, 0.2, 1.4] + [0.2, 0.2, 0.2]
+    run = dict(result("dssync", 0.2, CURVE, steps=9), step_times=times, schedule_period=4)
+    assert abs(summarize(run, 0.9, "net").mean_step_s - 0.5) < 1e-12
+    # Without a period (or with 1) every step after warm-up counts.
+    del run["schedule_period"]
+    assert abs(summarize(run, 0.9, "net").mean_step_s - 2.6 / 7) < 1e-12
+
+
+def test_a_run_shorter_than_one_period_takes_every_step_after_warm_up():
+    assert abs(mean_step([9.0, 9.0, 0.2, 0.4], period=17) - 0.3) < 1e-12
+    assert mean_step([0.5], period=3) == 0.5
+
+
+def test_the_runner_records_the_rotations_and_the_graphs_period():
+    from types import SimpleNamespace
+
+    from hvdx.bench.strategies import STRATEGIES
+    from hvdx.core.dssync_schedule import RotationSchedule
+    from hvdx.core.topology import Topology
+    from hvdx.decentralized import MixingGraph
+
+    def rotation(intra_phases):
+        schedule = RotationSchedule(Topology.from_counts(2, 2), intra_phases=intra_phases,
+                                    cross_ranks=1)
+        return SimpleNamespace(_hvdx_groups=SimpleNamespace(schedule=schedule))
+
+    period = STRATEGIES["dssync"].period_of
+    # Rack groups (one intra digit): intra_phases intra steps, then one crossing.
+    assert period(rotation(10)) == 11 and period(rotation(16)) == 17
+
+    def graph(topology, n, mix_every=1):
+        return SimpleNamespace(hvdx_graph=MixingGraph(topology, n, 0),
+                               _hvdx_sync=SimpleNamespace(mix_every=mix_every))
+
+    period = STRATEGIES["decentralized"].period_of
+    # One-peer exponential graph: distances 1, 2, 4, ... (log2 n of them), then again.
+    assert period(graph("one-peer-exp", 4)) == 2 and period(graph("one-peer-exp", 8)) == 3
+    assert period(graph("one-peer-exp", 8, mix_every=2)) == 6
+    assert period(graph("static-exp", 8)) == 1
+    assert STRATEGIES["horovod"].period_of is None and STRATEGIES["topk"].period_of is None
