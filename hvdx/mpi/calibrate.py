@@ -13,9 +13,12 @@ shares one link. Collective over ``comm``:
    one flow per NIC, and ``ranks_per_host`` flows with several ranks per host),
    ``"intra-host"`` (ranks of one host paired);
 3. for each pair set and each size of :data:`DEFAULT_SIZES` in turn: one unrecorded
-   exchange (connections are set up lazily), then ``repeats`` batches, each a barrier
-   and ``k`` exchanges back to back (8 up to 128 KiB, else 2), timed by the slowest rank
-   and divided by ``k``; the median batch is kept. Ranks outside the exchange wait
+   exchange (connections are set up lazily), then ``repeats`` batches (three times as
+   many up to 128 KiB), each a barrier and ``k`` exchanges back to back (8 up to
+   128 KiB, else 2), timed by the slowest rank and divided by ``k``; the median batch is
+   kept. A small round takes milliseconds, and one rank descheduled on shared cores
+   stretches its batch tenfold: with three batches, 128 KiB across a 1 Gbit NIC once
+   read 19 ms where it takes 2 (more than 1 MiB took in the same run). Ranks outside the exchange wait
    for it with sleeps, not spinning in MPI (where ranks outnumber cores, a spinning
    idle rank takes a core from those exchanging). Back to back, each exchange waits
    for the partner's previous one, as the dependent rounds of a collective do; a single
@@ -127,6 +130,8 @@ def pair_sets(hosts: Sequence[int], racks: Sequence[object]) -> List[Tuple[str, 
 #: Exchanges per timed batch: small ones back to back, so that a round's latency is
 #: measured rather than a barrier's skew; large ones are long enough on their own.
 _BATCH_SMALL, _BATCH_LARGE, _SMALL = 8, 2, 128 * 1024
+#: Timed batches of a small size, per ``repeats`` (module step 3).
+_SMALL_REPEATS = 3
 
 
 def shift_sets(hosts: Sequence[int], racks: Sequence[object]) -> List[Tuple[str, int, Pairs]]:
@@ -187,10 +192,12 @@ def _points(comm: MPI.Comm, sizes: Sequence[int], repeats: int, max_round_s: flo
     points: List[Tuple[float, float]] = []
     for nbytes in sizes:
         one_round = round_of(nbytes)
-        count = _BATCH_SMALL if nbytes <= _SMALL else _BATCH_LARGE
+        small = nbytes <= _SMALL
+        count = _BATCH_SMALL if small else _BATCH_LARGE
         _batch_s(comm, 1, one_round)  # warm-up: connections are set up lazily
         seconds = float(np.median([_batch_s(comm, count, one_round)
-                                   for _ in range(repeats)]))
+                                   for _ in range(repeats * (_SMALL_REPEATS if small
+                                                             else 1))]))
         points.append((float(nbytes), seconds))
         if seconds > max_round_s:
             break

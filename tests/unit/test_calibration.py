@@ -351,3 +351,26 @@ def test_a_sweep_adds_the_phases_to_the_local_steps_at_every_uplink_rate():
         horovod = next(r for r in after["strategies"] if r["strategy"] == "horovod")
         assert horovod["comm_ms"] == pytest.approx(rows[horovod["label"]]["comm_ms"])
         assert horovod["step_ms"] == pytest.approx(250.0 + horovod["comm_ms"])
+
+
+def test_small_sizes_are_timed_in_three_times_as_many_batches(monkeypatch):
+    # A small round takes milliseconds and one descheduled rank stretches its batch
+    # tenfold: with 3 batches, 128 KiB across a NIC once read 19 ms where it takes 2.
+    # 9 batches at 16 KiB (8 rounds each) and 3 at 1 MiB (2 rounds each), each after
+    # one warm-up round; the median is kept.
+    import hvdx.mpi.calibrate as calibrate
+
+    batches = []
+    noisy = iter([0.0, 0.002, 0.002, 0.019, 0.002, 0.020, 0.002, 0.002, 0.002, 0.002,
+                  0.0, 0.010, 0.013, 0.011])
+
+    def batch_s(comm, count, one_round):
+        batches.append((one_round, count))
+        return next(noisy)
+
+    monkeypatch.setattr(calibrate, "_batch_s", batch_s)
+    points = calibrate._points(None, [16 * 1024, 1 << 20], repeats=3, max_round_s=1.0,
+                               round_of=lambda nbytes: nbytes)
+    assert batches == [(16 * 1024, 1)] + [(16 * 1024, 8)] * 9 + [(1 << 20, 1)] + \
+        [(1 << 20, 2)] * 3
+    assert points == [(16384.0, 0.002), (1048576.0, 0.011)]
