@@ -232,7 +232,7 @@ def placement_hosts(spec, placement: str) -> List[int]:
 
 def _launch_command(cluster, ranks_per_host: int, argv: List[str], ranks: int,
                     strategy_env: Dict[str, str], placement: str = "blocked"):
-    env = {"OMP_NUM_THREADS": "1", **strategy_env}
+    env = {"OMP_NUM_THREADS": "1", **strategy_env}  # for mpirun to hand to every rank
     if cluster is None:
         return ["mpirun", "-n", str(ranks)] + argv, env
     from hvdx.bench.runner import IFACE_ENV, PLACEMENT_ENV
@@ -253,8 +253,10 @@ def _run_name(workload: str, strategy: str, placement: Optional[str]) -> str:
 
 def run_one(cluster, workload: str, strategy: str, steps: int, eval_every: int,
             out_dir: str, ranks: int, ranks_per_host: int, timeout: float,
-            say: Callable[[str], None], placement: str = "blocked") -> Dict:
-    """Run one strategy on one workload as an MPI job; return the runner's result."""
+            say: Callable[[str], None], placement: str = "blocked",
+            env: Optional[Dict[str, str]] = None) -> Dict:
+    """Run one strategy on one workload as an MPI job; return the runner's result.
+    ``env``: more variables for a localhost job's ranks."""
     name = _run_name(workload, strategy, placement if cluster is not None else None)
     out = os.path.join(out_dir, f"{name}.json")
     log = os.path.join(out_dir, f"{name}.log")
@@ -262,7 +264,8 @@ def run_one(cluster, workload: str, strategy: str, steps: int, eval_every: int,
             "--strategy", strategy, "--steps", str(steps), "--eval-every", str(eval_every),
             "--out", os.path.abspath(out)]
     command, extra_env = _launch_command(cluster, ranks_per_host, argv, ranks,
-                                         STRATEGIES[strategy].env, placement)
+                                         dict(STRATEGIES[strategy].env, **(env or {})),
+                                         placement)
     env = dict(os.environ, **extra_env)
     started = time.monotonic()
     contention = _Contention(cluster)
@@ -415,7 +418,8 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
                         (w, s) not in local_steps:
                     # Just before the cluster run, so that both meet the machine in the
                     # same state (see LOCAL_STEPS).
-                    local_steps[w, s] = _local_step(w, s, out_dir, ranks, timeout, say)
+                    local_steps[w, s] = _local_step(w, s, out_dir, ranks, timeout, say,
+                                                    spec, ranks_per_host)
                 result = run_one(cluster, w, s, steps or WORKLOADS[w].default_steps,
                                  eval_every, out_dir, ranks, ranks_per_host, timeout, say,
                                  placement=placement)
@@ -434,16 +438,27 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
 
 
 def _local_step(workload: str, strategy: str, out_dir: str, ranks: int, timeout: float,
-                say) -> Optional[float]:
+                say, spec=None, ranks_per_host: int = 1) -> Optional[float]:
     """The strategy's mean step after :data:`WARMUP_STEPS` with every rank on this host,
     talking through shared memory, :data:`LOCAL_STEPS` steps: the step the calibrated
     plan adds the cluster's wire to (:func:`_add_predictions`). A run that fails is said
-    and gives ``None`` (the plan then takes the floor's step)."""
+    and gives ``None`` (the plan then takes the floor's step).
+
+    The ranks are told the emulated cluster ``spec`` they stand in for (its topology and
+    link rates), so that DS-Sync runs the cluster's rotation, with the cluster's groups
+    and Horovod process sets (whose table slows every Horovod collective), not one
+    host's."""
+    from hvdx.bench.runner import TOPOLOGY_ENV
+    from hvdx.cluster.launch import link_rates_value
+
     local_dir = os.path.join(out_dir, "local")
     os.makedirs(local_dir, exist_ok=True)
+    env = None if spec is None else {
+        TOPOLOGY_ENV: f"{spec.racks}x{spec.hosts_per_rack}x{ranks_per_host}",
+        "HVDX_CLUSTER_LINK_RATES": link_rates_value(spec)}
     try:
         result = run_one(None, workload, strategy, LOCAL_STEPS, LOCAL_STEPS, local_dir,
-                         ranks, 1, timeout, lambda line: None)
+                         ranks, 1, timeout, lambda line: None, env=env)
     except RuntimeError as error:
         say(f"  {workload} / {strategy}: the local run failed "
             f"({str(error).splitlines()[0]}); its plan takes the floor's step")

@@ -131,12 +131,37 @@ def _topk_preset(preset: str):
 DSSYNC_OPTIONS: Dict = {}
 
 
-def _dssync(optimizer, model):
-    import hvdx
-    import hvdx.torch as hvd
+def bench_topology():
+    """The topology a local run stands in for (:data:`hvdx.bench.runner.TOPOLOGY_ENV`,
+    ``RACKSxHOSTSxRANKS``), or ``None``: detect it (:mod:`hvdx.mpi.topology`)."""
+    import os
 
-    return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                    sync=hvdx.DSSync(**DSSYNC_OPTIONS))
+    from hvdx.bench.runner import TOPOLOGY_ENV
+    from hvdx.core.topology import Topology
+
+    value = os.environ.get(TOPOLOGY_ENV)
+    if not value:
+        return None
+    try:
+        racks, hosts, ranks = (int(x) for x in value.split("x"))
+    except ValueError:
+        raise ValueError(f"{TOPOLOGY_ENV}={value!r} must be RACKSxHOSTSxRANKS, "
+                         "e.g. 2x2x1") from None
+    return Topology.from_counts(racks, hosts, ranks)
+
+
+def _dssync_with(options: Dict):
+    def build(optimizer, model):
+        import hvdx
+        import hvdx.torch as hvd
+
+        sync = hvdx.DSSync(**dict(options, topology=bench_topology()))
+        return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                        sync=sync)
+    return build
+
+
+_dssync = _dssync_with(DSSYNC_OPTIONS)
 
 
 #: The adaptive variant: the same rotation, re-planned from the bandwidth probe every
@@ -145,12 +170,7 @@ def _dssync(optimizer, model):
 DSSYNC_ADAPTIVE_OPTIONS = dict(DSSYNC_OPTIONS, probe_every=10, probe_bytes=2**20)
 
 
-def _dssync_adaptive(optimizer, model):
-    import hvdx
-    import hvdx.torch as hvd
-
-    return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                    sync=hvdx.DSSync(**DSSYNC_ADAPTIVE_OPTIONS))
+_dssync_adaptive = _dssync_with(DSSYNC_ADAPTIVE_OPTIONS)
 
 
 def _rotation_options(optimizer) -> Dict:

@@ -24,9 +24,14 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from hvdx.cluster import netns_exec
 from hvdx.cluster.netns import DATA_IFACE, EmulatedCluster
 
-__all__ = ["MPI_ENV", "launcher_script", "mpiexec_command", "run_mpi"]
+__all__ = ["MPI_ENV", "launcher_script", "link_rates_value", "mpiexec_command", "run_mpi"]
 
 MPI_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": DATA_IFACE}
+
+
+def link_rates_value(spec) -> str:
+    """``HVDX_CLUSTER_LINK_RATES`` of a cluster spec: ``"NICbit,UPLINKbit"``."""
+    return f"{int(spec.nic)}bit,{int(spec.uplink)}bit"
 
 
 def launcher_script(cluster: EmulatedCluster) -> str:
@@ -50,8 +55,7 @@ def launcher_script(cluster: EmulatedCluster) -> str:
                          "HVDX_CLUSTER_RACK": str(host.rack),
                          # The configured rates, from which DS-Sync's rotation takes its
                          # defaults (hvdx.DSSync(link_rates=...)).
-                         "HVDX_CLUSTER_LINK_RATES":
-                             f"{int(cluster.spec.nic)}bit,{int(cluster.spec.uplink)}bit"}}
+                         "HVDX_CLUSTER_LINK_RATES": link_rates_value(cluster.spec)}}
         for key in (host.control_addr, host.data_addr, host.name):
             hosts[key] = entry
     hosts_file = os.path.join(cluster.workdir, "hosts.json")

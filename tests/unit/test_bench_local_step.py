@@ -3,6 +3,8 @@ cluster run, so that both meet the machine in the same state (no MPI job here)."
 
 from hvdx.bench import harness
 from hvdx.bench.harness import FLOOR, LOCAL_STEPS, WARMUP_STEPS
+from hvdx.bench.runner import TOPOLOGY_ENV
+from hvdx.cluster import ClusterSpec
 
 
 class FakeCluster:
@@ -16,7 +18,7 @@ class FakeCluster:
 def fake_bench(monkeypatch, local_fails=()):
     """run_bench with the cluster, the calibration and every MPI job replaced; returns
     the jobs in the order they ran, the raw results and what was said."""
-    jobs, said, raw_out = [], [], []
+    jobs, said, raw_out, envs = [], [], [], []
     cluster = FakeCluster()
     monkeypatch.setattr(harness, "_start_cluster", lambda spec, say: (cluster, "net"))
     monkeypatch.setattr(harness, "_calibrate", lambda *args: None)
@@ -24,9 +26,10 @@ def fake_bench(monkeypatch, local_fails=()):
                         lambda rows, raw, spec, calibration: raw_out.extend(raw))
     monkeypatch.setattr(harness, "_write", lambda rows, raw, out_dir: None)
 
-    def run_one(where, workload, strategy, steps, *args, **kwargs):
+    def run_one(where, workload, strategy, steps, *args, env=None, **kwargs):
         local = where is None
         jobs.append(("local" if local else "cluster", workload, strategy))
+        envs.append(env)
         if local and strategy in local_fails:
             raise RuntimeError("local job failed (exit 9):\nboom")
         # Local steps: two slow warm-up steps, then 0.125 s; cluster steps 0.5 s.
@@ -39,13 +42,14 @@ def fake_bench(monkeypatch, local_fails=()):
                 "ranks_detail": [{"interface_tx_rx": None}] * 4}
 
     monkeypatch.setattr(harness, "run_one", run_one)
+    fake_bench.envs = envs
     return cluster, jobs, said, raw_out
 
 
 def test_each_priced_strategy_is_timed_locally_just_before_its_cluster_run(
         monkeypatch, tmp_path):
     cluster, jobs, said, raw = fake_bench(monkeypatch)
-    harness.run_bench(object(), ["digits_vgg"], ["horovod", "topk"], 6, 3, str(tmp_path),
+    harness.run_bench(ClusterSpec(), ["digits_vgg"], ["horovod", "topk"], 6, 3, str(tmp_path),
                       say=said.append)
     assert jobs == [("local", "digits_vgg", "horovod"), ("cluster", "digits_vgg", "horovod"),
                     ("cluster", "digits_vgg", FLOOR),  # the floor is not priced
@@ -59,7 +63,7 @@ def test_each_priced_strategy_is_timed_locally_just_before_its_cluster_run(
 
 def test_a_strategy_under_two_placements_is_timed_locally_once(monkeypatch, tmp_path):
     _, jobs, _, raw = fake_bench(monkeypatch)
-    harness.run_bench(object(), ["digits_vgg"], ["topk"], 6, 3, str(tmp_path),
+    harness.run_bench(ClusterSpec(), ["digits_vgg"], ["topk"], 6, 3, str(tmp_path),
                       placements=["blocked", "interleaved"], floor=False, say=lambda l: None)
     assert [j[0] + "/" + j[2] for j in jobs] == [
         "local/horovod", "cluster/horovod", "local/topk", "cluster/topk", "cluster/topk"]
@@ -68,7 +72,7 @@ def test_a_strategy_under_two_placements_is_timed_locally_once(monkeypatch, tmp_
 
 def test_a_failed_local_run_is_said_and_its_plan_falls_back(monkeypatch, tmp_path):
     _, jobs, said, raw = fake_bench(monkeypatch, local_fails=("topk",))
-    harness.run_bench(object(), ["digits_vgg"], ["horovod", "topk"], 6, 3, str(tmp_path),
+    harness.run_bench(ClusterSpec(), ["digits_vgg"], ["horovod", "topk"], 6, 3, str(tmp_path),
                       floor=False, say=said.append)
     assert ("cluster", "digits_vgg", "topk") in jobs  # the cluster run still happens
     assert [r.get("local_step_s") for r in raw] == [0.125, None]
@@ -78,6 +82,20 @@ def test_a_failed_local_run_is_said_and_its_plan_falls_back(monkeypatch, tmp_pat
 
 def test_without_calibration_nothing_runs_locally(monkeypatch, tmp_path):
     _, jobs, _, _ = fake_bench(monkeypatch)
-    harness.run_bench(object(), ["digits_vgg"], ["horovod", "topk"], 6, 3, str(tmp_path),
+    harness.run_bench(ClusterSpec(), ["digits_vgg"], ["horovod", "topk"], 6, 3, str(tmp_path),
                       floor=False, calibrate=False, say=lambda l: None)
     assert [j[0] for j in jobs] == ["cluster", "cluster"]
+
+
+def test_the_local_run_stands_in_for_the_cluster_s_topology_and_rates(monkeypatch, tmp_path):
+    # So that DS-Sync builds the cluster's rotation (its groups, period and process
+    # sets), not one host's.
+    _, jobs, _, _ = fake_bench(monkeypatch)
+    spec = ClusterSpec(racks=2, hosts_per_rack=3, nic="1gbit", uplink="20mbit")
+    harness.run_bench(spec, ["digits_vgg"], ["dssync"], 6, 3, str(tmp_path), floor=False,
+                      ranks_per_host=2, say=lambda l: None)
+    local = [e for j, e in zip(jobs, fake_bench.envs) if j[0] == "local"]
+    assert local == [{TOPOLOGY_ENV: "2x3x2",
+                      "HVDX_CLUSTER_LINK_RATES": "1000000000bit,20000000bit"}] * 2
+    cluster = [e for j, e in zip(jobs, fake_bench.envs) if j[0] == "cluster"]
+    assert cluster == [None, None]
