@@ -28,8 +28,8 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["SPIN_S", "allgather_int", "allgatherv_pairs", "alltoallv_pairs", "pack_pairs",
-           "pause", "unpack_pairs", "wait", "wait_all"]
+__all__ = ["SPIN_S", "allgather_int", "allgatherv_floats", "allgatherv_pairs",
+           "alltoallv_pairs", "pack_pairs", "pause", "unpack_pairs", "wait", "wait_all"]
 
 Pairs = Tuple[np.ndarray, np.ndarray]
 _INDEX_LIMIT = np.iinfo(np.int32).max
@@ -112,6 +112,18 @@ def unpack_pairs(packed: np.ndarray) -> Pairs:
     """Inverse of :func:`pack_pairs`: ``(int32 indices, float32 values)``, copies."""
     packed = np.asarray(packed, np.int32).reshape(-1, 2)
     return packed[:, 0].copy(), packed[:, 1].copy().view(np.float32)
+
+
+def allgatherv_floats(comm: MPI.Comm, array: np.ndarray) -> List[np.ndarray]:
+    """Every rank's 1-D float64 ``array`` (lengths may differ), in rank order: the
+    lengths, then the arrays, both non-blocking and waited for with sleeps (module
+    docstring), where mpi4py's pickled ``comm.allgather`` spins in ``MPI_Allgather``."""
+    mine = np.ascontiguousarray(array, np.float64).ravel()
+    counts = allgather_int(comm, mine.size)
+    gathered = np.empty(int(counts.sum()), np.float64)
+    displacements = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    wait(comm.Iallgatherv(mine, [gathered, counts, displacements, MPI.DOUBLE]))
+    return np.split(gathered, np.cumsum(counts)[:-1])
 
 
 def allgatherv_pairs(comm: MPI.Comm, indices: np.ndarray,

@@ -69,7 +69,8 @@ from hvdx.core.error_feedback import ResidualMemory
 from hvdx.core.global_topk import agree_shares
 from hvdx.core.sharding import shard_bounds, split_by_shard
 from hvdx.core.sparsity_warmup import config_at
-from hvdx.mpi.sparse import allgather_int, allgatherv_pairs, alltoallv_pairs, wait
+from hvdx.mpi.sparse import (allgather_int, allgatherv_floats, allgatherv_pairs,
+                              alltoallv_pairs, wait)
 
 __all__ = ["TopKStats", "TopKSynchronizer", "check_saved_rank", "first_nonfinite"]
 
@@ -618,7 +619,7 @@ class TopKSynchronizer:
         moved = [0, 0]
 
         def allgather(array):
-            everyone = comm.allgather(np.ascontiguousarray(array, np.float64))
+            everyone = allgatherv_floats(comm, array)
             moved[0] += others * everyone[self.rank].nbytes
             moved[1] += sum(a.nbytes for r, a in enumerate(everyone) if r != self.rank)
             return everyone
