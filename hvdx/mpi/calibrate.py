@@ -2,8 +2,9 @@
 
 What :class:`hvdx.core.calibration.Calibration` holds, measured as the rounds of MPI's
 collectives run: every pair of a round exchanges the same message both ways at once
-(``MPI_Sendrecv``), and every measured flow count is a number of pairs whose traffic
-shares one link. Collective over ``comm``:
+(``Isend`` and ``Irecv``, waited for with yields, then sleeps, as hvdx's own exchanges
+wait: :func:`hvdx.mpi.sparse.wait_all`), and every measured flow count is a number of
+pairs whose traffic shares one link. Collective over ``comm``:
 
 1. hosts from the shared-memory split, racks from ``HVDX_RACK`` / ``HVDX_CLUSTER_RACK``
    (:mod:`hvdx.mpi.topology`; no label: one rack);
@@ -24,8 +25,8 @@ shares one link. Collective over ``comm``:
    for the partner's previous one, as the dependent rounds of a collective do; a single
    exchange after a barrier would not: a small message is sent eagerly, and a rank that
    leaves the barrier late finds its partner's data already there. Sizes stop growing
-   once a round took over ``max_round_s``: the slope is known by then and the cost
-   model extrapolates it;
+   once a round of 4 MiB or more took over ``max_round_s``: the slope is known by then
+   and the cost model extrapolates it;
 4. the shifts (``"uplink"``: a directed ring through ``c`` ranks of each of the first two
    racks, alternating racks, so that ``c`` flows cross the uplink each way on different
    connections; ``"nic"``: a directed ring through the hosts of each rack), each rank
@@ -132,6 +133,10 @@ def pair_sets(hosts: Sequence[int], racks: Sequence[object]) -> List[Tuple[str, 
 _BATCH_SMALL, _BATCH_LARGE, _SMALL = 8, 2, 128 * 1024
 #: Timed batches of a small size, per ``repeats`` (module step 3).
 _SMALL_REPEATS = 3
+#: Sizes are measured up to this one however long a round takes, so that the slope the
+#: cost model extrapolates to a model's size comes from large messages: at 20 Mbit a
+#: swap's slope from 128 KiB to 1 MiB priced a 5 MB exchange 60% too high.
+_SLOPE_BYTES = 4 << 20
 
 
 def shift_sets(hosts: Sequence[int], racks: Sequence[object]) -> List[Tuple[str, int, Pairs]]:
@@ -199,7 +204,7 @@ def _points(comm: MPI.Comm, sizes: Sequence[int], repeats: int, max_round_s: flo
                                    for _ in range(repeats * (_SMALL_REPEATS if small
                                                              else 1))]))
         points.append((float(nbytes), seconds))
-        if seconds > max_round_s:
+        if seconds > max_round_s and nbytes >= _SLOPE_BYTES:
             break
     return points
 
@@ -220,7 +225,8 @@ def calibrate(comm: Optional[MPI.Comm] = None, sizes: Sequence[int] = DEFAULT_SI
         comm: the ranks (default ``MPI.COMM_WORLD``).
         sizes: bytes per flow, increasing.
         repeats: timed batches per size (after one warm-up exchange).
-        max_round_s: a size whose round took longer is the last one measured.
+        max_round_s: a size whose round took longer is the last one measured, once
+            the sizes have reached 4 MiB.
         say: progress lines (rank 0's only are meaningful).
 
     Raises:
@@ -238,28 +244,34 @@ def calibrate(comm: Optional[MPI.Comm] = None, sizes: Sequence[int] = DEFAULT_SI
     biggest = np.zeros(max(sizes), dtype=np.uint8)
     inbox = np.empty_like(biggest)
 
-    def swap(partner: Optional[int]) -> Callable[[int], Callable[[], None]]:
-        if partner is None:
+    # Every round is non-blocking and waited for as hvdx's own exchanges wait
+    # (hvdx.mpi.sparse.wait_all: yields, then sleeps), which are what these tables price.
+    # A blocking Sendrecv spins: four ranks spinning on two cores starve the kernel's
+    # TCP processing, and a swap of 128 KiB across a 100 Mbit NIC read 27 ms where one
+    # way took 13.
+    def exchange(successor: Optional[int], predecessor: Optional[int]):
+        def round_of(nbytes: int) -> Callable[[], None]:
+            def one_round() -> None:
+                requests = []
+                if predecessor is not None:
+                    requests.append(comm.Irecv(inbox[:nbytes], source=predecessor, tag=_TAG))
+                if successor is not None:
+                    requests.append(comm.Isend(biggest[:nbytes], dest=successor, tag=_TAG))
+                sparse.wait_all(requests)
+            return one_round
+        if successor is None and predecessor is None:
             return lambda nbytes: lambda: None
-        return lambda nbytes: lambda: comm.Sendrecv(
-            biggest[:nbytes], dest=partner, sendtag=_TAG, recvbuf=inbox[:nbytes],
-            source=partner, recvtag=_TAG)
+        return round_of
 
-    def shift(successor: Optional[int], predecessor: Optional[int]):
-        if successor is None:
-            return lambda nbytes: lambda: None
-        return lambda nbytes: lambda: MPI.Request.Waitall([
-            comm.Irecv(inbox[:nbytes], source=predecessor, tag=_TAG),
-            comm.Isend(biggest[:nbytes], dest=successor, tag=_TAG)])
+    def swap(partner: Optional[int]) -> Callable[[int], Callable[[], None]]:
+        return exchange(partner, partner)
+
+    shift = exchange  # sends to the successor, receives from the predecessor
 
     def send(successor: Optional[int], predecessor: Optional[int]):
-        if successor is not None:
-            return lambda nbytes: lambda: comm.Send(biggest[:nbytes], dest=successor,
-                                                     tag=_TAG)
-        if predecessor is not None:
-            return lambda nbytes: lambda: comm.Recv(inbox[:nbytes], source=predecessor,
-                                                     tag=_TAG)
-        return lambda nbytes: lambda: None
+        # One way: the first rank of a pair sends, the second receives.
+        return exchange(successor, None) if successor is not None else \
+            exchange(None, predecessor)
 
     for link, flows, pairs in sets:
         partner = next((b if a == rank else a for a, b in pairs if rank in (a, b)), None)
