@@ -236,8 +236,8 @@ def main(argv=None):
             "cost_options": strategy.cost_options_of(optimizer)
             if strategy.cost_options_of else strategy.cost_options,
             # Steps after which the communication repeats (1: every step alike).
-            "schedule_period": (strategy.period_of(optimizer) if strategy.period_of
-                                else None) or 1,
+            "schedule_period": strategy.period_of(optimizer) or 1
+            if strategy.period_of else 1,
             # Horovod's settings the job ran with (a strategy may set its own cycle).
             "horovod_env": {k: v for k, v in sorted(os.environ.items())
                             if k.startswith("HOROVOD_")},
