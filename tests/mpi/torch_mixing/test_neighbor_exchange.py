@@ -190,6 +190,41 @@ def test_large_buffer(comm):
     assert nx.stats.bytes_sent == len(send_to) * 8 * m
 
 
+class _Recording:
+    """``comm`` that notes the order in which point-to-point operations are posted."""
+
+    def __init__(self, comm):
+        self._comm, self.posted = comm, []
+
+    def __getattr__(self, name):
+        return getattr(self._comm, name)
+
+    def Isend(self, *args, **kwargs):
+        self.posted.append("send")
+        return self._comm.Isend(*args, **kwargs)
+
+    def Irecv(self, *args, **kwargs):
+        self.posted.append("recv")
+        return self._comm.Irecv(*args, **kwargs)
+
+
+def test_a_swap_posts_its_sends_before_its_receives_and_mixes_both_ways(comm):
+    # Two ranks that are each other's source and destination (the one-peer graph's
+    # i <-> i + n/2): posted receives first, one direction often waited for the other.
+    n, r = comm.Get_size(), comm.Get_rank()
+    partner = [(r + n // 2) % n] if n > 1 else []
+    recording = _Recording(comm)
+    nx = NeighborExchange(recording)
+    buffer = values(r, m=1 << 18)
+    nx.start(buffer, partner, partner)
+    assert recording.posted == ["send"] * len(partner) + ["recv"] * len(partner)
+    weights = [0.5] * len(partner)
+    nx.finish(1.0 - sum(weights), weights, out=buffer)
+    np.testing.assert_array_equal(
+        buffer, expected(r, partner, 1.0 - sum(weights), weights, m=1 << 18))
+    assert nx.stats.bytes_received == len(partner) * 8 * (1 << 18)
+
+
 def test_one_shot_exchange(comm):
     r = comm.Get_rank()
     send_to, recv_from = ring(comm)
