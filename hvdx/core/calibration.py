@@ -27,9 +27,13 @@ instead, and the cost model prices every phase from it:
    and receives from another (a directed ring over the pairs' ranks: each link carries
    the same number of flows each way, on different connections), as decentralized
    SGD's hops move; a phase whose flows are not all swapped in pairs is priced from
-   them where they were measured. A swap and a shift through the same shaped link did
-   not run at the same rate: a 4 MiB swap reached 47 Mbit/s per 100 Mbit NIC where the
-   graph's hops reached about 70;
+   them where they were measured, and so is hvdx's own exchange, swaps included. A swap
+   and a shift through the same shaped link did not run at the same rate: a 4 MiB swap
+   reached 47 Mbit/s per 100 Mbit NIC where the graph's hops reached about 70. The
+   swaps are timed as MPI's collectives run them, receives posted first, and then one
+   direction often waits for the other (5.4 MB, two pairs through a 20 Mbit uplink:
+   4.7-9.0 s); hvdx's exchange posts its sends first and moves such a swap as a shift
+   (4.6-5.4 s, 20 of 20);
 5. ``oneway_tables``: the same for flows that load a link one way only (nothing comes
    back on it, as Stanza's activations go to the FC worker and its gradients come back
    in a later phase): through a shaped link, 2 x 128 KiB one way took 23 ms where the

@@ -234,14 +234,22 @@ def test_shift_rings_alternate_racks_over_the_uplink_and_go_round_each_racks_hos
         ("nic", 1, [(0, 1), (1, 2), (2, 3), (3, 0)])]
 
 
-def test_a_shift_is_priced_from_the_timed_shifts_and_a_swap_from_the_timed_swaps():
+def test_a_shift_is_priced_from_the_timed_shifts_and_a_collectives_swap_from_the_swaps():
     shifted = Calibration(tables=LINEAR, shift_tables={"nic": {1: [(0, 0.001), (1e6, 0.009)]}})
     c = Cluster(racks=1, hosts_per_rack=4, nic_bps="1gbit", uplink_bps="1gbit",
                 calibration=shifted)
     w = Workload(conv_params=250_000, fc_params=0, compute_s=0.1)  # 1 MB of float32
-    # The one-peer graph on 4 ranks: i -> i+1, then i -> i+2 (a swap: 0<->2, 1<->3).
+    # The one-peer graph on 4 ranks: i -> i+1, then i -> i+2 (a swap: 0<->2, 1<->3). hvdx's
+    # exchange posts its sends first, and its swap moves as a shift: both from the shifts.
     p = predict("decentralized", c, w, topology="one-peer-exp")
-    assert [ph.seconds for ph in p.phases] == pytest.approx([0.009, 0.004])
+    assert [ph.seconds for ph in p.phases] == pytest.approx([0.009, 0.009])
+    # MPI's allreduce on two hosts swaps halves as its rounds: from the timed swaps,
+    # 0.5 MB each way per round, 0.002 + (0.004 - 0.002) * (0.5e6 - 1e3) / (1e6 - 1e3).
+    two = Cluster(racks=1, hosts_per_rack=2, nic_bps="1gbit", uplink_bps="1gbit",
+                  calibration=shifted)
+    swap_half = 0.002 + 0.002 * (0.5e6 - 1e3) / (1e6 - 1e3)
+    assert [ph.seconds for ph in predict("horovod", two, w).phases
+            if "negotiation" not in ph.name] == pytest.approx([swap_half, swap_half])
 
 
 # --- one-way rounds and the strategy's local step ---------------------------------------
