@@ -44,7 +44,14 @@ instead, and the cost model prices every phase from it:
    takes those times for an allreduce on such groups (interpolated in bytes as in step
    2) instead of adding up its rounds: the collective as measured includes what the
    rounds miss (the library's own copies and reductions, the rounds' waits on each
-   other).
+   other);
+7. ``allgather_times`` and ``alltoall_times``: likewise, hvdx's own sparse collectives
+   (:func:`hvdx.mpi.sparse.allgatherv_pairs` and :func:`~hvdx.mpi.sparse.alltoallv_pairs`:
+   the lengths first, then the pairs) timed on all ranks, by the bytes each rank
+   contributes (an alltoall: all its pieces together, one per rank). TopK's phases
+   take them: priced as rings, 27 KB per rank gathered through a 20 Mbit uplink came to
+   35 ms where it took 67 (MPICH gathers small messages by recursive doubling, whose
+   swaps run as step 4 says).
 
 Pure numpy and standard library; saved and loaded as JSON.
 """
@@ -104,6 +111,10 @@ class Calibration:
     oneway_tables: Mapping[str, Table] = field(default_factory=dict)
     #: group (:data:`ALLREDUCE_GROUPS`) -> ``[(bytes per rank, seconds)]`` (step 6).
     allreduce_times: Mapping[str, List[Tuple[float, float]]] = field(default_factory=dict)
+    #: ``[(bytes per rank, seconds)]`` of hvdx's allgather and alltoall on all ranks
+    #: (module step 7); empty: not timed.
+    allgather_times: List[Tuple[float, float]] = field(default_factory=list)
+    alltoall_times: List[Tuple[float, float]] = field(default_factory=list)
     #: Not compared: two calibrations are equal if they measured the same.
     notes: Tuple[str, ...] = field(default=(), compare=False)
 
@@ -124,6 +135,9 @@ class Calibration:
         object.__setattr__(self, "allreduce_times", {
             group: _points(f"allreduce_times[{group!r}]", points)
             for group, points in dict(self.allreduce_times).items()})
+        for name in ("allgather_times", "alltoall_times"):
+            points = getattr(self, name)
+            object.__setattr__(self, name, _points(name, points) if points else [])
 
     @staticmethod
     def _checked(name: str, tables: Mapping[str, Table]) -> Dict[str, Table]:
@@ -186,6 +200,16 @@ class Calibration:
         points = self.allreduce_times.get(group)
         return None if points is None else _interpolate(points, nbytes)
 
+    def allgather_s(self, nbytes: float) -> Optional[float]:
+        """Seconds of hvdx's allgather of ``nbytes`` per rank on all ranks (module
+        step 7), or ``None`` if it was not timed."""
+        return _interpolate(self.allgather_times, nbytes) if self.allgather_times else None
+
+    def alltoall_s(self, nbytes: float) -> Optional[float]:
+        """Seconds of hvdx's alltoall of ``nbytes`` per rank (all its pieces) on all
+        ranks (module step 7), or ``None`` if it was not timed."""
+        return _interpolate(self.alltoall_times, nbytes) if self.alltoall_times else None
+
     def latency_s(self, link: str) -> float:
         """The smallest measured round on ``link`` (one flow): its start-up cost."""
         table = self.tables[link]
@@ -197,6 +221,8 @@ class Calibration:
                 "notes": list(self.notes),
                 "allreduce_times": {g: [list(p) for p in pts]
                                     for g, pts in self.allreduce_times.items()},
+                "allgather_times": [list(p) for p in self.allgather_times],
+                "alltoall_times": [list(p) for p in self.alltoall_times],
                 "tables": _plain(self.tables), "shift_tables": _plain(self.shift_tables),
                 "oneway_tables": _plain(self.oneway_tables)}
 
@@ -217,7 +243,9 @@ class Calibration:
                    source=str(data.get("source", "")),
                    notes=tuple(str(n) for n in data.get("notes", ())),
                    allreduce_times={g: [tuple(p) for p in pts] for g, pts in
-                                    dict(data.get("allreduce_times") or {}).items()})
+                                    dict(data.get("allreduce_times") or {}).items()},
+                   allgather_times=[tuple(p) for p in data.get("allgather_times") or ()],
+                   alltoall_times=[tuple(p) for p in data.get("alltoall_times") or ()])
 
     def save(self, path: str) -> None:
         """Writes :meth:`to_dict` as JSON, atomically (a reader never sees half)."""

@@ -634,17 +634,27 @@ def _topk(c: Cluster, w: Workload, ratio: float = 0.01, downlink_ratio: Optional
     (and applies its downlink TopK locally, which costs no bytes).
     sharded: 1. alltoall: the pairs of shard s go to rank s; 2. rank s sums its shard and
     keeps the top ``k_down / n``; 3. allgather of those downlink shards.
+    A calibration that timed hvdx's allgather and alltoall prices them as timed.
     """
     ratio = _fraction("ratio", ratio, low_open=True)
     if mode not in ("gathered", "sharded"):
         raise ValueError(f"mode={mode!r} must be 'gathered' or 'sharded'")
     n, pair = c.ranks, _INDEX_BYTES + w.bytes_per_element
     k_up = math.ceil(ratio * w.params) * pair
+    cal = c.calibration
+
+    def timed(traffic: _Traffic, seconds: Optional[float]) -> _Traffic:
+        # hvdx's collective as the calibration timed it (hvdx.core.calibration, step 7).
+        if seconds is None or n == 1:
+            return traffic
+        return traffic._replace(name=traffic.name + " (measured)", measured_s=seconds)
+
     if mode == "gathered":
         # Ring allgather: each rank forwards the other n-1 ranks' k pairs.
         gather = _rings(np.arange(n)[None, :], (n - 1) * k_up)
-        return _Plan(f"topk gathered {ratio:g}",
-                     [_Traffic("allgather of top-k pairs", gather, n - 1)])
+        return _Plan(f"topk gathered {ratio:g}", [timed(
+            _Traffic("allgather of top-k pairs", gather, n - 1),
+            cal and cal.allgather_s(k_up))])
     down = _fraction("downlink_ratio", ratio if downlink_ratio is None else downlink_ratio,
                      low_open=True)
     k_down = math.ceil(down * w.params) * pair
@@ -652,8 +662,10 @@ def _topk(c: Cluster, w: Workload, ratio: float = 0.01, downlink_ratio: Optional
     scatter = [_shift(n, d, k_up / n) for d in range(1, n)]
     gather = _rings(np.arange(n)[None, :], (n - 1) / n * k_down)
     return _Plan(f"topk sharded {ratio:g}/{down:g}", [
-        _Traffic("alltoall of top-k pairs to shard owners", scatter, n - 1, repeated=False),
-        _Traffic("allgather of downlink top-k shards", gather, n - 1)])
+        timed(_Traffic("alltoall of top-k pairs to shard owners", scatter, n - 1,
+                       repeated=False), cal and cal.alltoall_s(k_up)),
+        timed(_Traffic("allgather of downlink top-k shards", gather, n - 1),
+              cal and cal.allgather_s(k_down / n))])
 
 
 def _dssync(c: Cluster, w: Workload, intra_phases: int = 1,

@@ -38,7 +38,11 @@ pairs whose traffic shares one link. Collective over ``comm``:
    (:data:`~hvdx.core.calibration.ALLREDUCE_GROUPS`: all ranks; each rack's ranks, all
    racks at once; one rank per rack, every such group at once), timed as in step 3
    for the sizes of :data:`ALLREDUCE_SIZES`;
-7. every rank returns the same :class:`~hvdx.core.calibration.Calibration`; the
+7. hvdx's sparse allgather and alltoall (:func:`hvdx.mpi.sparse.allgatherv_pairs`,
+   :func:`~hvdx.mpi.sparse.alltoallv_pairs`, as TopK calls them) on all ranks, timed as
+   in step 3 for the sizes of :data:`SPARSE_SIZES` per rank (an alltoall's pieces are
+   equal, one per rank);
+8. every rank returns the same :class:`~hvdx.core.calibration.Calibration`; the
    allreduce algorithm is MPICH's recursive halving when the library is MPICH.
 
 Run it as ``mpirun -n N hvdx plan --calibrate FILE``; ``hvdx bench`` runs it on its
@@ -59,12 +63,15 @@ from hvdx.core.calibration import Calibration
 from hvdx.mpi import sparse
 from hvdx.mpi.topology import host_labels, rack_labels
 
-__all__ = ["DEFAULT_SIZES", "calibrate", "oneway_sets", "pair_sets", "shift_sets"]
+__all__ = ["DEFAULT_SIZES", "SPARSE_SIZES", "calibrate", "oneway_sets", "pair_sets", "shift_sets"]
 
 #: Bytes per flow of the measured rounds: from a latency-bound message to a model.
 DEFAULT_SIZES = (1024, 16 * 1024, 128 * 1024, 1 << 20, 4 << 20, 8 << 20)
 #: Bytes per rank of the timed allreduces (module step 6).
 ALLREDUCE_SIZES = (1024, 64 * 1024, 1 << 20, 4 << 20, 8 << 20)
+#: Bytes per rank of the timed sparse collectives (module step 7): TopK's pairs, from a
+#: small model's to a 1% selection of 25M parameters at 8 bytes a pair.
+SPARSE_SIZES = (1024, 16 * 1024, 128 * 1024, 1 << 20, 2 << 20)
 _TAG = 7401
 
 Pairs = List[Tuple[int, int]]
@@ -219,7 +226,7 @@ def _said(say: Optional[Callable[[str], None]], rank: int, what: str,
 def calibrate(comm: Optional[MPI.Comm] = None, sizes: Sequence[int] = DEFAULT_SIZES,
               repeats: int = 3, max_round_s: float = 1.0,
               say: Optional[Callable[[str], None]] = None) -> Calibration:
-    """Module steps 1-7 (collective): the same calibration on every rank.
+    """Module steps 1-8 (collective): the same calibration on every rank.
 
     Args:
         comm: the ranks (default ``MPI.COMM_WORLD``).
@@ -295,12 +302,38 @@ def calibrate(comm: Optional[MPI.Comm] = None, sizes: Sequence[int] = DEFAULT_SI
     oneway = directed(oneway_sets(hosts, racks), send,
                       "one way on {link}, {flows} flow(s) per link")
     times = _allreduce_times(comm, hosts, racks, repeats, max_round_s, say)
+    allgather, alltoall = _sparse_times(comm, repeats, max_round_s, say)
     library = MPI.Get_library_version().strip().splitlines()[0]
     allreduce = "recursive_halving" if "MPICH" in library.upper() else "ring"
     source = (f"{comm.Get_size()} ranks on {len(set(hosts))} hosts in "
               f"{len(set(racks))} rack(s); {library}")
     return Calibration(tables=tables, allreduce=allreduce, source=source,
-                       shift_tables=shifts, oneway_tables=oneway, allreduce_times=times)
+                       shift_tables=shifts, oneway_tables=oneway, allreduce_times=times,
+                       allgather_times=allgather, alltoall_times=alltoall)
+
+
+def _sparse_times(comm: MPI.Comm, repeats: int, max_round_s: float,
+                  say: Optional[Callable[[str], None]]
+                  ) -> Tuple[List[Tuple[float, float]], List[Tuple[float, float]]]:
+    """Module step 7: ``[(bytes per rank, seconds)]`` of the allgather, the alltoall."""
+    size = comm.Get_size()
+
+    def allgather(nbytes: int) -> Callable[[], None]:
+        pairs = max(1, nbytes // 8)
+        indices, values = np.arange(pairs, dtype=np.int64), np.ones(pairs, np.float32)
+        return lambda: sparse.allgatherv_pairs(comm, indices, values)
+
+    def alltoall(nbytes: int) -> Callable[[], None]:
+        pairs = max(1, nbytes // 8 // size)
+        piece = (np.arange(pairs, dtype=np.int64), np.ones(pairs, np.float32))
+        return lambda: sparse.alltoallv_pairs(comm, [piece] * size)
+
+    measured = []
+    for name, round_of in (("allgather", allgather), ("alltoall", alltoall)):
+        points = _points(comm, SPARSE_SIZES, repeats, max_round_s, round_of)
+        _said(say, comm.Get_rank(), f"hvdx's sparse {name}", points)
+        measured.append(points)
+    return measured[0], measured[1]
 
 
 def _allreduce_times(comm: MPI.Comm, hosts: Sequence[int], racks: Sequence[object],

@@ -252,6 +252,36 @@ def test_a_shift_is_priced_from_the_timed_shifts_and_a_collectives_swap_from_the
             if "negotiation" not in ph.name] == pytest.approx([swap_half, swap_half])
 
 
+def test_topk_prices_its_allgather_and_alltoall_as_the_calibration_timed_them():
+    timed = Calibration(tables=LINEAR, allgather_times=[(0, 0.001), (1e5, 0.011)],
+                        alltoall_times=[(0, 0.002), (1e5, 0.012)])
+    c = Cluster(racks=1, hosts_per_rack=4, nic_bps="1gbit", uplink_bps="1gbit",
+                calibration=timed)
+    w = Workload(conv_params=1_000_000, fc_params=0, compute_s=0.1)
+    # 1% of 1M parameters: 10,000 pairs of 8 bytes per rank up; 2% down, a quarter each.
+    sharded = predict("topk", c, w, ratio=0.01, downlink_ratio=0.02, mode="sharded")
+    assert [ph.seconds for ph in sharded.phases] == pytest.approx(
+        [0.002 + 0.010 * 80_000 / 1e5, 0.001 + 0.010 * 40_000 / 1e5])
+    assert all(ph.bottleneck == "measured" for ph in sharded.phases)
+    gathered = predict("topk", c, w, ratio=0.01, mode="gathered")
+    assert [ph.seconds for ph in gathered.phases] == pytest.approx([0.001 + 0.010 * 0.8])
+    # Not timed: from the rounds, as before.
+    untimed = Cluster(racks=1, hosts_per_rack=4, nic_bps="1gbit", uplink_bps="1gbit",
+                      calibration=Calibration(tables=LINEAR))
+    assert "measured" not in {ph.bottleneck for ph in
+                              predict("topk", untimed, w, mode="sharded").phases}
+
+
+def test_the_sparse_collective_times_survive_a_save_and_are_checked(tmp_path):
+    path = str(tmp_path / "cal.json")
+    Calibration(tables=LINEAR, allgather_times=[(1e3, 0.002)]).save(path)
+    loaded = Calibration.load(path)
+    assert loaded.allgather_s(10) == pytest.approx(0.002)
+    assert loaded.alltoall_s(10) is None
+    with pytest.raises(ValueError, match="alltoall_times"):
+        Calibration(tables=LINEAR, alltoall_times=[(1e3, 0.0)])
+
+
 # --- one-way rounds and the strategy's local step ---------------------------------------
 
 ONE_WAY = {"uplink": {1: [(0, 0.001), (1e6, 0.011)], 2: [(0, 0.001), (1e6, 0.021)]}}

@@ -18,6 +18,10 @@ def test_every_rank_returns_the_same_calibration_of_the_links_it_has():
     assert set(cal.tables) == {"intra-host"}
     assert [b for b, _ in cal.tables["intra-host"][1]] == [1024, 8192]
     assert set(cal.allreduce_times) == {"world"}
+    # hvdx's sparse collectives, timed for every size (none of them near a second here).
+    from hvdx.mpi.calibrate import SPARSE_SIZES
+    assert [b for b, _ in cal.allgather_times] == list(SPARSE_SIZES)
+    assert [b for b, _ in cal.alltoall_times] == list(SPARSE_SIZES)
     assert cal.oneway_tables == {}  # one way is timed between hosts only
     assert cal.allreduce == "recursive_halving"  # the library is MPICH
 
