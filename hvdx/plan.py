@@ -448,7 +448,7 @@ def _run_calibration(path: str) -> int:
                 "MPI job over the cluster's hosts, e.g. mpirun -n 4 -ppn 1 hvdx plan "
                 f"--calibrate {path}")
         return 2
-    calibration = calibrate(say=say, horovod=True)
+    calibration = calibrate(say=say)
     if say:
         calibration.save(path)
         say(f"written: {path} ({calibration.source}); use it with hvdx plan --calibration "

@@ -51,13 +51,7 @@ instead, and the cost model prices every phase from it:
    contributes (an alltoall: all its pieces together, one per rank). TopK's phases
    take them: priced as rings, 27 KB per rank gathered through a 20 Mbit uplink came to
    35 ms where it took 67 (MPICH gathers small messages by recursive doubling, whose
-   swaps run as step 4 says);
-8. ``horovod_allreduce_times``: Horovod's own allreduce on its process sets, where the
-   job could run Horovod, for the groups of step 6 (``"rack"``): DS-Sync averages inside
-   each rack through them. On the emulated 2x2 cluster, 5.4 MB averaged on two-rank
-   sets across a 1 Gbit NIC took 135 ms where MPI's allreduce on the same ranks took 70
-   (Horovod's cycle, its negotiation in the set and the set table it agrees on
-   every cycle, its fusion copies).
+   swaps run as step 4 says).
 
 Pure numpy and standard library; saved and loaded as JSON.
 """
@@ -121,9 +115,6 @@ class Calibration:
     #: (module step 7); empty: not timed.
     allgather_times: List[Tuple[float, float]] = field(default_factory=list)
     alltoall_times: List[Tuple[float, float]] = field(default_factory=list)
-    #: group -> ``[(bytes per rank, seconds)]`` of Horovod's allreduce (module step 8).
-    horovod_allreduce_times: Mapping[str, List[Tuple[float, float]]] = field(
-        default_factory=dict)
     #: Not compared: two calibrations are equal if they measured the same.
     notes: Tuple[str, ...] = field(default=(), compare=False)
 
@@ -137,14 +128,13 @@ class Calibration:
         object.__setattr__(self, "tables", clean)
         for name in ("shift_tables", "oneway_tables"):
             object.__setattr__(self, name, self._checked(name, getattr(self, name)))
-        for name in ("allreduce_times", "horovod_allreduce_times"):
-            for group in dict(getattr(self, name)):
-                if group not in ALLREDUCE_GROUPS:
-                    raise ValueError(f"{name}[{group!r}]: the groups are "
-                                     f"{', '.join(ALLREDUCE_GROUPS)}")
-            object.__setattr__(self, name, {
-                group: _points(f"{name}[{group!r}]", points)
-                for group, points in dict(getattr(self, name)).items()})
+        for group in dict(self.allreduce_times):
+            if group not in ALLREDUCE_GROUPS:
+                raise ValueError(f"allreduce_times[{group!r}]: the groups are "
+                                 f"{', '.join(ALLREDUCE_GROUPS)}")
+        object.__setattr__(self, "allreduce_times", {
+            group: _points(f"allreduce_times[{group!r}]", points)
+            for group, points in dict(self.allreduce_times).items()})
         for name in ("allgather_times", "alltoall_times"):
             points = getattr(self, name)
             object.__setattr__(self, name, _points(name, points) if points else [])
@@ -210,12 +200,6 @@ class Calibration:
         points = self.allreduce_times.get(group)
         return None if points is None else _interpolate(points, nbytes)
 
-    def horovod_allreduce_s(self, group: str, nbytes: float) -> Optional[float]:
-        """Seconds of Horovod's allreduce of ``nbytes`` on its process sets of ``group``
-        (module step 8), or ``None`` if they were not timed."""
-        points = self.horovod_allreduce_times.get(group)
-        return None if points is None else _interpolate(points, nbytes)
-
     def allgather_s(self, nbytes: float) -> Optional[float]:
         """Seconds of hvdx's allgather of ``nbytes`` per rank on all ranks (module
         step 7), or ``None`` if it was not timed."""
@@ -238,8 +222,6 @@ class Calibration:
                 "allreduce_times": {g: [list(p) for p in pts]
                                     for g, pts in self.allreduce_times.items()},
                 "allgather_times": [list(p) for p in self.allgather_times],
-                "horovod_allreduce_times": {g: [list(p) for p in pts] for g, pts in
-                                            self.horovod_allreduce_times.items()},
                 "alltoall_times": [list(p) for p in self.alltoall_times],
                 "tables": _plain(self.tables), "shift_tables": _plain(self.shift_tables),
                 "oneway_tables": _plain(self.oneway_tables)}
@@ -263,10 +245,7 @@ class Calibration:
                    allreduce_times={g: [tuple(p) for p in pts] for g, pts in
                                     dict(data.get("allreduce_times") or {}).items()},
                    allgather_times=[tuple(p) for p in data.get("allgather_times") or ()],
-                   alltoall_times=[tuple(p) for p in data.get("alltoall_times") or ()],
-                   horovod_allreduce_times={
-                       g: [tuple(p) for p in pts] for g, pts in
-                       dict(data.get("horovod_allreduce_times") or {}).items()})
+                   alltoall_times=[tuple(p) for p in data.get("alltoall_times") or ()])
 
     def save(self, path: str) -> None:
         """Writes :meth:`to_dict` as JSON, atomically (a reader never sees half)."""

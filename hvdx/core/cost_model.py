@@ -675,9 +675,6 @@ def _dssync(c: Cluster, w: Workload, intra_phases: int = 1,
     1. ``intra_phases`` steps: every rack averages the full model in a ring of W ranks;
     2. one step: groups of one rank per rack average it (``cross_ranks`` groups at once);
     3. the period's time is spread evenly over its steps.
-
-    With a calibration that timed Horovod's allreduce on the racks' process sets, step 1
-    is priced as timed (DS-Sync averages through them).
     """
     grid, width = _grid(c), c.ranks_per_rack
     intra_phases = _integer("intra_phases", intra_phases, 0)
@@ -689,18 +686,9 @@ def _dssync(c: Cluster, w: Workload, intra_phases: int = 1,
     # Crossing ranks are spread over hosts (first local rank of each host, then second).
     order = sorted(range(width), key=lambda j: (j % c.ranks_per_host, j // c.ranks_per_host))
     crossing_groups = grid[:, order[:cross]].T
-    cal = c.calibration
-    timed = cal.horovod_allreduce_s("rack", w.model_bytes) \
-        if cal is not None and _group_kind(grid, c) == "rack" else None
-    if timed is not None:
-        # Horovod's allreduce on the racks' process sets as timed, its negotiation in.
-        inside = [_allreduce("intra-rack group allreduce (Horovod, measured)", grid,
-                             w.model_bytes, intra / period)._replace(measured_s=timed)]
-    else:
-        inside = [t._replace(weight=intra / period) for t in _negotiation(grid, c)] + \
-            _allreduces("intra-rack group allreduce", grid, w.model_bytes, c, intra / period)
-    traffic = inside + \
+    traffic = [t._replace(weight=intra / period) for t in _negotiation(grid, c)] + \
         [t._replace(weight=crossing / period) for t in _negotiation(crossing_groups, c)] + \
+        _allreduces("intra-rack group allreduce", grid, w.model_bytes, c, intra / period) + \
         _allreduces("cross-rack group allreduce", crossing_groups, w.model_bytes, c,
                     crossing / period)
     return _Plan(f"dssync intra={intra_phases} cross={cross}", [t for t in traffic if t.weight > 0])

@@ -42,10 +42,7 @@ pairs whose traffic shares one link. Collective over ``comm``:
    :func:`~hvdx.mpi.sparse.alltoallv_pairs`, as TopK calls them) on all ranks, timed as
    in step 3 for the sizes of :data:`SPARSE_SIZES` per rank (an alltoall's pieces are
    equal, one per rank);
-8. with ``horovod=True`` (the job entry points), where ``horovod.torch`` imports on
-   every rank: Horovod's own allreduce on the racks' process sets
-   (:mod:`hvdx.torch.horovod_timing`);
-9. every rank returns the same :class:`~hvdx.core.calibration.Calibration`; the
+8. every rank returns the same :class:`~hvdx.core.calibration.Calibration`; the
    allreduce algorithm is MPICH's recursive halving when the library is MPICH.
 
 Run it as ``mpirun -n N hvdx plan --calibrate FILE``; ``hvdx bench`` runs it on its
@@ -66,8 +63,7 @@ from hvdx.core.calibration import Calibration
 from hvdx.mpi import sparse
 from hvdx.mpi.topology import host_labels, rack_labels
 
-__all__ = ["ALLREDUCE_SIZES", "DEFAULT_SIZES", "SPARSE_SIZES", "calibrate", "oneway_sets",
-           "pair_sets", "shift_sets", "timed_points"]
+__all__ = ["DEFAULT_SIZES", "SPARSE_SIZES", "calibrate", "oneway_sets", "pair_sets", "shift_sets"]
 
 #: Bytes per flow of the measured rounds: from a latency-bound message to a model.
 DEFAULT_SIZES = (1024, 16 * 1024, 128 * 1024, 1 << 20, 4 << 20, 8 << 20)
@@ -200,7 +196,7 @@ def _batch_s(comm: MPI.Comm, count: int, one_round: Callable[[], None]) -> float
     return float(slowest[0])
 
 
-def timed_points(comm: MPI.Comm, sizes: Sequence[int], repeats: int, max_round_s: float,
+def _points(comm: MPI.Comm, sizes: Sequence[int], repeats: int, max_round_s: float,
             round_of: Callable[[int], Callable[[], None]]) -> List[Tuple[float, float]]:
     """Module step 3 for one pattern: ``[(bytes, seconds per round)]`` for each size,
     ``round_of(nbytes)`` giving one round of it; sizes stop after a round over
@@ -229,9 +225,8 @@ def _said(say: Optional[Callable[[str], None]], rank: int, what: str,
 
 def calibrate(comm: Optional[MPI.Comm] = None, sizes: Sequence[int] = DEFAULT_SIZES,
               repeats: int = 3, max_round_s: float = 1.0,
-              say: Optional[Callable[[str], None]] = None,
-              horovod: bool = False) -> Calibration:
-    """Module steps 1-9 (collective): the same calibration on every rank.
+              say: Optional[Callable[[str], None]] = None) -> Calibration:
+    """Module steps 1-8 (collective): the same calibration on every rank.
 
     Args:
         comm: the ranks (default ``MPI.COMM_WORLD``).
@@ -240,7 +235,6 @@ def calibrate(comm: Optional[MPI.Comm] = None, sizes: Sequence[int] = DEFAULT_SI
         max_round_s: a size whose round took longer is the last one measured, once
             the sizes have reached 4 MiB.
         say: progress lines (rank 0's only are meaningful).
-        horovod: also time Horovod's allreduce on the racks' process sets (step 8).
 
     Raises:
         ValueError: on every rank, if ``comm`` has one rank (no link to time).
@@ -288,7 +282,7 @@ def calibrate(comm: Optional[MPI.Comm] = None, sizes: Sequence[int] = DEFAULT_SI
 
     for link, flows, pairs in sets:
         partner = next((b if a == rank else a for a, b in pairs if rank in (a, b)), None)
-        points = timed_points(comm, sizes, repeats, max_round_s, swap(partner))
+        points = _points(comm, sizes, repeats, max_round_s, swap(partner))
         tables.setdefault(link, {})[flows] = points
         _said(say, rank, f"{link}, {flows} flow(s) per link", points)
     def directed(edge_sets, round_of, what: str) -> Dict[str, Dict[int, List[Tuple[float, float]]]]:
@@ -297,7 +291,7 @@ def calibrate(comm: Optional[MPI.Comm] = None, sizes: Sequence[int] = DEFAULT_SI
         for link, flows, edges in edge_sets:
             successor = next((b for a, b in edges if a == rank), None)
             predecessor = next((a for a, b in edges if b == rank), None)
-            points = timed_points(comm, sizes, repeats, max_round_s,
+            points = _points(comm, sizes, repeats, max_round_s,
                              round_of(successor, predecessor))
             measured.setdefault(link, {})[flows] = points
             _said(say, rank, what.format(link=link, flows=flows), points)
@@ -309,35 +303,13 @@ def calibrate(comm: Optional[MPI.Comm] = None, sizes: Sequence[int] = DEFAULT_SI
                       "one way on {link}, {flows} flow(s) per link")
     times = _allreduce_times(comm, hosts, racks, repeats, max_round_s, say)
     allgather, alltoall = _sparse_times(comm, repeats, max_round_s, say)
-    horovod_times = _horovod_times(comm, racks, repeats, max_round_s, say) if horovod \
-        else {}
     library = MPI.Get_library_version().strip().splitlines()[0]
     allreduce = "recursive_halving" if "MPICH" in library.upper() else "ring"
     source = (f"{comm.Get_size()} ranks on {len(set(hosts))} hosts in "
               f"{len(set(racks))} rack(s); {library}")
     return Calibration(tables=tables, allreduce=allreduce, source=source,
                        shift_tables=shifts, oneway_tables=oneway, allreduce_times=times,
-                       allgather_times=allgather, alltoall_times=alltoall,
-                       horovod_allreduce_times=horovod_times)
-
-
-def _horovod_times(comm: MPI.Comm, racks: Sequence[object], repeats: int,
-                   max_round_s: float, say: Optional[Callable[[str], None]]
-                   ) -> Dict[str, List[Tuple[float, float]]]:
-    """Module step 8, where every rank can import ``horovod.torch``; else ``{}``."""
-    try:
-        # Horovod has no numpy frontend: its allreduce is timed through its torch one.
-        from hvdx.torch.horovod_timing import horovod_allreduce_times
-        available = 1
-    except ImportError:
-        available = 0
-    flags = np.empty(comm.Get_size(), np.int64)
-    sparse.wait(comm.Iallgather(np.array([available], np.int64), flags))
-    if not flags.all():
-        if say is not None and comm.Get_rank() == 0:
-            say("Horovod's allreduce not timed: horovod.torch does not import on every rank")
-        return {}
-    return horovod_allreduce_times(comm, racks, repeats, max_round_s, say)
+                       allgather_times=allgather, alltoall_times=alltoall)
 
 
 def _sparse_times(comm: MPI.Comm, repeats: int, max_round_s: float,
@@ -358,7 +330,7 @@ def _sparse_times(comm: MPI.Comm, repeats: int, max_round_s: float,
 
     measured = []
     for name, round_of in (("allgather", allgather), ("alltoall", alltoall)):
-        points = timed_points(comm, SPARSE_SIZES, repeats, max_round_s, round_of)
+        points = _points(comm, SPARSE_SIZES, repeats, max_round_s, round_of)
         _said(say, comm.Get_rank(), f"hvdx's sparse {name}", points)
         measured.append(points)
     return measured[0], measured[1]
@@ -389,7 +361,7 @@ def _allreduce_times(comm: MPI.Comm, hosts: Sequence[int], racks: Sequence[objec
     for name, color in groups:
         sub = comm if color is None else comm.Split(color, rank)
         try:
-            times[name] = timed_points(comm, ALLREDUCE_SIZES, repeats, max_round_s,
+            times[name] = _points(comm, ALLREDUCE_SIZES, repeats, max_round_s,
                                   allreduce(sub))
         finally:
             if sub is not comm:
@@ -405,7 +377,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="rounds per size")
     args = parser.parse_args(argv)
     say = lambda s: print(s, flush=True)  # noqa: E731
-    calibration = calibrate(repeats=args.repeats, say=say, horovod=True)
+    calibration = calibrate(repeats=args.repeats, say=say)
     if MPI.COMM_WORLD.Get_rank() == 0:
         calibration.save(args.out)
         say(f"written: {args.out}")

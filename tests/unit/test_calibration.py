@@ -282,34 +282,6 @@ def test_the_sparse_collective_times_survive_a_save_and_are_checked(tmp_path):
         Calibration(tables=LINEAR, alltoall_times=[(1e3, 0.0)])
 
 
-def test_dssync_averages_inside_racks_as_horovods_allreduce_on_their_sets_was_timed():
-    timed = Calibration(tables=LINEAR, horovod_allreduce_times={"rack": [(0, 0.01),
-                                                                          (1e6, 0.11)]})
-    c = Cluster(racks=2, hosts_per_rack=2, nic_bps="1gbit", uplink_bps="100mbit",
-                calibration=timed)
-    w = Workload(conv_params=125_000, fc_params=0, compute_s=0.1)  # 0.5 MB of float32
-    p = predict("dssync", c, w, intra_phases=3)
-    inside = [ph for ph in p.phases if ph.name.startswith("intra-rack")]
-    # One phase, no separate negotiation: 0.01 + 0.1 * 0.5, on 3 of the period's 4 steps.
-    assert [(ph.seconds, ph.weight) for ph in inside] == [(pytest.approx(0.06), 0.75)]
-    assert not any("negotiation" in ph.name and ph.weight == 0.75 for ph in p.phases)
-    # Not timed: the MPI allreduce's rounds and Horovod's negotiation, as before.
-    plain = Cluster(racks=2, hosts_per_rack=2, nic_bps="1gbit", uplink_bps="100mbit",
-                    calibration=Calibration(tables=LINEAR))
-    names = [ph.name for ph in predict("dssync", plain, w, intra_phases=3).phases]
-    assert any("negotiation" in n for n in names) and not any("Horovod, measured" in n
-                                                               for n in names)
-
-
-def test_horovod_times_survive_a_save_and_name_their_group(tmp_path):
-    path = str(tmp_path / "cal.json")
-    Calibration(tables=LINEAR, horovod_allreduce_times={"rack": [(1e3, 0.004)]}).save(path)
-    assert Calibration.load(path).horovod_allreduce_s("rack", 10) == pytest.approx(0.004)
-    assert Calibration.load(path).horovod_allreduce_s("world", 10) is None
-    with pytest.raises(ValueError, match="horovod_allreduce_times\\['ring'\\]"):
-        Calibration(tables=LINEAR, horovod_allreduce_times={"ring": [(1e3, 0.002)]})
-
-
 # --- one-way rounds and the strategy's local step ---------------------------------------
 
 ONE_WAY = {"uplink": {1: [(0, 0.001), (1e6, 0.011)], 2: [(0, 0.001), (1e6, 0.021)]}}
@@ -435,7 +407,7 @@ def test_small_sizes_are_timed_in_three_times_as_many_batches(monkeypatch):
         return next(noisy)
 
     monkeypatch.setattr(calibrate, "_batch_s", batch_s)
-    points = calibrate.timed_points(None, [16 * 1024, 1 << 20], repeats=3, max_round_s=1.0,
+    points = calibrate._points(None, [16 * 1024, 1 << 20], repeats=3, max_round_s=1.0,
                                round_of=lambda nbytes: nbytes)
     assert batches == [(16 * 1024, 1)] + [(16 * 1024, 8)] * 9 + [(1 << 20, 1)] + \
         [(1 << 20, 2)] * 3
