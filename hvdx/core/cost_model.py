@@ -437,6 +437,14 @@ def _recursive_halving(name: str, groups: np.ndarray, nbytes: float,
     return traffic
 
 
+def _as_measured(traffic: _Traffic, seconds: Optional[float]) -> _Traffic:
+    """``traffic`` priced at the ``seconds`` a calibration timed for that very
+    collective (its flows then only count its bytes); as it was if ``None``."""
+    if seconds is None:
+        return traffic
+    return traffic._replace(name=traffic.name + " (measured)", measured_s=seconds)
+
+
 def _allreduces(name: str, groups: np.ndarray, nbytes: float, c: "Cluster",
                 weight: float = 1.0) -> List[_Traffic]:
     """The allreduce in every row as the cluster's MPI library runs it: MPICH's
@@ -447,8 +455,8 @@ def _allreduces(name: str, groups: np.ndarray, nbytes: float, c: "Cluster",
         measured = cal.allreduce_s(_group_kind(groups, c), nbytes) if groups.shape[1] > 1 \
             else None
         if measured is not None:
-            ring = _allreduce(name.replace("ring ", "") + " (measured)", groups, nbytes, weight)
-            return [ring._replace(measured_s=measured)]
+            return [_as_measured(_allreduce(name.replace("ring ", ""), groups, nbytes,
+                                            weight), measured)]
         if cal.allreduce == "recursive_halving":
             return _recursive_halving(name.replace("ring ", ""), groups, nbytes, weight)
     return [_allreduce(name, groups, nbytes, weight)]
@@ -641,18 +649,14 @@ def _topk(c: Cluster, w: Workload, ratio: float = 0.01, downlink_ratio: Optional
         raise ValueError(f"mode={mode!r} must be 'gathered' or 'sharded'")
     n, pair = c.ranks, _INDEX_BYTES + w.bytes_per_element
     k_up = math.ceil(ratio * w.params) * pair
-    cal = c.calibration
-
-    def timed(traffic: _Traffic, seconds: Optional[float]) -> _Traffic:
-        # hvdx's collective as the calibration timed it (hvdx.core.calibration, step 7).
-        if seconds is None or n == 1:
-            return traffic
-        return traffic._replace(name=traffic.name + " (measured)", measured_s=seconds)
+    # hvdx's collectives as the calibration timed them (hvdx.core.calibration, step 7);
+    # one rank has nothing to send.
+    cal = c.calibration if n > 1 else None
 
     if mode == "gathered":
         # Ring allgather: each rank forwards the other n-1 ranks' k pairs.
         gather = _rings(np.arange(n)[None, :], (n - 1) * k_up)
-        return _Plan(f"topk gathered {ratio:g}", [timed(
+        return _Plan(f"topk gathered {ratio:g}", [_as_measured(
             _Traffic("allgather of top-k pairs", gather, n - 1),
             cal and cal.allgather_s(k_up))])
     down = _fraction("downlink_ratio", ratio if downlink_ratio is None else downlink_ratio,
@@ -662,10 +666,10 @@ def _topk(c: Cluster, w: Workload, ratio: float = 0.01, downlink_ratio: Optional
     scatter = [_shift(n, d, k_up / n) for d in range(1, n)]
     gather = _rings(np.arange(n)[None, :], (n - 1) / n * k_down)
     return _Plan(f"topk sharded {ratio:g}/{down:g}", [
-        timed(_Traffic("alltoall of top-k pairs to shard owners", scatter, n - 1,
-                       repeated=False), cal and cal.alltoall_s(k_up)),
-        timed(_Traffic("allgather of downlink top-k shards", gather, n - 1),
-              cal and cal.allgather_s(k_down / n))])
+        _as_measured(_Traffic("alltoall of top-k pairs to shard owners", scatter, n - 1,
+                              repeated=False), cal and cal.alltoall_s(k_up)),
+        _as_measured(_Traffic("allgather of downlink top-k shards", gather, n - 1),
+                     cal and cal.allgather_s(k_down / n))])
 
 
 def _dssync(c: Cluster, w: Workload, intra_phases: int = 1,

@@ -328,12 +328,12 @@ def _sparse_times(comm: MPI.Comm, repeats: int, max_round_s: float,
         piece = (np.arange(pairs, dtype=np.int64), np.ones(pairs, np.float32))
         return lambda: sparse.alltoallv_pairs(comm, [piece] * size)
 
-    measured = []
-    for name, round_of in (("allgather", allgather), ("alltoall", alltoall)):
+    def timed(name: str, round_of) -> List[Tuple[float, float]]:
         points = _points(comm, SPARSE_SIZES, repeats, max_round_s, round_of)
         _said(say, comm.Get_rank(), f"hvdx's sparse {name}", points)
-        measured.append(points)
-    return measured[0], measured[1]
+        return points
+
+    return timed("allgather", allgather), timed("alltoall", alltoall)
 
 
 def _allreduce_times(comm: MPI.Comm, hosts: Sequence[int], racks: Sequence[object],

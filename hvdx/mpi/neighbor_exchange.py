@@ -167,6 +167,8 @@ class NeighborExchange:
         # for the other to finish (MPICH over UCX's TCP transport).
         sends = [self.comm.Isend(send_spec, dest=dest, tag=self.tag)
                  for dest in destinations]
+        # Held receives first all the same: _release pairs the first statuses with the
+        # sources.
         requests = [self.comm.Irecv(receive[k], source=source, tag=self.tag)
                     for k, source in enumerate(sources)] + sends
 
