@@ -213,6 +213,27 @@ def test_a_timed_allreduce_on_the_same_groups_replaces_the_sum_of_rounds():
     assert [ph.seconds for ph in crossing] == pytest.approx([0.074, 0.074])
 
 
+def test_an_op_on_smaller_process_sets_also_pays_horovods_cycle_over_all_ranks():
+    timed = Calibration(tables=LINEAR, allreduce_times={
+        "world": [(1e3, 0.005), (8e6, 0.805)], "rack": [(1e3, 0.001), (8e6, 0.081)],
+        "cross": [(1e3, 0.002), (8e6, 0.402)]})
+    c = Cluster(racks=2, hosts_per_rack=2, nic_bps="1gbit", uplink_bps="100mbit",
+                calibration=timed)
+    w = Workload(conv_params=2_000_000, fc_params=0, compute_s=0.1)  # 8 MB
+    # A period of two steps: the racks average, then the crossing pairs. Each step's op
+    # is negotiated in its sets (8 bytes, below the smallest size: rack 1 ms, cross 2 ms)
+    # and, in each background cycle, twice over all ranks (world: 5 ms each).
+    p = predict("dssync", c, w, intra_phases=1)
+    negotiation = sum(ph.weight * ph.seconds for ph in p.phases if "Horovod" in ph.name)
+    assert negotiation == pytest.approx(0.5 * 0.001 + 0.5 * 0.002 + 2 * 0.005)
+    assert p.comm_s == pytest.approx(negotiation + 0.5 * 0.081 + 0.5 * 0.402)
+    # One rack: DS-Sync's group is everyone, Horovod's global set: Horovod's own step.
+    flat = Cluster(racks=1, hosts_per_rack=4, nic_bps="1gbit", uplink_bps="1gbit",
+                   calibration=timed)
+    assert predict("dssync", flat, w).comm_s == pytest.approx(0.005 + 0.805)
+    assert predict("horovod", flat, w).comm_s == pytest.approx(0.005 + 0.805)
+
+
 def test_timed_allreduces_round_trip_and_bad_groups_are_refused(tmp_path):
     timed = Calibration(tables=LINEAR, allreduce_times={"cross": [(1e3, 0.002)]})
     path = str(tmp_path / "c.json")
