@@ -620,18 +620,17 @@ def _set_negotiation(groups: np.ndarray, c: Cluster) -> List[_Traffic]:
     (``ProcessSetTable::InitializeRegisteredAndRemoveMarkedIfReady``: an allgather of
     two ints over all ranks, ``horovod/common/process_set.cc``) and coordinates the
     global set, whose controller negotiates every cycle like any set's. Both are a
-    few bytes over all ranks, priced as the negotiation is, once per op (one cycle). On the emulated 2 x 2
-    cluster a 4-byte grouped allreduce on two-rank rack sets took 16-30 ms (medians of
-    four series of 14) where the calibrations timed MPI's 1 KiB allreduce on the same
-    ranks at 0.2-8 ms."""
+    few bytes over all ranks, priced as the negotiation is, once per op (one cycle).
+    On the emulated 2 x 2 cluster a 4-byte grouped allreduce on two-rank rack sets
+    took 16-30 ms (medians of four series of 14) where the calibrations timed MPI's
+    1 KiB allreduce on the same ranks at 0.2-8 ms."""
     if c.calibration is None or groups.shape[1] == c.ranks:
         return _negotiation(groups, c)
     everyone = np.arange(c.ranks)[None, :]
-    cycle = [t._replace(name=t.name.replace("Horovod negotiation", what))
-             for what in ("Horovod cycle: process-set table agreement (all ranks)",
-                          "Horovod cycle: global set's negotiation (all ranks)")
-             for t in _negotiation(everyone, c)]
-    return _negotiation(groups, c) + cycle
+    return _negotiation(groups, c) + [
+        t for what in ("Horovod cycle: process-set table agreement (all ranks)",
+                       "Horovod cycle: global set's negotiation (all ranks)")
+        for t in _allreduces(what, everyone, HOROVOD_NEGOTIATION_BYTES, c)]
 
 
 def _horovod(c: Cluster, w: Workload) -> _Plan:
