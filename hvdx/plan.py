@@ -438,7 +438,7 @@ def _run_calibration(path: str) -> int:
     """``--calibrate FILE``: every rank of the MPI job measures; rank 0 writes FILE."""
     from mpi4py import MPI
 
-    from hvdx.mpi.calibrate import calibrate
+    from hvdx.mpi.calibrate import calibrate, with_set_averages
 
     world = MPI.COMM_WORLD
     say = (lambda s: print(s, flush=True)) if world.Get_rank() == 0 else None  # noqa: E731
@@ -448,7 +448,7 @@ def _run_calibration(path: str) -> int:
                 "MPI job over the cluster's hosts, e.g. mpirun -n 4 -ppn 1 hvdx plan "
                 f"--calibrate {path}")
         return 2
-    calibration = calibrate(say=say)
+    calibration = with_set_averages(calibrate(say=say), say=say)
     if say:
         calibration.save(path)
         say(f"written: {path} ({calibration.source}); use it with hvdx plan --calibration "

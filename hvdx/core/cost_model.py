@@ -633,6 +633,24 @@ def _set_negotiation(groups: np.ndarray, c: Cluster) -> List[_Traffic]:
         for t in _allreduces(what, everyone, HOROVOD_NEGOTIATION_BYTES, c)]
 
 
+def _set_averages(name: str, groups: np.ndarray, nbytes: float, c: Cluster,
+                  weight: float) -> List[_Traffic]:
+    """DS-Sync's average of ``nbytes`` on the process sets of ``groups`` (every row at
+    once): as the calibration timed that very op through Horovod where it did
+    (:class:`~hvdx.core.calibration.Calibration` step 8: the negotiation and the
+    background cycles are in the time), else MPI's allreduce (:func:`_allreduces`)
+    plus the small collectives Horovod adds for an op on process sets
+    (:func:`_set_negotiation`)."""
+    cal, kind = c.calibration, _group_kind(groups, c)
+    measured = cal.set_allreduce_s(kind, nbytes) \
+        if cal is not None and kind is not None and groups.shape[1] > 1 else None
+    if measured is not None:
+        return [_as_measured(_allreduce(name + " through Horovod", groups, nbytes, weight),
+                             measured)]
+    return [t._replace(weight=weight) for t in _set_negotiation(groups, c)] + \
+        _allreduces(name, groups, nbytes, c, weight)
+
+
 def _horovod(c: Cluster, w: Workload) -> _Plan:
     """Horovod's flat ring allreduce over all ranks (Patarasuk & Yuan 2009)."""
     everyone = np.arange(c.ranks)[None, :]
@@ -700,7 +718,7 @@ def _dssync(c: Cluster, w: Workload, intra_phases: int = 1,
     1. ``intra_phases`` steps: every rack averages the full model in a ring of W ranks;
     2. one step: groups of one rank per rack average it (``cross_ranks`` groups at once);
     3. each step's average is an op on Horovod process sets, negotiated in the set and
-       in every background cycle over all ranks (:func:`_set_negotiation`);
+       in every background cycle over all ranks (:func:`_set_averages`);
     4. the period's time is spread evenly over its steps.
     """
     grid, width = _grid(c), c.ranks_per_rack
@@ -713,12 +731,10 @@ def _dssync(c: Cluster, w: Workload, intra_phases: int = 1,
     # Crossing ranks are spread over hosts (first local rank of each host, then second).
     order = sorted(range(width), key=lambda j: (j % c.ranks_per_host, j // c.ranks_per_host))
     crossing_groups = grid[:, order[:cross]].T
-    traffic = [t._replace(weight=intra / period) for t in _set_negotiation(grid, c)] + \
-        [t._replace(weight=crossing / period)
-         for t in _set_negotiation(crossing_groups, c)] + \
-        _allreduces("intra-rack group allreduce", grid, w.model_bytes, c, intra / period) + \
-        _allreduces("cross-rack group allreduce", crossing_groups, w.model_bytes, c,
-                    crossing / period)
+    traffic = _set_averages("intra-rack group allreduce", grid, w.model_bytes, c,
+                            intra / period) + \
+        _set_averages("cross-rack group allreduce", crossing_groups, w.model_bytes, c,
+                      crossing / period)
     return _Plan(f"dssync intra={intra_phases} cross={cross}", [t for t in traffic if t.weight > 0])
 
 

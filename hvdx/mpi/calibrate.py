@@ -43,7 +43,16 @@ pairs whose traffic shares one link. Collective over ``comm``:
    in step 3 for the sizes of :data:`SPARSE_SIZES` per rank (an alltoall's pieces are
    equal, one per rank);
 8. every rank returns the same :class:`~hvdx.core.calibration.Calibration`; the
-   allreduce algorithm is MPICH's recursive halving when the library is MPICH.
+   allreduce algorithm is MPICH's recursive halving when the library is MPICH;
+9. where Horovod for PyTorch is installed (:func:`with_set_averages`, which the job
+   runs after step 8), the average DS-Sync runs, Horovod's grouped allreduce on
+   process sets with dynamic registration, timed as in step 3 for the sizes of
+   :data:`SET_ALLREDUCE_SIZES` on the group DS-Sync averages in most steps: each
+   rack's set, every rack at once, with the crossing sets registered too (the table
+   Horovod agrees on every cycle is DS-Sync's); on one rack, everyone (Horovod's
+   global set). DS-Sync's crossing average is left to step 6: its time is the
+   uplink's, which MPI's allreduce measures as well, and timing it again through a
+   slow uplink would add a minute.
 
 Run it as ``mpirun -n N hvdx plan --calibrate FILE``; ``hvdx bench`` runs it on its
 emulated cluster before the workloads (``python -m hvdx.mpi.calibrate --out FILE``).
@@ -52,6 +61,7 @@ emulated cluster before the workloads (``python -m hvdx.mpi.calibrate --out FILE
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -63,7 +73,8 @@ from hvdx.core.calibration import Calibration
 from hvdx.mpi import sparse
 from hvdx.mpi.topology import host_labels, rack_labels
 
-__all__ = ["DEFAULT_SIZES", "SPARSE_SIZES", "calibrate", "oneway_sets", "pair_sets", "shift_sets"]
+__all__ = ["DEFAULT_SIZES", "SET_ALLREDUCE_SIZES", "SPARSE_SIZES", "calibrate", "oneway_sets",
+           "pair_sets", "set_allreduce_times", "shift_sets", "with_set_averages"]
 
 #: Bytes per flow of the measured rounds: from a latency-bound message to a model.
 DEFAULT_SIZES = (1024, 16 * 1024, 128 * 1024, 1 << 20, 4 << 20, 8 << 20)
@@ -72,6 +83,9 @@ ALLREDUCE_SIZES = (1024, 64 * 1024, 1 << 20, 4 << 20, 8 << 20)
 #: Bytes per rank of the timed sparse collectives (module step 7): TopK's pairs, from a
 #: small model's to a 1% selection of 25M parameters at 8 bytes a pair.
 SPARSE_SIZES = (1024, 16 * 1024, 128 * 1024, 1 << 20, 2 << 20)
+#: Bytes per rank of the timed Horovod averages (module step 9): a negotiation's worth,
+#: then models around what DS-Sync averages.
+SET_ALLREDUCE_SIZES = (1024, 1 << 20, 4 << 20, 8 << 20)
 _TAG = 7401
 
 Pairs = List[Tuple[int, int]]
@@ -370,6 +384,85 @@ def _allreduce_times(comm: MPI.Comm, hosts: Sequence[int], racks: Sequence[objec
     return times
 
 
+def set_allreduce_times(comm: MPI.Comm, racks: Sequence[object], horovod,
+                        ones: Callable[[int], object], repeats: int = 3,
+                        max_round_s: float = 1.0, sizes: Sequence[int] = SET_ALLREDUCE_SIZES,
+                        say: Optional[Callable[[str], None]] = None
+                        ) -> Dict[str, List[Tuple[float, float]]]:
+    """Module step 9 (collective): ``{group: [(bytes per rank, seconds)]}``.
+
+    Args:
+        comm: the ranks, the same as Horovod's.
+        racks: every rank's rack label, in rank order.
+        horovod: the initialised Horovod module (``horovod.torch``); with several
+            racks it must accept ``add_process_set`` (``hvd.init(process_sets="dynamic")``).
+        ones: ``nbytes -> tensor`` of that many bytes of float32, the framework's.
+
+    Sets it had to add are removed again; sets already registered are used as found.
+    """
+    from hvdx.mpi.dssync_groups import dynamic_process_sets, registered_sets
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    members = _rack_members(racks)
+    widths = {len(m) for m in members.values()}
+    if len(members) == 1:
+        name, groups = "world", []
+    elif min(widths) > 1 and len(widths) == 1:
+        name = "rack"
+        rows = [tuple(m) for m in members.values()]
+        groups = rows + [tuple(col) for col in zip(*rows)]  # the racks, then the crossings
+    else:
+        return {}  # racks of unequal widths: no group the cost model names
+    if groups and not dynamic_process_sets():
+        raise ValueError("timing Horovod's averages on process sets needs "
+                         "hvd.init(process_sets=\"dynamic\")")
+    found = registered_sets(horovod) if groups else {}
+    added = [horovod.add_process_set(list(g)) for g in groups if g not in found]
+    sets = {**found, **{tuple(ps.ranks): ps for ps in added}}
+    mine = next((sets[g] for g in groups[:len(members)] if rank in g),
+                horovod.global_process_set)
+    average = getattr(horovod, "grouped_allreduce_", None) or horovod.grouped_allreduce
+
+    def round_of(nbytes: int) -> Callable[[], None]:
+        tensor = ones(nbytes)
+        return lambda: average([tensor], op=horovod.Average, process_set=mine)
+
+    try:
+        points = _points(comm, sizes, repeats, max_round_s, round_of)
+    finally:
+        for ps in added:
+            horovod.remove_process_set(ps)
+    _said(say, rank, f"Horovod's average on {name} process sets ({size} ranks)", points)
+    return {name: points}
+
+
+def with_set_averages(calibration: Calibration, comm: Optional[MPI.Comm] = None,
+                      say: Optional[Callable[[str], None]] = None) -> Calibration:
+    """``calibration`` with module step 9 added, where Horovod for PyTorch is installed
+    (else as it was, and said): Horovod is initialised for it (with dynamic process
+    sets) and shut down again, unless it was running already."""
+    comm = MPI.COMM_WORLD if comm is None else comm
+    try:
+        import torch
+        import horovod.torch as hvd
+    except ImportError as error:
+        if say is not None and comm.Get_rank() == 0:
+            say(f"Horovod's averages on process sets not timed ({error}): DS-Sync is "
+                "priced from MPI's allreduce")
+        return calibration
+    started = not hvd.is_initialized()
+    if started:
+        hvd.init(comm=comm, process_sets="dynamic")
+    try:
+        times = set_allreduce_times(
+            comm, rack_labels(comm) or ["one rack"] * comm.Get_size(), hvd,
+            lambda nbytes: torch.ones(max(1, nbytes // 4), dtype=torch.float32), say=say)
+    finally:
+        if started:
+            hvd.shutdown()
+    return dataclasses.replace(calibration, set_allreduce_times=times)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m hvdx.mpi.calibrate --out FILE``: calibrate and write FILE (rank 0)."""
     parser = argparse.ArgumentParser(prog="python -m hvdx.mpi.calibrate")
@@ -377,7 +470,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="rounds per size")
     args = parser.parse_args(argv)
     say = lambda s: print(s, flush=True)  # noqa: E731
-    calibration = calibrate(repeats=args.repeats, say=say)
+    calibration = with_set_averages(calibrate(repeats=args.repeats, say=say), say=say)
     if MPI.COMM_WORLD.Get_rank() == 0:
         calibration.save(args.out)
         say(f"written: {args.out}")

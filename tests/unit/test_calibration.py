@@ -234,6 +234,45 @@ def test_an_op_on_smaller_process_sets_also_pays_horovods_cycle_over_all_ranks()
     assert predict("horovod", flat, w).comm_s == pytest.approx(0.005 + 0.805)
 
 
+def test_dssyncs_averages_are_priced_as_horovod_timed_them_on_its_sets():
+    # Horovod's average on the rack sets timed at 30 ms + 15 ms per MB (negotiation and
+    # background cycles inside); MPI's allreduce on the same ranks at 81 ms for 8 MB.
+    timed = Calibration(tables=LINEAR, allreduce_times={
+        "world": [(1e3, 0.005), (8e6, 0.805)], "rack": [(1e3, 0.001), (8e6, 0.081)],
+        "cross": [(1e3, 0.002), (8e6, 0.402)]},
+        set_allreduce_times={"rack": [(0, 0.030), (8e6, 0.150)]})
+    c = Cluster(racks=2, hosts_per_rack=2, nic_bps="1gbit", uplink_bps="100mbit",
+                calibration=timed)
+    w = Workload(conv_params=2_000_000, fc_params=0, compute_s=0.1)  # 8 MB
+    p = predict("dssync", c, w, intra_phases=1)
+    # The intra-rack step is the timed average alone (150 ms); the crossing step, whose
+    # sets were not timed through Horovod, is MPI's allreduce (402 ms) plus its set's
+    # negotiation (2 ms) and two collectives over all ranks (5 ms each).
+    intra = [ph for ph in p.phases if ph.name.startswith("intra-rack")]
+    assert [(ph.bottleneck, ph.seconds) for ph in intra] == [("measured", pytest.approx(0.150))]
+    assert p.comm_s == pytest.approx(0.5 * 0.150 + 0.5 * (0.402 + 0.002 + 2 * 0.005))
+    # Horovod's own step is not on process sets: still MPI's allreduce and negotiation.
+    assert predict("horovod", c, w).comm_s == pytest.approx(0.005 + 0.805)
+    # One rack: DS-Sync's group is everyone, timed through Horovod as "world".
+    flat = Cluster(racks=1, hosts_per_rack=4, nic_bps="1gbit", uplink_bps="1gbit",
+                   calibration=Calibration(tables=LINEAR, allreduce_times={
+                       "world": [(1e3, 0.005), (8e6, 0.805)]},
+                       set_allreduce_times={"world": [(0, 0.100), (8e6, 0.900)]}))
+    assert predict("dssync", flat, w).comm_s == pytest.approx(0.900)
+    assert predict("horovod", flat, w).comm_s == pytest.approx(0.005 + 0.805)
+
+
+def test_horovods_set_averages_round_trip_and_bad_groups_are_refused(tmp_path):
+    timed = Calibration(tables=LINEAR, set_allreduce_times={"rack": [(1e3, 0.03)]})
+    path = str(tmp_path / "c.json")
+    timed.save(path)
+    assert Calibration.load(path).set_allreduce_s("rack", 10) == pytest.approx(0.03)
+    assert Calibration.load(path).set_allreduce_s("world", 10) is None
+    assert Calibration(tables=LINEAR).set_allreduce_times == {}
+    with pytest.raises(ValueError, match="set_allreduce_times\\['tree'\\]"):
+        Calibration(tables=LINEAR, set_allreduce_times={"tree": [(1e3, 0.002)]})
+
+
 def test_timed_allreduces_round_trip_and_bad_groups_are_refused(tmp_path):
     timed = Calibration(tables=LINEAR, allreduce_times={"cross": [(1e3, 0.002)]})
     path = str(tmp_path / "c.json")
