@@ -100,7 +100,7 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the measurement the parsed flags ask for; 0 on success."""
-    from hvdx.bench.harness import check_placements, render_table, run_bench
+    from hvdx.bench.harness import check_placements, fastest_lines, render_table, run_bench
     from hvdx.cluster import ClusterSpec
 
     say = lambda s: print(s, flush=True)  # noqa: E731
@@ -145,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
                      floor=not args.no_floor, calibrate=not args.no_calibrate)
     print()
     print(render_table(rows))
+    for line in fastest_lines(rows):
+        print(line)
     print(f"\nwritten: {args.out}/results.json, results.csv, results.png")
     return 0
 

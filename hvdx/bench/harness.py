@@ -34,8 +34,8 @@ import numpy as np
 from hvdx.bench.strategies import STRATEGIES
 from hvdx.bench.workloads import WORKLOADS
 
-__all__ = ["Summary", "mean_step", "placement_hosts", "run_bench", "summarize",
-           "render_table"]
+__all__ = ["Summary", "fastest_lines", "mean_step", "placement_hosts", "render_table",
+           "run_bench", "summarize"]
 
 #: The strategy with no communication at all (:data:`hvdx.bench.strategies.STRATEGIES`).
 FLOOR = "floor"
@@ -88,6 +88,9 @@ class Summary:
     #: The mean step after the first :data:`WARMUP_STEPS`, over whole periods of the
     #: strategy's schedule (:func:`mean_step`): what the plan predicts.
     mean_step_s: Optional[float] = None
+    #: Ranks that train on a batch each step (Stanza: its conv workers), from the plan:
+    #: strategies are ranked by step time per batch, as ``hvdx plan`` ranks them.
+    data_ranks: Optional[int] = None
 
     @property
     def prediction_error(self) -> Optional[float]:
@@ -193,6 +196,7 @@ def _add_predictions(rows: List[Summary], raw: List[Dict], spec,
             row.predicted_step_s = predict(model_name, Cluster(**layout, calibration=calibration),
                                            workload, result.get("local_step_s"),
                                            **options).step_s
+        row.data_ranks = predict(model_name, cluster, workload, **options).data_ranks
 
 
 def _add_speedups(rows: List[Summary]) -> None:
@@ -538,6 +542,29 @@ def _write(rows: List[Summary], raw: List[Dict], out_dir: str) -> None:
     from hvdx.bench.plot import plot
 
     plot(raw, rows, os.path.join(out_dir, "results.png"))
+
+
+def fastest_lines(rows: List[Summary]) -> List[str]:
+    """Per workload and placement, the strategy that trained a batch fastest (mean step
+    over its data ranks, as :attr:`Summary.prediction_error` measures) and the one the
+    plan ranks first: the verdict ``hvdx plan`` would have given, checked."""
+    lines = []
+    for key in dict.fromkeys((r.workload, r.placement) for r in rows):
+        priced = [r for r in rows if (r.workload, r.placement) == key and r.data_ranks
+                  and r.predicted_step_s and (r.mean_step_s or r.median_step_s)]
+        if len(priced) < 2:
+            continue
+        measured = {r.strategy: (r.mean_step_s or r.median_step_s) / r.data_ranks
+                    for r in priced}
+        planned = {r.strategy: r.predicted_step_s / r.data_ranks for r in priced}
+        best, named = min(measured, key=measured.get), min(planned, key=planned.get)
+        where = key[0] + (f" ({key[1]} placement)" if key[1] not in (None, "blocked") else "")
+        verdict = "the plan names it" if named == best else (
+            f"the plan names {named} ({planned[named] * 1e3:.1f} ms), which took "
+            f"{measured[named] / measured[best] - 1:.0%} longer")
+        lines.append(f"{where}: fastest per batch {best} ({measured[best] * 1e3:.1f} ms "
+                     f"measured, {planned[best] * 1e3:.1f} planned); {verdict}")
+    return lines
 
 
 def _fmt(value, spec, none="-"):

@@ -94,3 +94,26 @@ def test_the_runner_records_the_rotations_and_the_graphs_period():
     assert period(graph("one-peer-exp", 8, mix_every=2)) == 6
     assert period(graph("static-exp", 8)) == 1
     assert STRATEGIES["horovod"].period_of is None and STRATEGIES["topk"].period_of is None
+
+
+def priced(strategy, mean_s, plan_s, data_ranks=4):
+    row = summarize(result(strategy, mean_s, CURVE), 0.9, "net")
+    row.predicted_step_s, row.data_ranks = plan_s, data_ranks
+    return row
+
+
+def test_the_verdict_ranks_by_time_per_batch_and_says_when_the_plan_named_another():
+    from hvdx.bench.harness import fastest_lines
+
+    # Stanza trains 3 batches a step: 90 ms is 30 ms a batch, slower than b's 100 / 4.
+    rows = [priced("horovod", 1.0, 1.1), priced("b", 0.100, 0.110),
+            priced("stanza", 0.090, 0.090, data_ranks=3)]
+    assert fastest_lines(rows) == [
+        "w: fastest per batch b (25.0 ms measured, 27.5 planned); the plan names it"]
+    # The plan prices stanza at 60 ms (20 ms a batch): it names stanza, 20% slower.
+    rows[2].predicted_step_s = 0.060
+    assert fastest_lines(rows) == [
+        "w: fastest per batch b (25.0 ms measured, 27.5 planned); the plan names stanza "
+        "(20.0 ms), which took 20% longer"]
+    # Nothing priced (localhost): no verdict.
+    assert fastest_lines([summarize(result("b", 0.1, CURVE), 0.9, "net")]) == []
