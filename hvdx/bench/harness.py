@@ -188,15 +188,16 @@ def _add_predictions(rows: List[Summary], raw: List[Dict], spec,
                             **(result.get("stanza") or {}))
         # What the run used (a DS-Sync rotation picks its parameters from the link rates).
         options = result.get("cost_options", STRATEGIES[row.strategy].cost_options)
-        row.uncalibrated_step_s = predict(model_name, cluster, workload, **options).step_s
+        uncalibrated = predict(model_name, cluster, workload, **options)
+        row.uncalibrated_step_s = uncalibrated.step_s
         row.predicted_step_s = row.uncalibrated_step_s
+        row.data_ranks = uncalibrated.data_ranks
         if calibration is not None:
             if row.workload in floors:
                 workload = dataclasses.replace(workload, compute_s=floors[row.workload])
             row.predicted_step_s = predict(model_name, Cluster(**layout, calibration=calibration),
                                            workload, result.get("local_step_s"),
                                            **options).step_s
-        row.data_ranks = predict(model_name, cluster, workload, **options).data_ranks
 
 
 def _add_speedups(rows: List[Summary]) -> None:
