@@ -59,7 +59,15 @@ instead, and the cost model prices every phase from it:
    included, in place of MPI's allreduce plus the small collectives it adds for them:
    on the emulated 2x2 cluster a 5.5 MB average on the rack sets took 115-194 ms where
    MPI's allreduce on the same ranks took 82-86 (4 ranks sharing 2 cores: Horovod's
-   machinery, not the wire).
+   machinery, not the wire);
+9. ``sharded_topk_times``: sharded TopK's two collectives as its step runs them, once
+   each after compute rather than back to back: the alltoall of the uplink pairs, then
+   the allgather of the downlink shards, whose bytes per rank are the uplink's times
+   ``m / n`` for a downlink ``m`` times as dense as the uplink, for each timed ``m``.
+   The cost model takes it for sharded TopK where ``m`` lies within the timed ones
+   (linear between two), in place of step 7's two times added: through a 20 Mbit
+   uplink, 110 KB up then 55 KB down a rank took 188-201 ms where step 7's times add
+   to 162, and 110 KB up alone 55-59 ms where back to back it averaged 80.
 
 Pure numpy and standard library; saved and loaded as JSON.
 """
@@ -126,6 +134,9 @@ class Calibration:
     #: group -> ``[(bytes per rank, seconds)]`` of Horovod's average on process sets
     #: (module step 8); empty: Horovod was not timed.
     set_allreduce_times: Mapping[str, List[Tuple[float, float]]] = field(default_factory=dict)
+    #: downlink multiple ``m`` -> ``[(uplink bytes per rank, seconds)]`` of sharded
+    #: TopK's alltoall then allgather (module step 9); empty: not timed.
+    sharded_topk_times: Mapping[float, List[Tuple[float, float]]] = field(default_factory=dict)
     #: Not compared: two calibrations are equal if they measured the same.
     notes: Tuple[str, ...] = field(default=(), compare=False)
 
@@ -150,6 +161,14 @@ class Calibration:
         for name in ("allgather_times", "alltoall_times"):
             points = getattr(self, name)
             object.__setattr__(self, name, _points(name, points) if points else [])
+        sharded = {}
+        for multiple, points in dict(self.sharded_topk_times).items():
+            if isinstance(multiple, bool) or not isinstance(multiple, (int, float)) or \
+                    not 0 < multiple < math.inf:
+                raise ValueError(f"sharded_topk_times[{multiple!r}]: a key is how many "
+                                 "times as dense the downlink is as the uplink, a number > 0")
+            sharded[float(multiple)] = _points(f"sharded_topk_times[{multiple!r}]", points)
+        object.__setattr__(self, "sharded_topk_times", dict(sorted(sharded.items())))
 
     @staticmethod
     def _checked(name: str, tables: Mapping[str, Table]) -> Dict[str, Table]:
@@ -228,6 +247,24 @@ class Calibration:
         ranks (module step 7), or ``None`` if it was not timed."""
         return _interpolate(self.alltoall_times, nbytes) if self.alltoall_times else None
 
+    def sharded_topk_s(self, up_bytes: float, multiple: float) -> Optional[float]:
+        """Seconds of sharded TopK's alltoall of ``up_bytes`` per rank, then its allgather
+        of a downlink ``multiple`` times as dense (module step 9): interpolated in bytes,
+        then linearly between the two timed multiples around ``multiple``; ``None``
+        outside the timed multiples."""
+        timed = sorted(self.sharded_topk_times)
+        if not timed or not timed[0] - 1e-9 <= multiple <= timed[-1] + 1e-9:
+            return None
+        if len(timed) == 1:
+            return _interpolate(self.sharded_topk_times[timed[0]], up_bytes)
+        for low, high in zip(timed, timed[1:]):
+            if multiple <= high + 1e-9:
+                t_low = _interpolate(self.sharded_topk_times[low], up_bytes)
+                t_high = _interpolate(self.sharded_topk_times[high], up_bytes)
+                share = min(1.0, max(0.0, (multiple - low) / (high - low)))
+                return t_low + (t_high - t_low) * share
+        return None  # unreachable: multiple <= timed[-1]
+
     def latency_s(self, link: str) -> float:
         """The smallest measured round on ``link`` (one flow): its start-up cost."""
         table = self.tables[link]
@@ -243,6 +280,8 @@ class Calibration:
                 "alltoall_times": [list(p) for p in self.alltoall_times],
                 "set_allreduce_times": {g: [list(p) for p in pts]
                                         for g, pts in self.set_allreduce_times.items()},
+                "sharded_topk_times": {repr(m): [list(p) for p in pts]
+                                       for m, pts in self.sharded_topk_times.items()},
                 "tables": _plain(self.tables), "shift_tables": _plain(self.shift_tables),
                 "oneway_tables": _plain(self.oneway_tables)}
 
@@ -267,7 +306,9 @@ class Calibration:
                    allgather_times=[tuple(p) for p in data.get("allgather_times") or ()],
                    alltoall_times=[tuple(p) for p in data.get("alltoall_times") or ()],
                    set_allreduce_times={g: [tuple(p) for p in pts] for g, pts in
-                                        dict(data.get("set_allreduce_times") or {}).items()})
+                                        dict(data.get("set_allreduce_times") or {}).items()},
+                   sharded_topk_times={_multiple(m): [tuple(p) for p in pts] for m, pts in
+                                       dict(data.get("sharded_topk_times") or {}).items()})
 
     def save(self, path: str) -> None:
         """Writes :meth:`to_dict` as JSON, atomically (a reader never sees half)."""
@@ -297,6 +338,15 @@ def _points(where: str, points) -> List[Tuple[float, float]]:
         raise ValueError(f"{where} must hold (bytes >= 0, seconds > 0) pairs, not "
                          f"{points!r}")
     return points
+
+
+def _multiple(key: object) -> object:
+    """A ``sharded_topk_times`` key as JSON wrote it (a string), as a number; one that
+    is not a number is left for the check in :class:`Calibration`."""
+    try:
+        return float(key)
+    except (TypeError, ValueError):
+        return key
 
 
 def _plain(tables: Mapping[str, Table]) -> Dict[str, Dict[str, List[List[float]]]]:

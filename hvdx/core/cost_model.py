@@ -681,7 +681,9 @@ def _topk(c: Cluster, w: Workload, ratio: float = 0.01, downlink_ratio: Optional
     (and applies its downlink TopK locally, which costs no bytes).
     sharded: 1. alltoall: the pairs of shard s go to rank s; 2. rank s sums its shard and
     keeps the top ``k_down / n``; 3. allgather of those downlink shards.
-    A calibration that timed hvdx's allgather and alltoall prices them as timed.
+    A calibration that timed hvdx's allgather and alltoall prices them as timed; one that
+    timed sharded TopK's two collectives one after the other, as its step runs them
+    (:class:`~hvdx.core.calibration.Calibration` step 9), prices 1 and 3 together so.
     """
     ratio = _fraction("ratio", ratio, low_open=True)
     if mode not in ("gathered", "sharded"):
@@ -704,6 +706,12 @@ def _topk(c: Cluster, w: Workload, ratio: float = 0.01, downlink_ratio: Optional
     # Indices spread evenly over the n shards: each owner gets k_up/n pairs from each rank.
     scatter = [_shift(n, d, k_up / n) for d in range(1, n)]
     gather = _rings(np.arange(n)[None, :], (n - 1) / n * k_down)
+    both = cal and cal.sharded_topk_s(k_up, k_down / k_up)
+    if both is not None:
+        return _Plan(f"topk sharded {ratio:g}/{down:g}", [_as_measured(
+            _Traffic("alltoall of top-k pairs to shard owners, then allgather of the "
+                     "downlink shards", scatter + gather, 2 * (n - 1), repeated=False),
+            both)])
     return _Plan(f"topk sharded {ratio:g}/{down:g}", [
         _as_measured(_Traffic("alltoall of top-k pairs to shard owners", scatter, n - 1,
                               repeated=False), cal and cal.alltoall_s(k_up)),

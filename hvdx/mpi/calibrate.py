@@ -41,7 +41,12 @@ pairs whose traffic shares one link. Collective over ``comm``:
 7. hvdx's sparse allgather and alltoall (:func:`hvdx.mpi.sparse.allgatherv_pairs`,
    :func:`~hvdx.mpi.sparse.alltoallv_pairs`, as TopK calls them) on all ranks, timed as
    in step 3 for the sizes of :data:`SPARSE_SIZES` per rank (an alltoall's pieces are
-   equal, one per rank);
+   equal, one per rank); then sharded TopK's step, the alltoall of each of those sizes
+   followed by the allgather of a downlink ``m`` times as dense (``m`` in
+   :data:`SHARDED_DOWNLINK_MULTIPLES`: ``m / n`` of the size per rank), timed once
+   after a barrier rather than back to back, as the step runs it once after compute
+   (:func:`_once_points`; the median of ``3 * repeats`` runs, ``repeats`` above
+   128 KiB);
 8. every rank returns the same :class:`~hvdx.core.calibration.Calibration`; the
    allreduce algorithm is MPICH's recursive halving when the library is MPICH;
 9. where Horovod for PyTorch is installed (:func:`with_set_averages`, which the job
@@ -73,8 +78,9 @@ from hvdx.core.calibration import Calibration
 from hvdx.mpi import sparse
 from hvdx.mpi.topology import host_labels, rack_labels
 
-__all__ = ["DEFAULT_SIZES", "SET_ALLREDUCE_SIZES", "SPARSE_SIZES", "calibrate", "oneway_sets",
-           "pair_sets", "set_allreduce_times", "shift_sets", "with_set_averages"]
+__all__ = ["DEFAULT_SIZES", "SET_ALLREDUCE_SIZES", "SHARDED_DOWNLINK_MULTIPLES", "SPARSE_SIZES",
+           "calibrate", "oneway_sets", "pair_sets", "set_allreduce_times", "shift_sets",
+           "with_set_averages"]
 
 #: Bytes per flow of the measured rounds: from a latency-bound message to a model.
 DEFAULT_SIZES = (1024, 16 * 1024, 128 * 1024, 1 << 20, 4 << 20, 8 << 20)
@@ -86,6 +92,9 @@ SPARSE_SIZES = (1024, 16 * 1024, 128 * 1024, 1 << 20, 2 << 20)
 #: Bytes per rank of the timed Horovod averages (module step 9): a negotiation's worth,
 #: then models around what DS-Sync averages.
 SET_ALLREDUCE_SIZES = (1024, 1 << 20, 4 << 20, 8 << 20)
+#: How many times as dense as the uplink the timed TopK downlinks are (module step 7):
+#: the presets' (``fast``: as dense, ``safe``: twice).
+SHARDED_DOWNLINK_MULTIPLES = (1, 2)
 _TAG = 7401
 
 Pairs = List[Tuple[int, int]]
@@ -230,6 +239,24 @@ def _points(comm: MPI.Comm, sizes: Sequence[int], repeats: int, max_round_s: flo
     return points
 
 
+def _once_points(comm: MPI.Comm, sizes: Sequence[int], repeats: int, max_round_s: float,
+                 round_of: Callable[[int], Callable[[], None]]) -> List[Tuple[float, float]]:
+    """As :func:`_points`, but each timed run is one round after a barrier, as a step
+    runs its collectives once after compute: back to back, each round's sends queue
+    behind the previous round's in the shaped links, and an alltoall of 110 KB a rank
+    through a 20 Mbit uplink averaged 80 ms where one alone took 55-59."""
+    points: List[Tuple[float, float]] = []
+    for nbytes in sizes:
+        one_round = round_of(nbytes)
+        _batch_s(comm, 1, one_round)  # warm-up: connections are set up lazily
+        runs = repeats * (_SMALL_REPEATS if nbytes <= _SMALL else 1)
+        seconds = float(np.median([_batch_s(comm, 1, one_round) for _ in range(runs)]))
+        points.append((float(nbytes), seconds))
+        if seconds > max_round_s and nbytes >= _SLOPE_BYTES:
+            break
+    return points
+
+
 def _said(say: Optional[Callable[[str], None]], rank: int, what: str,
           points: List[Tuple[float, float]]) -> None:
     if say is not None and rank == 0:
@@ -316,20 +343,23 @@ def calibrate(comm: Optional[MPI.Comm] = None, sizes: Sequence[int] = DEFAULT_SI
     oneway = directed(oneway_sets(hosts, racks), send,
                       "one way on {link}, {flows} flow(s) per link")
     times = _allreduce_times(comm, hosts, racks, repeats, max_round_s, say)
-    allgather, alltoall = _sparse_times(comm, repeats, max_round_s, say)
+    allgather, alltoall, sharded = _sparse_times(comm, repeats, max_round_s, say)
     library = MPI.Get_library_version().strip().splitlines()[0]
     allreduce = "recursive_halving" if "MPICH" in library.upper() else "ring"
     source = (f"{comm.Get_size()} ranks on {len(set(hosts))} hosts in "
               f"{len(set(racks))} rack(s); {library}")
     return Calibration(tables=tables, allreduce=allreduce, source=source,
                        shift_tables=shifts, oneway_tables=oneway, allreduce_times=times,
-                       allgather_times=allgather, alltoall_times=alltoall)
+                       allgather_times=allgather, alltoall_times=alltoall,
+                       sharded_topk_times=sharded)
 
 
 def _sparse_times(comm: MPI.Comm, repeats: int, max_round_s: float,
                   say: Optional[Callable[[str], None]]
-                  ) -> Tuple[List[Tuple[float, float]], List[Tuple[float, float]]]:
-    """Module step 7: ``[(bytes per rank, seconds)]`` of the allgather, the alltoall."""
+                  ) -> Tuple[List[Tuple[float, float]], List[Tuple[float, float]],
+                             Dict[float, List[Tuple[float, float]]]]:
+    """Module step 7: ``[(bytes per rank, seconds)]`` of the allgather, the alltoall,
+    and per downlink multiple, of sharded TopK's alltoall then allgather."""
     size = comm.Get_size()
 
     def allgather(nbytes: int) -> Callable[[], None]:
@@ -347,7 +377,24 @@ def _sparse_times(comm: MPI.Comm, repeats: int, max_round_s: float,
         _said(say, comm.Get_rank(), f"hvdx's sparse {name}", points)
         return points
 
-    return timed("allgather", allgather), timed("alltoall", alltoall)
+    def sharded(multiple: int) -> Callable[[int], Callable[[], None]]:
+        def round_of(nbytes: int) -> Callable[[], None]:
+            up, down = alltoall(nbytes), allgather(multiple * nbytes // size)
+
+            def one_step() -> None:
+                up()
+                down()
+            return one_step
+        return round_of
+
+    gathered, scattered = timed("allgather", allgather), timed("alltoall", alltoall)
+    steps = {}
+    for multiple in SHARDED_DOWNLINK_MULTIPLES:
+        steps[float(multiple)] = _once_points(comm, SPARSE_SIZES, repeats, max_round_s,
+                                              sharded(multiple))
+        _said(say, comm.Get_rank(), f"sharded TopK's alltoall, then an allgather "
+              f"{multiple}x as dense", steps[float(multiple)])
+    return gathered, scattered, steps
 
 
 def _allreduce_times(comm: MPI.Comm, hosts: Sequence[int], racks: Sequence[object],

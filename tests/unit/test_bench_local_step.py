@@ -1,5 +1,6 @@
-"""Each priced strategy's local step (every rank on this host) is timed right before its
-cluster run, so that both meet the machine in the same state (no MPI job here)."""
+"""Each priced strategy's local step (every rank on this host) is timed right before and
+right after its cluster run, so that both meet the machine in the same state and a drift
+in between cancels (no MPI job here)."""
 
 from hvdx.bench import harness
 from hvdx.bench.harness import FLOOR, LOCAL_STEPS, WARMUP_STEPS
@@ -13,6 +14,12 @@ class FakeCluster:
 
     def close(self):
         self.closed = True
+
+
+def _ms(values):
+    """Seconds (or lists of them) as whole milliseconds; ``None`` stays."""
+    return [None if v is None else [round(x * 1e3) for x in v] if isinstance(v, list)
+            else round(v * 1e3) for v in values]
 
 
 def fake_bench(monkeypatch, local_fails=()):
@@ -30,10 +37,13 @@ def fake_bench(monkeypatch, local_fails=()):
         local = where is None
         jobs.append(("local" if local else "cluster", workload, strategy))
         envs.append(env)
-        if local and strategy in local_fails:
+        if local and (strategy in local_fails or
+                      (strategy, len([j for j in jobs if j[2] == strategy])) in local_fails):
             raise RuntimeError("local job failed (exit 9):\nboom")
-        # Local steps: two slow warm-up steps, then 0.125 s; cluster steps 0.5 s.
-        times = ([1.0] * WARMUP_STEPS + [0.125] * (steps - WARMUP_STEPS)) if local \
+        # Local steps: two slow warm-up steps, then 0.1 s before the cluster run and
+        # 0.15 s after it (the machine slowed down); cluster steps 0.5 s.
+        local_step = 0.1 if len([j for j in jobs if j[2] == strategy]) == 1 else 0.15
+        times = ([1.0] * WARMUP_STEPS + [local_step] * (steps - WARMUP_STEPS)) if local \
             else [0.5] * steps
         return {"workload": workload, "strategy": strategy, "ranks": 4, "steps": steps,
                 "step_times": times, "curve": [{"step": steps, "time": sum(times),
@@ -46,28 +56,36 @@ def fake_bench(monkeypatch, local_fails=()):
     return cluster, jobs, said, raw_out
 
 
-def test_each_priced_strategy_is_timed_locally_just_before_its_cluster_run(
+def test_each_priced_strategy_is_timed_locally_just_before_and_after_its_cluster_run(
         monkeypatch, tmp_path):
     cluster, jobs, said, raw = fake_bench(monkeypatch)
     harness.run_bench(ClusterSpec(), ["digits_vgg"], ["horovod", "topk"], 6, 3, str(tmp_path),
                       say=said.append)
     assert jobs == [("local", "digits_vgg", "horovod"), ("cluster", "digits_vgg", "horovod"),
+                    ("local", "digits_vgg", "horovod"),
                     ("cluster", "digits_vgg", FLOOR),  # the floor is not priced
-                    ("local", "digits_vgg", "topk"), ("cluster", "digits_vgg", "topk")]
-    # The mean step after the warm-up steps of a LOCAL_STEPS-step run.
-    assert [r.get("local_step_s") for r in raw] == [0.125, None, 0.125]
-    assert f"  digits_vgg / topk: local step 125.0 ms ({LOCAL_STEPS} steps, every rank " \
+                    ("local", "digits_vgg", "topk"), ("cluster", "digits_vgg", "topk"),
+                    ("local", "digits_vgg", "topk")]
+    # Each the mean step after the warm-up steps of a LOCAL_STEPS-step run; the plan
+    # takes the mean of the two.
+    assert _ms(r.get("local_steps_s") for r in raw) == [[100, 150], None, [100, 150]]
+    assert _ms(r.get("local_step_s") for r in raw) == [125, None, 125]
+    assert f"  digits_vgg / topk: local step 100.0 ms ({LOCAL_STEPS} steps, every rank " \
+        "on this host)" in said
+    assert f"  digits_vgg / topk: local step 150.0 ms ({LOCAL_STEPS} steps, every rank " \
         "on this host)" in said
     assert cluster.closed
 
 
-def test_a_strategy_under_two_placements_is_timed_locally_once(monkeypatch, tmp_path):
+def test_a_strategy_under_two_placements_is_timed_locally_around_its_first_run(
+        monkeypatch, tmp_path):
     _, jobs, _, raw = fake_bench(monkeypatch)
     harness.run_bench(ClusterSpec(), ["digits_vgg"], ["topk"], 6, 3, str(tmp_path),
                       placements=["blocked", "interleaved"], floor=False, say=lambda l: None)
     assert [j[0] + "/" + j[2] for j in jobs] == [
-        "local/horovod", "cluster/horovod", "local/topk", "cluster/topk", "cluster/topk"]
-    assert [r.get("local_step_s") for r in raw] == [0.125, 0.125, 0.125]
+        "local/horovod", "cluster/horovod", "local/horovod",
+        "local/topk", "cluster/topk", "local/topk", "cluster/topk"]
+    assert _ms(r.get("local_step_s") for r in raw) == [125, 125, 125]
 
 
 def test_a_failed_local_run_is_said_and_its_plan_falls_back(monkeypatch, tmp_path):
@@ -75,9 +93,19 @@ def test_a_failed_local_run_is_said_and_its_plan_falls_back(monkeypatch, tmp_pat
     harness.run_bench(ClusterSpec(), ["digits_vgg"], ["horovod", "topk"], 6, 3, str(tmp_path),
                       floor=False, say=said.append)
     assert ("cluster", "digits_vgg", "topk") in jobs  # the cluster run still happens
-    assert [r.get("local_step_s") for r in raw] == [0.125, None]
+    assert _ms(r.get("local_step_s") for r in raw) == [125, None]
     assert "  digits_vgg / topk: the local run failed (local job failed (exit 9):); its " \
         "plan takes the floor's step" in said
+
+
+def test_a_failed_local_run_after_the_cluster_run_leaves_the_one_before(
+        monkeypatch, tmp_path):
+    # topk's third job is its local run after the cluster run.
+    _, jobs, _, raw = fake_bench(monkeypatch, local_fails=(("topk", 3),))
+    harness.run_bench(ClusterSpec(), ["digits_vgg"], ["topk"], 6, 3, str(tmp_path),
+                      floor=False, say=lambda l: None)
+    assert _ms(r.get("local_steps_s") for r in raw) == [[100, 150], [100]]
+    assert _ms(r.get("local_step_s") for r in raw) == [125, 100]
 
 
 def test_without_calibration_nothing_runs_locally(monkeypatch, tmp_path):
@@ -96,6 +124,6 @@ def test_the_local_run_stands_in_for_the_cluster_s_topology_and_rates(monkeypatc
                       ranks_per_host=2, say=lambda l: None)
     local = [e for j, e in zip(jobs, fake_bench.envs) if j[0] == "local"]
     assert local == [{TOPOLOGY_ENV: "2x3x2",
-                      "HVDX_CLUSTER_LINK_RATES": "1000000000bit,20000000bit"}] * 2
+                      "HVDX_CLUSTER_LINK_RATES": "1000000000bit,20000000bit"}] * 4
     cluster = [e for j, e in zip(jobs, fake_bench.envs) if j[0] == "cluster"]
     assert cluster == [None, None]

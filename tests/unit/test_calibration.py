@@ -332,6 +332,46 @@ def test_topk_prices_its_allgather_and_alltoall_as_the_calibration_timed_them():
                               predict("topk", untimed, w, mode="sharded").phases}
 
 
+def test_sharded_topk_takes_its_two_collectives_as_timed_one_after_the_other():
+    # As dense as the uplink: 10 ms + 1 ms per 10 KB; twice as dense: 20 ms + 2 ms.
+    step = {1: [(0, 0.010), (1e5, 0.020)], 2: [(0, 0.020), (1e5, 0.040)]}
+    timed = Calibration(tables=LINEAR, allgather_times=[(0, 0.001), (1e5, 0.011)],
+                        alltoall_times=[(0, 0.002), (1e5, 0.012)], sharded_topk_times=step)
+    c = Cluster(racks=1, hosts_per_rack=4, nic_bps="1gbit", uplink_bps="1gbit",
+                calibration=timed)
+    w = Workload(conv_params=1_000_000, fc_params=0, compute_s=0.1)
+    # 10,000 pairs of 8 bytes up per rank: 80 KB.
+    for downlink, seconds in ((0.01, 0.010 + 0.010 * 0.8), (0.02, 0.020 + 0.020 * 0.8),
+                              (0.015, (0.018 + 0.036) / 2)):  # halfway between the two
+        plan = predict("topk", c, w, ratio=0.01, downlink_ratio=downlink, mode="sharded")
+        assert [ph.seconds for ph in plan.phases] == pytest.approx([seconds])
+        assert plan.phases[0].bottleneck == "measured"
+        # Its bytes are the alltoall's and the allgather's: 3/4 of 80 KB up, 3/4 of the
+        # downlink's pairs down.
+        assert plan.bytes_per_rank == pytest.approx(0.75 * 80_000 + 0.75 * downlink *
+                                                         8_000_000)
+    # A downlink outside the timed ones: the two collectives' own times, added.
+    dense = predict("topk", c, w, ratio=0.01, downlink_ratio=0.04, mode="sharded")
+    assert [ph.seconds for ph in dense.phases] == pytest.approx(
+        [0.002 + 0.010 * 0.8, 0.001 + 0.010 * 80_000 / 1e5 * 0.04 / 0.01 / 4])
+
+
+def test_the_sharded_topk_times_survive_a_save_and_are_checked(tmp_path):
+    path = str(tmp_path / "cal.json")
+    Calibration(tables=LINEAR, sharded_topk_times={2: [(1e3, 0.004)], 1: [(1e3, 0.002)]}
+                ).save(path)
+    loaded = Calibration.load(path)
+    assert loaded.sharded_topk_times == {1.0: [(1e3, 0.002)], 2.0: [(1e3, 0.004)]}
+    assert loaded.sharded_topk_s(1e3, 1.5) == pytest.approx(0.003)
+    assert loaded.sharded_topk_s(1e3, 3) is None
+    assert Calibration(tables=LINEAR).sharded_topk_s(1e3, 1) is None
+    for bad, word in (({0: [(1e3, 0.002)]}, "sharded_topk_times\\[0\\]: a key"),
+                      ({"x": [(1e3, 0.002)]}, "sharded_topk_times\\['x'\\]: a key"),
+                      ({1: [(1e3, -1.0)]}, "sharded_topk_times\\[1\\] must hold")):
+        with pytest.raises(ValueError, match=word):
+            Calibration(tables=LINEAR, sharded_topk_times=bad)
+
+
 def test_the_sparse_collective_times_survive_a_save_and_are_checked(tmp_path):
     path = str(tmp_path / "cal.json")
     Calibration(tables=LINEAR, allgather_times=[(1e3, 0.002)]).save(path)

@@ -22,6 +22,11 @@ def test_every_rank_returns_the_same_calibration_of_the_links_it_has():
     from hvdx.mpi.calibrate import SPARSE_SIZES
     assert [b for b, _ in cal.allgather_times] == list(SPARSE_SIZES)
     assert [b for b, _ in cal.alltoall_times] == list(SPARSE_SIZES)
+    # And sharded TopK's step, the alltoall then the allgather, for each downlink timed.
+    from hvdx.mpi.calibrate import SHARDED_DOWNLINK_MULTIPLES
+    assert sorted(cal.sharded_topk_times) == [float(m) for m in SHARDED_DOWNLINK_MULTIPLES]
+    assert all([b for b, _ in points] == list(SPARSE_SIZES)
+               for points in cal.sharded_topk_times.values())
     assert cal.oneway_tables == {}  # one way is timed between hosts only
     assert cal.allreduce == "recursive_halving"  # the library is MPICH
 
