@@ -199,7 +199,12 @@ def _add_predictions(rows: List[Summary], raw: List[Dict], spec,
         if calibration is not None:
             if row.workload in floors:
                 workload = dataclasses.replace(workload, compute_s=floors[row.workload])
-            row.predicted_step_s = predict(model_name, Cluster(**layout, calibration=calibration),
+            # Horovod's averages, where they were timed again around this run (run_bench).
+            timed = dataclasses.replace(calibration, set_allreduce_times={
+                **calibration.set_allreduce_times,
+                **{g: [tuple(p) for p in points]
+                   for g, points in (result.get("set_allreduce_times") or {}).items()}})
+            row.predicted_step_s = predict(model_name, Cluster(**layout, calibration=timed),
                                            workload, result.get("local_step_s"),
                                            **options).step_s
 
@@ -432,9 +437,21 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
                     # same state (see LOCAL_STEPS).
                     local_steps[w, s] = _local_step(w, s, out_dir, ranks, timeout, say,
                                                     spec, ranks_per_host)
+                # DS-Sync's averages through Horovod, timed again around its run.
+                retime = priced and calibration is not None and \
+                    bool(calibration.set_allreduce_times) and \
+                    STRATEGIES[s].cost_model == "dssync"
+                averages = [_set_averages_again(cluster, ranks_per_host, out_dir, timeout,
+                                                say)] if retime else []
                 result = run_one(cluster, w, s, steps or WORKLOADS[w].default_steps,
                                  eval_every, out_dir, ranks, ranks_per_host, timeout, say,
                                  placement=placement)
+                if retime:
+                    averages.append(_set_averages_again(cluster, ranks_per_host, out_dir,
+                                                        timeout, say))
+                    timed = _mean_times([a for a in averages if a is not None])
+                    if timed:
+                        result["set_allreduce_times"] = timed
                 if local_steps.get((w, s)) is not None and (w, s) not in bracketed:
                     # And just after it, once per strategy (see LOCAL_STEPS).
                     after = _local_step(w, s, out_dir, ranks, timeout, say, spec,
@@ -454,6 +471,18 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
     _add_predictions(rows, raw, spec if cluster_used else None, calibration)
     _write(rows, raw, out_dir)
     return rows
+
+
+def _mean_times(timings: List[Dict[str, List[list]]]) -> Dict[str, List[list]]:
+    """``{group: [[bytes, seconds]]}`` with each group's and size's mean over
+    ``timings``, for the groups and sizes all of them timed."""
+    out: Dict[str, List[list]] = {}
+    for group in set.intersection(*(set(t) for t in timings)) if timings else ():
+        tables = [dict(map(tuple, t[group])) for t in timings]
+        sizes = sorted(set.intersection(*(set(t) for t in tables)))
+        if sizes:
+            out[group] = [[b, sum(t[b] for t in tables) / len(tables)] for b in sizes]
+    return out
 
 
 def _local_step(workload: str, strategy: str, out_dir: str, ranks: int, timeout: float,
@@ -492,15 +521,40 @@ def _calibrate(cluster, ranks_per_host: int, out_dir: str, timeout: float, say):
     """The calibration job on the cluster, blocked placement (what the planner needs:
     :mod:`hvdx.mpi.calibrate`); ``None``, said, if it fails: the plan column then
     comes from the configured rates."""
+    path = os.path.abspath(os.path.join(out_dir, "calibration.json"))
+    say("calibrating the cost model: timing exchange rounds on each link class")
+    calibration = _calibration_job(cluster, ranks_per_host, path, [], timeout, say)
+    if calibration is None:
+        say("  the plan column comes from the configured rates")
+    return calibration
+
+
+def _set_averages_again(cluster, ranks_per_host: int, out_dir: str, timeout: float,
+                        say) -> Optional[Dict[str, List[list]]]:
+    """Horovod's averages on process sets timed again (:mod:`hvdx.mpi.calibrate` step
+    9), as ``{group: [[bytes, seconds]]}``; ``None``, said, if the job fails. Their time drifts with the machine (61 and 189 ms for the same
+    average within minutes), so the bench times them around DS-Sync's cluster run."""
+    path = os.path.abspath(os.path.join(out_dir, "calibration.json"))
+    again = os.path.abspath(os.path.join(out_dir, "set_averages.json"))
+    calibration = _calibration_job(cluster, ranks_per_host, again,
+                                   ["--set-averages-of", path], timeout, say)
+    if calibration is None or not calibration.set_allreduce_times:
+        return None
+    return {group: [list(p) for p in points]
+            for group, points in calibration.set_allreduce_times.items()}
+
+
+def _calibration_job(cluster, ranks_per_host: int, path: str, options: List[str],
+                     timeout: float, say):
+    """Runs ``python -m hvdx.mpi.calibrate --out path`` with ``options`` on the
+    cluster, its progress said; the calibration it wrote, or ``None``, said."""
     from hvdx.cluster import mpiexec_command
     from hvdx.core.calibration import Calibration
 
-    path = os.path.abspath(os.path.join(out_dir, "calibration.json"))
     if os.path.exists(path):
         os.remove(path)  # a file left by an earlier run must not pass for this one's
-    say("calibrating the cost model: timing exchange rounds on each link class")
     command = mpiexec_command(cluster, [sys.executable, "-m", "hvdx.mpi.calibrate", "--out",
-                                        path], ppn=ranks_per_host,
+                                        path] + options, ppn=ranks_per_host,
                               env={"OMP_NUM_THREADS": "1"})
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
@@ -515,8 +569,7 @@ def _calibrate(cluster, ranks_per_host: int, out_dir: str, timeout: float, say):
         proc.kill()  # the file is complete (written atomically); MPI_Finalize lingers
         proc.wait()
     if not os.path.exists(path):
-        say(f"  the calibration job failed (exit {proc.returncode}); the plan column "
-            "comes from the configured rates")
+        say(f"  the calibration job failed (exit {proc.returncode})")
         return None
     return Calibration.load(path)
 

@@ -54,7 +54,8 @@ instead, and the cost model prices every phase from it:
    swaps run as step 4 says);
 8. ``set_allreduce_times``: where the calibration could also run Horovod, the average
    DS-Sync runs (Horovod's grouped allreduce on process sets, with the sets registered
-   dynamically as DS-Sync registers them) timed on the same groups; the cost model
+   dynamically as DS-Sync registers them) timed on the same groups, once after a
+   barrier as DS-Sync's step runs it, the mean of many runs; the cost model
    takes it for DS-Sync's averages on such groups, negotiation and background cycles
    included, in place of MPI's allreduce plus the small collectives it adds for them:
    on the emulated 2x2 cluster a 5.5 MB average on the rack sets took 115-194 ms where

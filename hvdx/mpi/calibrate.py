@@ -51,8 +51,9 @@ pairs whose traffic shares one link. Collective over ``comm``:
    allreduce algorithm is MPICH's recursive halving when the library is MPICH;
 9. where Horovod for PyTorch is installed (:func:`with_set_averages`, which the job
    runs after step 8), the average DS-Sync runs, Horovod's grouped allreduce on
-   process sets with dynamic registration, timed as in step 3 for the sizes of
-   :data:`SET_ALLREDUCE_SIZES` on the group DS-Sync averages in most steps: each
+   process sets with dynamic registration, timed once after a barrier as in step 7
+   but keeping the mean of ``4 * repeats`` runs (its times have two modes), for the
+   sizes of :data:`SET_ALLREDUCE_SIZES` on the group DS-Sync averages in most steps: each
    rack's set, every rack at once, with the crossing sets registered too (the table
    Horovod agrees on every cycle is DS-Sync's); on one rack, everyone (Horovod's
    global set). DS-Sync's crossing average is left to step 6: its time is the
@@ -95,6 +96,8 @@ SET_ALLREDUCE_SIZES = (1024, 1 << 20, 4 << 20, 8 << 20)
 #: How many times as dense as the uplink the timed TopK downlinks are (module step 7):
 #: the presets' (``fast``: as dense, ``safe``: twice).
 SHARDED_DOWNLINK_MULTIPLES = (1, 2)
+#: Runs per ``repeats`` of a timed Horovod average (module step 9).
+_SET_RUNS = 4
 _TAG = 7401
 
 Pairs = List[Tuple[int, int]]
@@ -240,17 +243,20 @@ def _points(comm: MPI.Comm, sizes: Sequence[int], repeats: int, max_round_s: flo
 
 
 def _once_points(comm: MPI.Comm, sizes: Sequence[int], repeats: int, max_round_s: float,
-                 round_of: Callable[[int], Callable[[], None]]) -> List[Tuple[float, float]]:
+                 round_of: Callable[[int], Callable[[], None]],
+                 statistic: Callable[[List[float]], float] = np.median
+                 ) -> List[Tuple[float, float]]:
     """As :func:`_points`, but each timed run is one round after a barrier, as a step
     runs its collectives once after compute: back to back, each round's sends queue
     behind the previous round's in the shaped links, and an alltoall of 110 KB a rank
-    through a 20 Mbit uplink averaged 80 ms where one alone took 55-59."""
+    through a 20 Mbit uplink averaged 80 ms where one alone took 55-59. ``statistic``
+    of the runs is kept (the median, or the mean where the times have two modes)."""
     points: List[Tuple[float, float]] = []
     for nbytes in sizes:
         one_round = round_of(nbytes)
         _batch_s(comm, 1, one_round)  # warm-up: connections are set up lazily
         runs = repeats * (_SMALL_REPEATS if nbytes <= _SMALL else 1)
-        seconds = float(np.median([_batch_s(comm, 1, one_round) for _ in range(runs)]))
+        seconds = float(statistic([_batch_s(comm, 1, one_round) for _ in range(runs)]))
         points.append((float(nbytes), seconds))
         if seconds > max_round_s and nbytes >= _SLOPE_BYTES:
             break
@@ -475,7 +481,12 @@ def set_allreduce_times(comm: MPI.Comm, racks: Sequence[object], horovod,
         return lambda: average([tensor], op=horovod.Average, process_set=mine)
 
     try:
-        points = _points(comm, sizes, repeats, max_round_s, round_of)
+        # Once after a barrier, as DS-Sync averages once after its local step, and the
+        # mean of 4 * repeats runs: the times have two modes (5.5 MB on the rack sets of
+        # the 2x2 cluster: 53-165 ms in 24 runs, DS-Sync's steps 170 and 270 ms), and
+        # the mean step holds both. Back to back, the median of two read 61 ms there.
+        points = _once_points(comm, sizes, _SET_RUNS * repeats, max_round_s, round_of,
+                              statistic=np.mean)
     finally:
         for ps in added:
             horovod.remove_process_set(ps)
@@ -511,13 +522,23 @@ def with_set_averages(calibration: Calibration, comm: Optional[MPI.Comm] = None,
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m hvdx.mpi.calibrate --out FILE``: calibrate and write FILE (rank 0)."""
+    """``python -m hvdx.mpi.calibrate --out FILE``: calibrate and write FILE (rank 0).
+
+    With ``--set-averages-of CALIBRATION``, only step 9 runs again, and FILE is that
+    calibration with the new times (``hvdx bench`` times them again around DS-Sync's
+    run: on shared cores they drift with the machine, 61-189 ms for the same average
+    within minutes)."""
     parser = argparse.ArgumentParser(prog="python -m hvdx.mpi.calibrate")
     parser.add_argument("--out", required=True, help="calibration file to write")
     parser.add_argument("--repeats", type=int, default=3, help="rounds per size")
+    parser.add_argument("--set-averages-of", metavar="CALIBRATION",
+                        help="time only Horovod's averages on process sets again (step 9) "
+                        "and write CALIBRATION with them")
     args = parser.parse_args(argv)
     say = lambda s: print(s, flush=True)  # noqa: E731
-    calibration = with_set_averages(calibrate(repeats=args.repeats, say=say), say=say)
+    base = Calibration.load(args.set_averages_of) if args.set_averages_of else \
+        calibrate(repeats=args.repeats, say=say)
+    calibration = with_set_averages(base, say=say)
     if MPI.COMM_WORLD.Get_rank() == 0:
         calibration.save(args.out)
         say(f"written: {args.out}")

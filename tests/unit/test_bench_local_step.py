@@ -1,6 +1,8 @@
 """Each priced strategy's local step (every rank on this host) is timed right before and
-right after its cluster run, so that both meet the machine in the same state and a drift
-in between cancels (no MPI job here)."""
+right after its cluster run, and so are Horovod's averages around DS-Sync's, so that both
+meet the machine in the same state and a drift in between cancels (no MPI job here)."""
+
+import pytest
 
 from hvdx.bench import harness
 from hvdx.bench.harness import FLOOR, LOCAL_STEPS, WARMUP_STEPS
@@ -22,13 +24,21 @@ def _ms(values):
             else round(v * 1e3) for v in values]
 
 
-def fake_bench(monkeypatch, local_fails=()):
+def fake_bench(monkeypatch, local_fails=(), calibration=None, set_averages=()):
     """run_bench with the cluster, the calibration and every MPI job replaced; returns
-    the jobs in the order they ran, the raw results and what was said."""
+    the jobs in the order they ran, the raw results and what was said. The timings of
+    Horovod's averages come from ``set_averages`` in turn."""
     jobs, said, raw_out, envs = [], [], [], []
     cluster = FakeCluster()
     monkeypatch.setattr(harness, "_start_cluster", lambda spec, say: (cluster, "net"))
-    monkeypatch.setattr(harness, "_calibrate", lambda *args: None)
+    monkeypatch.setattr(harness, "_calibrate", lambda *args: calibration)
+    timings = iter(set_averages)
+
+    def set_averages_again(*args):
+        jobs.append(("set averages", None, None))
+        return next(timings)
+
+    monkeypatch.setattr(harness, "_set_averages_again", set_averages_again)
     monkeypatch.setattr(harness, "_add_predictions",
                         lambda rows, raw, spec, calibration: raw_out.extend(raw))
     monkeypatch.setattr(harness, "_write", lambda rows, raw, out_dir: None)
@@ -127,3 +137,61 @@ def test_the_local_run_stands_in_for_the_cluster_s_topology_and_rates(monkeypatc
                       "HVDX_CLUSTER_LINK_RATES": "1000000000bit,20000000bit"}] * 4
     cluster = [e for j, e in zip(jobs, fake_bench.envs) if j[0] == "cluster"]
     assert cluster == [None, None]
+
+
+def test_dssyncs_averages_are_timed_again_around_its_run_and_the_plan_takes_their_mean(
+        monkeypatch, tmp_path):
+    from hvdx.core.calibration import Calibration
+
+    calibration = Calibration(tables={"nic": {1: [(0, 0.001)]}},
+                              set_allreduce_times={"rack": [(1e6, 0.5)]})
+    _, jobs, _, raw = fake_bench(monkeypatch, calibration=calibration, set_averages=(
+        {"rack": [[1e3, 0.01], [1e6, 0.1]]}, {"rack": [[1e6, 0.3]]}))
+    harness.run_bench(ClusterSpec(), ["digits_vgg"], ["horovod", "dssync"], 6, 3,
+                      str(tmp_path), floor=False, say=lambda l: None)
+    assert [j[0] + ("/" + j[2] if j[2] else "") for j in jobs] == [
+        "local/horovod", "cluster/horovod", "local/horovod",  # Horovod's own: not again
+        "local/dssync", "set averages", "cluster/dssync", "set averages", "local/dssync"]
+    # The mean of the two timings, for the sizes both timed.
+    assert raw[1]["set_allreduce_times"] == {"rack": [[1e6, pytest.approx(0.2)]]}
+    assert "set_allreduce_times" not in raw[0]
+
+
+def test_a_failed_timing_of_the_averages_leaves_the_other_and_two_leave_the_calibration(
+        monkeypatch, tmp_path):
+    from hvdx.core.calibration import Calibration
+
+    calibration = Calibration(tables={"nic": {1: [(0, 0.001)]}},
+                              set_allreduce_times={"rack": [(1e6, 0.5)]})
+    for timings, expected in (((None, {"rack": [[1e6, 0.3]]}), {"rack": [[1e6, 0.3]]}),
+                              ((None, None), None)):
+        _, _, _, raw = fake_bench(monkeypatch, calibration=calibration,
+                                  set_averages=timings)
+        harness.run_bench(ClusterSpec(), ["digits_vgg"], ["dssync"], 6, 3, str(tmp_path),
+                          floor=False, say=lambda l: None)
+        assert raw[-1].get("set_allreduce_times") == expected
+
+
+def test_the_plan_of_a_run_takes_the_averages_timed_around_it():
+    from hvdx.bench.harness import _add_predictions, summarize
+    from hvdx.core.calibration import Calibration
+
+    spec = ClusterSpec(racks=2, hosts_per_rack=2, nic="1gbit", uplink="100mbit")
+    tables = {"uplink": {1: [(0, 0.01), (1e7, 0.9)]}, "nic": {1: [(0, 0.001), (1e7, 0.09)]}}
+    run = {"workload": "digits_vgg", "strategy": "dssync", "ranks": 4, "steps": 10,
+           "step_times": [0.2] * 10, "curve": [{"step": 10, "time": 2.0, "accuracy": 0.96}],
+           "hvdx_bytes_per_rank_per_step": 5e6, "ranks_detail": [{"interface_tx_rx": None}] * 4,
+           "parameter_split": (55_000, 1_350_000), "parameters": 1_405_000,
+           "compute_s": 0.05, "local_step_s": 0.08,
+           "cost_options": {"intra_phases": 10, "cross_ranks": 1}}
+    plans = []
+    for rack_average_s in (0.1, 0.3):
+        calibration = Calibration(tables=tables,
+                                  set_allreduce_times={"rack": [(1e3, 0.01), (1e7, 0.5)]})
+        retimed = dict(run, set_allreduce_times={"rack": [[0, rack_average_s],
+                                                          [1e7, rack_average_s]]})
+        rows = [summarize(retimed, 0.95, "net")]
+        _add_predictions(rows, [retimed], spec, calibration)
+        plans.append(rows[0].predicted_step_s)
+    # Ten of every eleven steps average on the racks: 10/11 of the 0.2 s between them.
+    assert plans[1] - plans[0] == pytest.approx(10 / 11 * 0.2)

@@ -1,0 +1,37 @@
+"""The calibration's timing of Horovod's average on process sets (hvdx.mpi.calibrate,
+module step 9) across emulated racks: with two racks of two hosts, it times the average
+on each rack's set, all racks at once, the same groups on every rank, and removes the
+sets it registered. (Its own job: inside the shared MPI test jobs, whose Horovod
+already holds DS-Sync's sets, it hung.)"""
+
+import json
+import sys
+
+import pytest
+
+from cluster_helpers import HERE, child_env
+from test_cluster_mpi import _mpi_skip_reason
+from hvdx.cluster import run_mpi
+
+pytestmark = pytest.mark.skipif(_mpi_skip_reason() is not None,
+                                reason=str(_mpi_skip_reason()))
+
+
+@pytest.fixture(scope="module")
+def report(cluster):
+    pytest.importorskip("horovod.torch")
+    proc = run_mpi(cluster, [sys.executable, str(HERE / "set_calibration_job.py")],
+                   timeout=180, process_env=child_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_two_racks_time_the_average_on_the_rack_sets_for_every_size(report):
+    assert list(report["times"]) == ["rack"]
+    assert [b for b, _ in report["times"]["rack"]] == [1024, 65536]
+    assert all(seconds > 0 for _, seconds in report["times"]["rack"])
+
+
+def test_every_rank_times_the_same_groups_and_the_sets_it_added_are_gone(report):
+    assert report["same"]
+    assert report["left"] == []
