@@ -25,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional
@@ -537,7 +538,7 @@ def _set_averages_again(cluster, ranks_per_host: int, out_dir: str, timeout: flo
     path = os.path.abspath(os.path.join(out_dir, "calibration.json"))
     again = os.path.abspath(os.path.join(out_dir, "set_averages.json"))
     calibration = _calibration_job(cluster, ranks_per_host, again,
-                                   ["--set-averages-of", path], timeout, say)
+                                   ["--set-averages-of", path], min(timeout, 300.0), say)
     if calibration is None or not calibration.set_allreduce_times:
         return None
     return {group: [list(p) for p in points]
@@ -558,6 +559,9 @@ def _calibration_job(cluster, ranks_per_host: int, path: str, options: List[str]
                               env={"OMP_NUM_THREADS": "1"})
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
+    # A job that hangs is killed after ``timeout`` and counts as failed.
+    deadline = threading.Timer(timeout, proc.kill)
+    deadline.start()
     try:
         for line in proc.stdout:
             if line.startswith("calibrated "):
@@ -568,8 +572,11 @@ def _calibration_job(cluster, ranks_per_host: int, path: str, options: List[str]
     except subprocess.TimeoutExpired:
         proc.kill()  # the file is complete (written atomically); MPI_Finalize lingers
         proc.wait()
+    finally:
+        deadline.cancel()
     if not os.path.exists(path):
-        say(f"  the calibration job failed (exit {proc.returncode})")
+        say(f"  the calibration job failed (exit {proc.returncode}"
+            f"{', killed after %.0f s' % timeout if proc.returncode == -9 else ''})")
         return None
     return Calibration.load(path)
 
