@@ -533,8 +533,9 @@ def _calibrate(cluster, ranks_per_host: int, out_dir: str, timeout: float, say):
 def _set_averages_again(cluster, ranks_per_host: int, out_dir: str, timeout: float,
                         say) -> Optional[Dict[str, List[list]]]:
     """Horovod's averages on process sets timed again (:mod:`hvdx.mpi.calibrate` step
-    9), as ``{group: [[bytes, seconds]]}``; ``None``, said, if the job fails. Their time drifts with the machine (61 and 189 ms for the same
-    average within minutes), so the bench times them around DS-Sync's cluster run."""
+    9), as ``{group: [[bytes, seconds]]}``; ``None``, said, if the job fails. Their
+    time drifts with the machine (61 and 189 ms for the same average within minutes),
+    so the bench times them around DS-Sync's cluster run."""
     path = os.path.abspath(os.path.join(out_dir, "calibration.json"))
     again = os.path.abspath(os.path.join(out_dir, "set_averages.json"))
     calibration = _calibration_job(cluster, ranks_per_host, again,

@@ -253,18 +253,11 @@ class Calibration:
         of a downlink ``multiple`` times as dense (module step 9): interpolated in bytes,
         then linearly between the two timed multiples around ``multiple``; ``None``
         outside the timed multiples."""
-        timed = sorted(self.sharded_topk_times)
-        if not timed or not timed[0] - 1e-9 <= multiple <= timed[-1] + 1e-9:
+        timed = self.sharded_topk_times  # sorted by multiple (__post_init__)
+        if not timed or not min(timed) - 1e-9 <= multiple <= max(timed) + 1e-9:
             return None
-        if len(timed) == 1:
-            return _interpolate(self.sharded_topk_times[timed[0]], up_bytes)
-        for low, high in zip(timed, timed[1:]):
-            if multiple <= high + 1e-9:
-                t_low = _interpolate(self.sharded_topk_times[low], up_bytes)
-                t_high = _interpolate(self.sharded_topk_times[high], up_bytes)
-                share = min(1.0, max(0.0, (multiple - low) / (high - low)))
-                return t_low + (t_high - t_low) * share
-        return None  # unreachable: multiple <= timed[-1]
+        return _interpolate([(m, _interpolate(points, up_bytes))
+                             for m, points in timed.items()], multiple)
 
     def latency_s(self, link: str) -> float:
         """The smallest measured round on ``link`` (one flow): its start-up cost."""

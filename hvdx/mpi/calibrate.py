@@ -45,7 +45,7 @@ pairs whose traffic shares one link. Collective over ``comm``:
    followed by the allgather of a downlink ``m`` times as dense (``m`` in
    :data:`SHARDED_DOWNLINK_MULTIPLES`: ``m / n`` of the size per rank), timed once
    after a barrier rather than back to back, as the step runs it once after compute
-   (:func:`_once_points`; the median of ``3 * repeats`` runs, ``repeats`` above
+   (:func:`_points` with ``once``; the median of ``3 * repeats`` runs, ``repeats`` above
    128 KiB);
 8. every rank returns the same :class:`~hvdx.core.calibration.Calibration`; the
    allreduce algorithm is MPICH's recursive halving when the library is MPICH;
@@ -223,40 +223,27 @@ def _batch_s(comm: MPI.Comm, count: int, one_round: Callable[[], None]) -> float
 
 
 def _points(comm: MPI.Comm, sizes: Sequence[int], repeats: int, max_round_s: float,
-            round_of: Callable[[int], Callable[[], None]]) -> List[Tuple[float, float]]:
+            round_of: Callable[[int], Callable[[], None]], once: bool = False,
+            statistic: Callable[[List[float]], float] = np.median
+            ) -> List[Tuple[float, float]]:
     """Module step 3 for one pattern: ``[(bytes, seconds per round)]`` for each size,
     ``round_of(nbytes)`` giving one round of it; sizes stop after a round over
-    ``max_round_s``."""
+    ``max_round_s``. ``statistic`` of the batches is kept (the median, or the mean
+    where the times have two modes).
+
+    With ``once``, each batch is one round after a barrier, as a step runs its
+    collectives once after compute: back to back, each round's sends queue behind the
+    previous round's in the shaped links, and an alltoall of 110 KB a rank through a
+    20 Mbit uplink averaged 80 ms where one alone took 55-59."""
     points: List[Tuple[float, float]] = []
     for nbytes in sizes:
         one_round = round_of(nbytes)
         small = nbytes <= _SMALL
-        count = _BATCH_SMALL if small else _BATCH_LARGE
+        count = 1 if once else _BATCH_SMALL if small else _BATCH_LARGE
         _batch_s(comm, 1, one_round)  # warm-up: connections are set up lazily
-        seconds = float(np.median([_batch_s(comm, count, one_round)
+        seconds = float(statistic([_batch_s(comm, count, one_round)
                                    for _ in range(repeats * (_SMALL_REPEATS if small
                                                              else 1))]))
-        points.append((float(nbytes), seconds))
-        if seconds > max_round_s and nbytes >= _SLOPE_BYTES:
-            break
-    return points
-
-
-def _once_points(comm: MPI.Comm, sizes: Sequence[int], repeats: int, max_round_s: float,
-                 round_of: Callable[[int], Callable[[], None]],
-                 statistic: Callable[[List[float]], float] = np.median
-                 ) -> List[Tuple[float, float]]:
-    """As :func:`_points`, but each timed run is one round after a barrier, as a step
-    runs its collectives once after compute: back to back, each round's sends queue
-    behind the previous round's in the shaped links, and an alltoall of 110 KB a rank
-    through a 20 Mbit uplink averaged 80 ms where one alone took 55-59. ``statistic``
-    of the runs is kept (the median, or the mean where the times have two modes)."""
-    points: List[Tuple[float, float]] = []
-    for nbytes in sizes:
-        one_round = round_of(nbytes)
-        _batch_s(comm, 1, one_round)  # warm-up: connections are set up lazily
-        runs = repeats * (_SMALL_REPEATS if nbytes <= _SMALL else 1)
-        seconds = float(statistic([_batch_s(comm, 1, one_round) for _ in range(runs)]))
         points.append((float(nbytes), seconds))
         if seconds > max_round_s and nbytes >= _SLOPE_BYTES:
             break
@@ -396,8 +383,8 @@ def _sparse_times(comm: MPI.Comm, repeats: int, max_round_s: float,
     gathered, scattered = timed("allgather", allgather), timed("alltoall", alltoall)
     steps = {}
     for multiple in SHARDED_DOWNLINK_MULTIPLES:
-        steps[float(multiple)] = _once_points(comm, SPARSE_SIZES, repeats, max_round_s,
-                                              sharded(multiple))
+        steps[float(multiple)] = _points(comm, SPARSE_SIZES, repeats, max_round_s,
+                                         sharded(multiple), once=True)
         _said(say, comm.Get_rank(), f"sharded TopK's alltoall, then an allgather "
               f"{multiple}x as dense", steps[float(multiple)])
     return gathered, scattered, steps
@@ -485,8 +472,8 @@ def set_allreduce_times(comm: MPI.Comm, racks: Sequence[object], horovod,
         # mean of 4 * repeats runs: the times have two modes (5.5 MB on the rack sets of
         # the 2x2 cluster: 53-165 ms in 24 runs, DS-Sync's steps 170 and 270 ms), and
         # the mean step holds both. Back to back, the median of two read 61 ms there.
-        points = _once_points(comm, sizes, _SET_RUNS * repeats, max_round_s, round_of,
-                              statistic=np.mean)
+        points = _points(comm, sizes, _SET_RUNS * repeats, max_round_s, round_of,
+                         once=True, statistic=np.mean)
     finally:
         for ps in added:
             horovod.remove_process_set(ps)
@@ -533,7 +520,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="rounds per size")
     parser.add_argument("--set-averages-of", metavar="CALIBRATION",
                         help="time only Horovod's averages on process sets again (step 9) "
-                        "and write CALIBRATION with them")
+                        "and write CALIBRATION with the new times to --out")
     args = parser.parse_args(argv)
     say = lambda s: print(s, flush=True)  # noqa: E731
     base = Calibration.load(args.set_averages_of) if args.set_averages_of else \
