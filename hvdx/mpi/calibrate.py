@@ -97,7 +97,7 @@ SET_ALLREDUCE_SIZES = (1024, 1 << 20, 4 << 20, 8 << 20)
 #: the presets' (``fast``: as dense, ``safe``: twice).
 SHARDED_DOWNLINK_MULTIPLES = (1, 2)
 #: Runs per ``repeats`` of a collective timed once after a barrier (module steps 7, 9).
-_SET_RUNS = 4
+_ONCE_RUNS = 4
 _TAG = 7401
 
 Pairs = List[Tuple[int, int]]
@@ -385,7 +385,7 @@ def _sparse_times(comm: MPI.Comm, repeats: int, max_round_s: float,
     for multiple in SHARDED_DOWNLINK_MULTIPLES:
         # The median of 4 * repeats single runs: of 3, the 128 KiB point read 141 ms in
         # one calibration and 160 in another on the same 20 Mbit cluster.
-        steps[float(multiple)] = _points(comm, SPARSE_SIZES, _SET_RUNS * repeats,
+        steps[float(multiple)] = _points(comm, SPARSE_SIZES, _ONCE_RUNS * repeats,
                                          max_round_s, sharded(multiple), once=True)
         _said(say, comm.Get_rank(), f"sharded TopK's alltoall, then an allgather "
               f"{multiple}x as dense", steps[float(multiple)])
@@ -474,7 +474,7 @@ def set_allreduce_times(comm: MPI.Comm, racks: Sequence[object], horovod,
         # mean of 4 * repeats runs: the times have two modes (5.5 MB on the rack sets of
         # the 2x2 cluster: 53-165 ms in 24 runs, DS-Sync's steps 170 and 270 ms), and
         # the mean step holds both. Back to back, the median of two read 61 ms there.
-        points = _points(comm, sizes, _SET_RUNS * repeats, max_round_s, round_of,
+        points = _points(comm, sizes, _ONCE_RUNS * repeats, max_round_s, round_of,
                          once=True, statistic=np.mean)
     finally:
         for ps in added:
