@@ -21,8 +21,9 @@ pairs whose traffic shares one link. Collective over ``comm``:
    stretches its batch tenfold: with three batches, 128 KiB across a 1 Gbit NIC once
    read 19 ms where it takes 2 (more than 1 MiB took in the same run). Ranks outside
    the exchange wait for it with sleeps, not spinning in MPI (where ranks outnumber
-   cores, a spinning idle rank takes a core from those exchanging). Back to back, each exchange waits
-   for the partner's previous one, as the dependent rounds of a collective do; a single
+   cores, a spinning idle rank takes a core from those exchanging). Back to back, each
+   exchange waits for the partner's previous one, as the dependent rounds of a
+   collective do; a single
    exchange after a barrier would not: a small message is sent eagerly, and a rank that
    leaves the barrier late finds its partner's data already there. Sizes stop growing
    once a round of 4 MiB or more took over ``max_round_s``: the slope is known by then
