@@ -59,7 +59,9 @@ pairs whose traffic shares one link. Collective over ``comm``:
    Horovod agrees on every cycle is DS-Sync's); on one rack, everyone (Horovod's
    global set). DS-Sync's crossing average is left to step 6: its time is the
    uplink's, which MPI's allreduce measures as well, and timing it again through a
-   slow uplink would add a minute.
+   slow uplink would add a minute. Each average is named, as DS-Sync names its own,
+   and run three times untimed first, so that the timed runs are answered from Horovod's
+   response cache as DS-Sync's are in every step after its first.
 
 Run it as ``mpirun -n N hvdx plan --calibrate FILE``; ``hvdx bench`` runs it on its
 emulated cluster before the workloads (``python -m hvdx.mpi.calibrate --out FILE``).
@@ -99,6 +101,8 @@ SET_ALLREDUCE_SIZES = (1024, 1 << 20, 4 << 20, 8 << 20)
 SHARDED_DOWNLINK_MULTIPLES = (1, 2)
 #: Runs per ``repeats`` of a collective timed once after a barrier (module steps 7, 9).
 _ONCE_RUNS = 4
+#: Untimed runs of each named Horovod average before its timed ones (module step 9).
+_CACHE_WARMUP = 3
 _TAG = 7401
 
 Pairs = List[Tuple[int, int]]
@@ -462,13 +466,23 @@ def set_allreduce_times(comm: MPI.Comm, racks: Sequence[object], horovod,
     found = registered_sets(horovod) if groups else {}
     added = [horovod.add_process_set(list(g)) for g in groups if g not in found]
     sets = {**found, **{tuple(ps.ranks): ps for ps in added}}
-    mine = next((sets[g] for g in groups[:len(members)] if rank in g),
-                horovod.global_process_set)
+    group = next((g for g in groups[:len(members)] if rank in g), tuple(range(size)))
+    mine = sets.get(group, horovod.global_process_set)
     average = getattr(horovod, "grouped_allreduce_", None) or horovod.grouped_allreduce
 
     def round_of(nbytes: int) -> Callable[[], None]:
         tensor = ones(nbytes)
-        return lambda: average([tensor], op=horovod.Average, process_set=mine)
+        # Named, as DS-Sync names its averages: from its second run on, Horovod's
+        # response cache answers a named op, and the cached op has its own time (5 MiB
+        # on the rack sets of the 2x2 cluster: a steady 121-145 ms in 80 runs, where the
+        # unnamed op, negotiated anew each time, took 48-168 ms, 88 on average).
+        name = f"hvdx.calibrate.{'-'.join(map(str, group))}.{nbytes}"
+
+        def one_round() -> None:
+            average([tensor], op=horovod.Average, name=name, process_set=mine)
+        for _ in range(_CACHE_WARMUP):  # the timed runs are all answered from the cache
+            one_round()
+        return one_round
 
     try:
         # Once after a barrier, as DS-Sync averages once after its local step, and the
@@ -485,10 +499,11 @@ def set_allreduce_times(comm: MPI.Comm, racks: Sequence[object], horovod,
 
 
 def with_set_averages(calibration: Calibration, comm: Optional[MPI.Comm] = None,
-                      say: Optional[Callable[[str], None]] = None) -> Calibration:
-    """``calibration`` with module step 9 added, where Horovod for PyTorch is installed
-    (else as it was, and said): Horovod is initialised for it (with dynamic process
-    sets) and shut down again, unless it was running already."""
+                      say: Optional[Callable[[str], None]] = None,
+                      sizes: Sequence[int] = SET_ALLREDUCE_SIZES) -> Calibration:
+    """``calibration`` with module step 9 added (for ``sizes``), where Horovod for
+    PyTorch is installed (else as it was, and said): Horovod is initialised for it (with
+    dynamic process sets) and shut down again, unless it was running already."""
     comm = MPI.COMM_WORLD if comm is None else comm
     try:
         import torch
@@ -504,7 +519,8 @@ def with_set_averages(calibration: Calibration, comm: Optional[MPI.Comm] = None,
     try:
         times = set_allreduce_times(
             comm, rack_labels(comm) or ["one rack"] * comm.Get_size(), hvd,
-            lambda nbytes: torch.ones(max(1, nbytes // 4), dtype=torch.float32), say=say)
+            lambda nbytes: torch.ones(max(1, nbytes // 4), dtype=torch.float32),
+            sizes=sizes, say=say)
     finally:
         if started:
             hvd.shutdown()
@@ -517,18 +533,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     With ``--set-averages-of CALIBRATION``, only step 9 runs again, and FILE is that
     calibration with the new times (``hvdx bench`` times them again around DS-Sync's
     run: on shared cores they drift with the machine, 61-189 ms for the same average
-    within minutes)."""
+    within minutes). ``--set-average-bytes`` adds a size to step 9's, so that the
+    model's own is timed rather than interpolated between two others."""
     parser = argparse.ArgumentParser(prog="python -m hvdx.mpi.calibrate")
     parser.add_argument("--out", required=True, help="calibration file to write")
     parser.add_argument("--repeats", type=int, default=3, help="rounds per size")
     parser.add_argument("--set-averages-of", metavar="CALIBRATION",
                         help="time only Horovod's averages on process sets again (step 9) "
                         "and write CALIBRATION with the new times to --out")
+    parser.add_argument("--set-average-bytes", type=int, action="append", default=[],
+                        metavar="BYTES", help="time Horovod's averages (step 9) at this "
+                        "size too, such as the model's; repeatable")
     args = parser.parse_args(argv)
+    for nbytes in args.set_average_bytes:
+        if nbytes < 4:
+            parser.error(f"--set-average-bytes={nbytes} must be at least 4 (one float32)")
     say = lambda s: print(s, flush=True)  # noqa: E731
     base = Calibration.load(args.set_averages_of) if args.set_averages_of else \
         calibrate(repeats=args.repeats, say=say)
-    calibration = with_set_averages(base, say=say)
+    sizes = sorted(set(SET_ALLREDUCE_SIZES) | set(args.set_average_bytes))
+    calibration = with_set_averages(base, say=say, sizes=sizes)
     if MPI.COMM_WORLD.Get_rank() == 0:
         calibration.save(args.out)
         say(f"written: {args.out}")

@@ -512,3 +512,13 @@ def test_small_sizes_are_timed_in_three_times_as_many_batches(monkeypatch):
     assert batches == [(16 * 1024, 1)] + [(16 * 1024, 8)] * 9 + [(1 << 20, 1)] + \
         [(1 << 20, 2)] * 3
     assert points == [(16384.0, 0.002), (1048576.0, 0.011)]
+
+
+@pytest.mark.parametrize("value", ["2", "0", "-8"])
+def test_the_calibration_job_refuses_a_size_under_one_float_by_name(value, capsys):
+    from hvdx.mpi.calibrate import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--out", "unused.json", "--set-average-bytes", value])
+    assert exit_.value.code == 2
+    assert f"--set-average-bytes={value} must be at least 4" in capsys.readouterr().err
