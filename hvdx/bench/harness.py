@@ -442,14 +442,15 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
                 retime = priced and calibration is not None and \
                     bool(calibration.set_allreduce_times) and \
                     STRATEGIES[s].cost_model == "dssync"
+                nbytes = _model_bytes(w) if retime else 0
                 averages = [_set_averages_again(cluster, ranks_per_host, out_dir, timeout,
-                                                say)] if retime else []
+                                                say, nbytes)] if retime else []
                 result = run_one(cluster, w, s, steps or WORKLOADS[w].default_steps,
                                  eval_every, out_dir, ranks, ranks_per_host, timeout, say,
                                  placement=placement)
                 if retime:
                     averages.append(_set_averages_again(cluster, ranks_per_host, out_dir,
-                                                        timeout, say))
+                                                        timeout, say, nbytes))
                     timed = _mean_times([a for a in averages if a is not None])
                     if timed:
                         result["set_allreduce_times"] = timed
@@ -530,16 +531,25 @@ def _calibrate(cluster, ranks_per_host: int, out_dir: str, timeout: float, say):
     return calibration
 
 
+def _model_bytes(workload: str) -> int:
+    """Bytes of the workload's parameters, as DS-Sync averages them (float32)."""
+    return 4 * sum(p.numel() for p in WORKLOADS[workload].make_model().parameters())
+
+
 def _set_averages_again(cluster, ranks_per_host: int, out_dir: str, timeout: float,
-                        say) -> Optional[Dict[str, List[list]]]:
+                        say, model_bytes: int = 0) -> Optional[Dict[str, List[list]]]:
     """Horovod's averages on process sets timed again (:mod:`hvdx.mpi.calibrate` step
-    9), as ``{group: [[bytes, seconds]]}``; ``None``, said, if the job fails. Their
-    time drifts with the machine (61 and 189 ms for the same average within minutes),
-    so the bench times them around DS-Sync's cluster run."""
+    9), as ``{group: [[bytes, seconds]]}``, at ``model_bytes`` too where given;
+    ``None``, said, if the job fails. Their time drifts with the machine (61 and 189
+    ms for the same average within minutes), so the bench times them around DS-Sync's
+    cluster run, and at the model's own size rather than interpolated between two
+    timed sizes (which carries both sizes' noise to it)."""
     path = os.path.abspath(os.path.join(out_dir, "calibration.json"))
     again = os.path.abspath(os.path.join(out_dir, "set_averages.json"))
-    calibration = _calibration_job(cluster, ranks_per_host, again,
-                                   ["--set-averages-of", path], min(timeout, 300.0), say)
+    options = ["--set-averages-of", path] + \
+        (["--set-average-bytes", str(model_bytes)] if model_bytes else [])
+    calibration = _calibration_job(cluster, ranks_per_host, again, options,
+                                   min(timeout, 300.0), say)
     if calibration is None or not calibration.set_allreduce_times:
         return None
     return {group: [list(p) for p in points]

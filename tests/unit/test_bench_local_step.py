@@ -36,6 +36,7 @@ def fake_bench(monkeypatch, local_fails=(), calibration=None, set_averages=()):
 
     def set_averages_again(*args):
         jobs.append(("set averages", None, None))
+        fake_bench.set_average_args.append(args[5:])
         return next(timings)
 
     monkeypatch.setattr(harness, "_set_averages_again", set_averages_again)
@@ -63,6 +64,7 @@ def fake_bench(monkeypatch, local_fails=(), calibration=None, set_averages=()):
 
     monkeypatch.setattr(harness, "run_one", run_one)
     fake_bench.envs = envs
+    fake_bench.set_average_args = []
     return cluster, jobs, said, raw_out
 
 
@@ -155,6 +157,20 @@ def test_dssyncs_averages_are_timed_again_around_its_run_and_the_plan_takes_thei
     # The mean of the two timings, for the sizes both timed.
     assert raw[1]["set_allreduce_times"] == {"rack": [[1e6, pytest.approx(0.2)]]}
     assert "set_allreduce_times" not in raw[0]
+
+
+def test_the_averages_around_dssyncs_run_are_timed_at_the_models_own_size(
+        monkeypatch, tmp_path):
+    # digits_vgg has 1,370,634 float32 parameters, the bytes DS-Sync averages.
+    from hvdx.core.calibration import Calibration
+
+    calibration = Calibration(tables={"nic": {1: [(0, 0.001)]}},
+                              set_allreduce_times={"rack": [(1e6, 0.5)]})
+    fake_bench(monkeypatch, calibration=calibration,
+               set_averages=({"rack": [[1e6, 0.1]]}, {"rack": [[1e6, 0.3]]}))
+    harness.run_bench(ClusterSpec(), ["digits_vgg"], ["dssync"], 6, 3, str(tmp_path),
+                      floor=False, say=lambda l: None)
+    assert fake_bench.set_average_args == [(4 * 1_370_634,)] * 2
 
 
 def test_a_failed_timing_of_the_averages_leaves_the_other_and_two_leave_the_calibration(
