@@ -229,12 +229,12 @@ def _batch_s(comm: MPI.Comm, count: int, one_round: Callable[[], None]) -> float
 
 def _points(comm: MPI.Comm, sizes: Sequence[int], repeats: int, max_round_s: float,
             round_of: Callable[[int], Callable[[], None]], once: bool = False,
-            statistic: Callable[[List[float]], float] = np.median
+            statistic: Callable[[List[float]], float] = np.median, through: float = 0
             ) -> List[Tuple[float, float]]:
     """Module step 3 for one pattern: ``[(bytes, seconds per round)]`` for each size,
     ``round_of(nbytes)`` giving one round of it; sizes stop after a round over
-    ``max_round_s``. ``statistic`` of the batches is kept (the median, or the mean
-    where the times have two modes).
+    ``max_round_s``, though not before ``through`` bytes. ``statistic`` of the batches
+    is kept (the median, or the mean where the times have two modes).
 
     With ``once``, each batch is one round after a barrier, as a step runs its
     collectives once after compute: back to back, each round's sends queue behind the
@@ -250,7 +250,7 @@ def _points(comm: MPI.Comm, sizes: Sequence[int], repeats: int, max_round_s: flo
                                    for _ in range(repeats * (_SMALL_REPEATS if small
                                                              else 1))]))
         points.append((float(nbytes), seconds))
-        if seconds > max_round_s and nbytes >= _SLOPE_BYTES:
+        if seconds > max_round_s and nbytes >= max(_SLOPE_BYTES, through):
             break
     return points
 
@@ -434,7 +434,7 @@ def _allreduce_times(comm: MPI.Comm, hosts: Sequence[int], racks: Sequence[objec
 def set_allreduce_times(comm: MPI.Comm, racks: Sequence[object], horovod,
                         ones: Callable[[int], object], repeats: int = 3,
                         max_round_s: float = 1.0, sizes: Sequence[int] = SET_ALLREDUCE_SIZES,
-                        say: Optional[Callable[[str], None]] = None
+                        say: Optional[Callable[[str], None]] = None, through: int = 0
                         ) -> Dict[str, List[Tuple[float, float]]]:
     """Module step 9 (collective): ``{group: [(bytes per rank, seconds)]}``.
 
@@ -444,6 +444,8 @@ def set_allreduce_times(comm: MPI.Comm, racks: Sequence[object], horovod,
         horovod: the initialised Horovod module (``horovod.torch``); with several
             racks it must accept ``add_process_set`` (``hvd.init(process_sets="dynamic")``).
         ones: ``nbytes -> tensor`` of that many bytes of float32, the framework's.
+        through: sizes up to this one are timed however long a round takes (the
+            model's own size, which the plan reads rather than extrapolates).
 
     Sets it had to add are removed again; sets already registered are used as found.
     """
@@ -490,7 +492,7 @@ def set_allreduce_times(comm: MPI.Comm, racks: Sequence[object], horovod,
         # the 2x2 cluster: 53-165 ms in 24 runs, DS-Sync's steps 170 and 270 ms), and
         # the mean step holds both. Back to back, the median of two read 61 ms there.
         points = _points(comm, sizes, _ONCE_RUNS * repeats, max_round_s, round_of,
-                         once=True, statistic=np.mean)
+                         once=True, statistic=np.mean, through=through)
     finally:
         for ps in added:
             horovod.remove_process_set(ps)
@@ -500,8 +502,10 @@ def set_allreduce_times(comm: MPI.Comm, racks: Sequence[object], horovod,
 
 def with_set_averages(calibration: Calibration, comm: Optional[MPI.Comm] = None,
                       say: Optional[Callable[[str], None]] = None,
-                      sizes: Sequence[int] = SET_ALLREDUCE_SIZES) -> Calibration:
-    """``calibration`` with module step 9 added (for ``sizes``), where Horovod for
+                      sizes: Sequence[int] = SET_ALLREDUCE_SIZES,
+                      through: int = 0) -> Calibration:
+    """``calibration`` with module step 9 added (for ``sizes``, each up to ``through``
+    timed however long it takes: :func:`set_allreduce_times`), where Horovod for
     PyTorch is installed (else as it was, and said): Horovod is initialised for it (with
     dynamic process sets) and shut down again, unless it was running already."""
     comm = MPI.COMM_WORLD if comm is None else comm
@@ -520,7 +524,7 @@ def with_set_averages(calibration: Calibration, comm: Optional[MPI.Comm] = None,
         times = set_allreduce_times(
             comm, rack_labels(comm) or ["one rack"] * comm.Get_size(), hvd,
             lambda nbytes: torch.ones(max(1, nbytes // 4), dtype=torch.float32),
-            sizes=sizes, say=say)
+            sizes=sizes, say=say, through=through)
     finally:
         if started:
             hvd.shutdown()
@@ -543,7 +547,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "and write CALIBRATION with the new times to --out")
     parser.add_argument("--set-average-bytes", type=int, action="append", default=[],
                         metavar="BYTES", help="time Horovod's averages (step 9) at this "
-                        "size too, such as the model's; repeatable")
+                        "size too, such as the model's, however long it takes; repeatable")
     args = parser.parse_args(argv)
     for nbytes in args.set_average_bytes:
         if nbytes < 4:
@@ -552,7 +556,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     base = Calibration.load(args.set_averages_of) if args.set_averages_of else \
         calibrate(repeats=args.repeats, say=say)
     sizes = sorted(set(SET_ALLREDUCE_SIZES) | set(args.set_average_bytes))
-    calibration = with_set_averages(base, say=say, sizes=sizes)
+    calibration = with_set_averages(base, say=say, sizes=sizes,
+                                    through=max(args.set_average_bytes, default=0))
     if MPI.COMM_WORLD.Get_rank() == 0:
         calibration.save(args.out)
         say(f"written: {args.out}")

@@ -522,3 +522,18 @@ def test_the_calibration_job_refuses_a_size_under_one_float_by_name(value, capsy
         main(["--out", "unused.json", "--set-average-bytes", value])
     assert exit_.value.code == 2
     assert f"--set-average-bytes={value} must be at least 4" in capsys.readouterr().err
+
+
+def test_sizes_stop_after_a_slow_round_but_not_before_the_size_asked_through(monkeypatch):
+    # Past 4 MiB a round over max_round_s ends the sizes (the slope is known), but the
+    # model's own size, asked for with through=, is timed however long it takes.
+    import hvdx.mpi.calibrate as calibrate
+
+    monkeypatch.setattr(calibrate, "_batch_s", lambda comm, count, one_round: 2.0)
+    sizes = [1 << 20, 4 << 20, 5 << 20, 8 << 20]
+    stopped = calibrate._points(None, sizes, repeats=1, max_round_s=1.0,
+                                round_of=lambda nbytes: nbytes)
+    through = calibrate._points(None, sizes, repeats=1, max_round_s=1.0,
+                                round_of=lambda nbytes: nbytes, through=5 << 20)
+    assert [b for b, _ in stopped] == [1 << 20, 4 << 20]
+    assert [b for b, _ in through] == [1 << 20, 4 << 20, 5 << 20]
