@@ -23,9 +23,9 @@ pairs whose traffic shares one link. Collective over ``comm``:
    the exchange wait for it with sleeps, not spinning in MPI (where ranks outnumber
    cores, a spinning idle rank takes a core from those exchanging). Back to back, each
    exchange waits for the partner's previous one, as the dependent rounds of a
-   collective do; a single
-   exchange after a barrier would not: a small message is sent eagerly, and a rank that
-   leaves the barrier late finds its partner's data already there. Sizes stop growing
+   collective do; a single exchange after a barrier would not: a small message is sent
+   eagerly, and a rank that leaves the barrier late finds its partner's data already
+   there. Sizes stop growing
    once a round of 4 MiB or more took over ``max_round_s``: the slope is known by then
    and the cost model extrapolates it;
 4. the shifts (``"uplink"``: a directed ring through ``c`` ranks of each of the first two
@@ -488,9 +488,10 @@ def set_allreduce_times(comm: MPI.Comm, racks: Sequence[object], horovod,
 
     try:
         # Once after a barrier, as DS-Sync averages once after its local step, and the
-        # mean of 4 * repeats runs: the times have two modes (5.5 MB on the rack sets of
-        # the 2x2 cluster: 53-165 ms in 24 runs, DS-Sync's steps 170 and 270 ms), and
-        # the mean step holds both. Back to back, the median of two read 61 ms there.
+        # mean of 4 * repeats runs: the times can have two modes (unnamed, 5.5 MB on
+        # the rack sets of the 2x2 cluster: 53-165 ms in 24 runs, DS-Sync's steps 170
+        # and 270 ms), and the mean step holds both. Back to back, the median of two
+        # read 61 ms there.
         points = _points(comm, sizes, _ONCE_RUNS * repeats, max_round_s, round_of,
                          once=True, statistic=np.mean, through=through)
     finally:
