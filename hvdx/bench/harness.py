@@ -205,6 +205,11 @@ def _add_predictions(rows: List[Summary], raw: List[Dict], spec,
                 **calibration.set_allreduce_times,
                 **{g: [tuple(p) for p in points]
                    for g, points in (result.get("set_allreduce_times") or {}).items()}})
+            # Sharded TopK's step, where it was timed again around this run (run_bench).
+            if result.get("sharded_topk_times"):
+                timed = dataclasses.replace(timed, sharded_topk_times={
+                    float(m): [tuple(p) for p in points]
+                    for m, points in result["sharded_topk_times"].items()})
             row.predicted_step_s = predict(model_name, Cluster(**layout, calibration=timed),
                                            workload, result.get("local_step_s"),
                                            **options).step_s
@@ -400,8 +405,10 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
     """Run every strategy on every workload (and rank placement), and the floor (every
     rank training alone) unless ``floor`` is false; on an emulated cluster, unless
     ``calibrate`` is false, first the calibration job (:mod:`hvdx.mpi.calibrate`), whose
-    measurements price the ``plan`` column, and right before each priced strategy's first
-    run its local step (:func:`_local_step`); write and return the summaries."""
+    measurements price the ``plan`` column, right before each priced strategy's first
+    run its local step (:func:`_local_step`), and before and after each run the
+    collectives it is priced by that drift with the machine (:func:`_retiming`); write
+    and return the summaries."""
     for name, known, what in ((workloads, WORKLOADS, "workload"),
                               (strategies, STRATEGIES, "strategy")):
         for item in name:
@@ -438,22 +445,18 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
                     # same state (see LOCAL_STEPS).
                     local_steps[w, s] = _local_step(w, s, out_dir, ranks, timeout, say,
                                                     spec, ranks_per_host)
-                # DS-Sync's averages through Horovod, timed again around its run.
-                retime = priced and calibration is not None and \
-                    bool(calibration.set_allreduce_times) and \
-                    STRATEGIES[s].cost_model == "dssync"
-                nbytes = _model_bytes(w) if retime else 0
-                averages = [_set_averages_again(cluster, ranks_per_host, out_dir, timeout,
-                                                say, nbytes)] if retime else []
+                # The collectives the plan prices the run by, timed again around it.
+                retime = _retiming(w, s, calibration) if priced else None
+                again = [retime(cluster, ranks_per_host, out_dir, timeout, say)] \
+                    if retime else []
                 result = run_one(cluster, w, s, steps or WORKLOADS[w].default_steps,
                                  eval_every, out_dir, ranks, ranks_per_host, timeout, say,
                                  placement=placement)
                 if retime:
-                    averages.append(_set_averages_again(cluster, ranks_per_host, out_dir,
-                                                        timeout, say, nbytes))
-                    timed = _mean_times([a for a in averages if a is not None])
+                    again.append(retime(cluster, ranks_per_host, out_dir, timeout, say))
+                    timed = _mean_times([a for a in again if a is not None])
                     if timed:
-                        result["set_allreduce_times"] = timed
+                        result[retime.field] = timed
                 if local_steps.get((w, s)) is not None and (w, s) not in bracketed:
                     # And just after it, once per strategy (see LOCAL_STEPS).
                     after = _local_step(w, s, out_dir, ranks, timeout, say, spec,
@@ -531,9 +534,51 @@ def _calibrate(cluster, ranks_per_host: int, out_dir: str, timeout: float, say):
     return calibration
 
 
+def _params(workload: str) -> int:
+    """How many parameters the workload's model has."""
+    return sum(p.numel() for p in WORKLOADS[workload].make_model().parameters())
+
+
 def _model_bytes(workload: str) -> int:
     """Bytes of the workload's parameters, as DS-Sync averages them (float32)."""
-    return 4 * sum(p.numel() for p in WORKLOADS[workload].make_model().parameters())
+    return 4 * _params(workload)
+
+
+def _retiming(workload: str, strategy: str, calibration):
+    """What the plan prices ``strategy``'s run by that drifts with the machine, as a
+    job to run before and after it (``(cluster, ranks_per_host, out_dir, timeout, say)
+    -> times or None``, its ``field`` the run result's key for their mean), or ``None``.
+
+    On shared cores, the same collective's time moves by a third or more within
+    minutes (Horovod's average on the rack sets: 61 and 189 ms; sharded TopK's step:
+    154 and 213 ms in two calibrations of one cluster), so a calibration made before
+    the first workload prices a run a quarter of an hour later from another machine.
+    DS-Sync's averages through Horovod are timed again at the model's size
+    (:func:`_set_averages_again`); sharded TopK's step at the strategy's own uplink size
+    and downlink multiple (:func:`_sharded_topk_again`)."""
+    from hvdx.core.cost_model import topk_pair_bytes
+
+    strategy = STRATEGIES[strategy]
+    if calibration is None:
+        return None
+    if strategy.cost_model == "dssync" and calibration.set_allreduce_times:
+        nbytes = _model_bytes(workload)
+
+        def job(*args):
+            return _set_averages_again(*args, nbytes)
+        job.field = "set_allreduce_times"
+        return job
+    options = strategy.cost_options
+    if strategy.cost_model == "topk" and options.get("mode") == "sharded" and \
+            calibration.sharded_topk_times:
+        up, down = topk_pair_bytes(_params(workload), options["ratio"],
+                                   options.get("downlink_ratio"))
+
+        def job(*args):
+            return _sharded_topk_again(*args, up, down / up)
+        job.field = "sharded_topk_times"
+        return job
+    return None
 
 
 def _set_averages_again(cluster, ranks_per_host: int, out_dir: str, timeout: float,
@@ -554,6 +599,24 @@ def _set_averages_again(cluster, ranks_per_host: int, out_dir: str, timeout: flo
         return None
     return {group: [list(p) for p in points]
             for group, points in calibration.set_allreduce_times.items()}
+
+
+def _sharded_topk_again(cluster, ranks_per_host: int, out_dir: str, timeout: float,
+                        say, up_bytes: int, multiple: float
+                        ) -> Optional[Dict[str, List[list]]]:
+    """Sharded TopK's step timed again (:mod:`hvdx.mpi.calibrate` step 7, its end) at
+    ``up_bytes`` per rank with a downlink ``multiple`` times as dense, as ``{repr(multiple):
+    [[bytes, seconds]]}``; ``None``, said, if the job fails."""
+    path = os.path.abspath(os.path.join(out_dir, "calibration.json"))
+    again = os.path.abspath(os.path.join(out_dir, "sharded_topk.json"))
+    options = ["--sharded-topk-of", path, "--sharded-topk-bytes", str(up_bytes),
+               "--downlink-multiple", repr(float(multiple))]
+    calibration = _calibration_job(cluster, ranks_per_host, again, options,
+                                   min(timeout, 300.0), say)
+    if calibration is None or not calibration.sharded_topk_times:
+        return None
+    return {repr(m): [list(p) for p in points]
+            for m, points in calibration.sharded_topk_times.items()}
 
 
 def _calibration_job(cluster, ranks_per_host: int, path: str, options: List[str],

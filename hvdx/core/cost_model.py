@@ -92,6 +92,7 @@ __all__ = [
     "prediction_error",
     "speedup",
     "speedup_over_horovod",
+    "topk_pair_bytes",
 ]
 
 _INDEX_BYTES = 4  # a sparse entry travels as an int32 index next to its value
@@ -673,6 +674,20 @@ def _hierarchical(c: Cluster, w: Workload) -> _Plan:
         _Traffic("intra-rack allgather", _rings(grid, half), width - 1)])
 
 
+def topk_pair_bytes(params: int, ratio: float, downlink_ratio: Optional[float] = None,
+                    bytes_per_element: int = 4) -> Tuple[int, int]:
+    """``(uplink, downlink)`` bytes of the (index, value) pairs one rank's TopK selects
+    from ``params`` parameters: ``ceil(ratio * params)`` pairs up, ``ceil(downlink_ratio *
+    params)`` down (``downlink_ratio`` defaults to ``ratio``), each an int32 index next
+    to its value. What the cost model prices, and what ``hvdx bench`` times sharded
+    TopK's step at around its runs."""
+    ratio = _fraction("ratio", ratio, low_open=True)
+    down = _fraction("downlink_ratio", ratio if downlink_ratio is None else downlink_ratio,
+                     low_open=True)
+    pair = _INDEX_BYTES + bytes_per_element
+    return math.ceil(ratio * params) * pair, math.ceil(down * params) * pair
+
+
 def _topk(c: Cluster, w: Workload, ratio: float = 0.01, downlink_ratio: Optional[float] = None,
           mode: str = "gathered") -> _Plan:
     """TopK sparsification (Zou, De Sterck & Liu, arXiv 2209.15203).
@@ -685,11 +700,10 @@ def _topk(c: Cluster, w: Workload, ratio: float = 0.01, downlink_ratio: Optional
     timed sharded TopK's two collectives one after the other, as its step runs them
     (:class:`~hvdx.core.calibration.Calibration` step 9), prices 1 and 3 together so.
     """
-    ratio = _fraction("ratio", ratio, low_open=True)
     if mode not in ("gathered", "sharded"):
         raise ValueError(f"mode={mode!r} must be 'gathered' or 'sharded'")
-    n, pair = c.ranks, _INDEX_BYTES + w.bytes_per_element
-    k_up = math.ceil(ratio * w.params) * pair
+    n = c.ranks
+    k_up, k_down = topk_pair_bytes(w.params, ratio, downlink_ratio, w.bytes_per_element)
     # hvdx's collectives as the calibration timed them (hvdx.core.calibration, step 7);
     # one rank has nothing to send.
     cal = c.calibration if n > 1 else None
@@ -700,9 +714,7 @@ def _topk(c: Cluster, w: Workload, ratio: float = 0.01, downlink_ratio: Optional
         return _Plan(f"topk gathered {ratio:g}", [_as_measured(
             _Traffic("allgather of top-k pairs", gather, n - 1),
             cal and cal.allgather_s(k_up))])
-    down = _fraction("downlink_ratio", ratio if downlink_ratio is None else downlink_ratio,
-                     low_open=True)
-    k_down = math.ceil(down * w.params) * pair
+    down = ratio if downlink_ratio is None else downlink_ratio
     # Indices spread evenly over the n shards: each owner gets k_up/n pairs from each rank.
     scatter = [_shift(n, d, k_up / n) for d in range(1, n)]
     gather = _rings(np.arange(n)[None, :], (n - 1) / n * k_down)

@@ -64,7 +64,9 @@ pairs whose traffic shares one link. Collective over ``comm``:
    response cache as DS-Sync's are in every step after its first.
 
 Run it as ``mpirun -n N hvdx plan --calibrate FILE``; ``hvdx bench`` runs it on its
-emulated cluster before the workloads (``python -m hvdx.mpi.calibrate --out FILE``).
+emulated cluster before the workloads (``python -m hvdx.mpi.calibrate --out FILE``),
+and again around the runs priced by step 9's averages (DS-Sync's) or by the end of step
+7 (each sharded TopK's), timing only those (:func:`main`).
 """
 
 from __future__ import annotations
@@ -83,8 +85,8 @@ from hvdx.mpi import sparse
 from hvdx.mpi.topology import host_labels, rack_labels
 
 __all__ = ["DEFAULT_SIZES", "SET_ALLREDUCE_SIZES", "SHARDED_DOWNLINK_MULTIPLES", "SPARSE_SIZES",
-           "calibrate", "oneway_sets", "pair_sets", "set_allreduce_times", "shift_sets",
-           "with_set_averages"]
+           "calibrate", "oneway_sets", "pair_sets", "set_allreduce_times",
+           "sharded_topk_times", "shift_sets", "with_set_averages"]
 
 #: Bytes per flow of the measured rounds: from a latency-bound message to a model.
 DEFAULT_SIZES = (1024, 16 * 1024, 128 * 1024, 1 << 20, 4 << 20, 8 << 20)
@@ -352,32 +354,55 @@ def calibrate(comm: Optional[MPI.Comm] = None, sizes: Sequence[int] = DEFAULT_SI
                        sharded_topk_times=sharded)
 
 
+def _allgather_round(comm: MPI.Comm, nbytes: int) -> Callable[[], None]:
+    """One run of hvdx's sparse allgather of ``nbytes`` of pairs per rank."""
+    pairs = max(1, nbytes // 8)
+    indices, values = np.arange(pairs, dtype=np.int64), np.ones(pairs, np.float32)
+    return lambda: sparse.allgatherv_pairs(comm, indices, values)
+
+
+def _alltoall_round(comm: MPI.Comm, nbytes: int) -> Callable[[], None]:
+    """One run of hvdx's sparse alltoall of ``nbytes`` of pairs per rank, in equal pieces."""
+    size = comm.Get_size()
+    pairs = max(1, nbytes // 8 // size)
+    piece = (np.arange(pairs, dtype=np.int64), np.ones(pairs, np.float32))
+    return lambda: sparse.alltoallv_pairs(comm, [piece] * size)
+
+
 def _sparse_times(comm: MPI.Comm, repeats: int, max_round_s: float,
                   say: Optional[Callable[[str], None]]
                   ) -> Tuple[List[Tuple[float, float]], List[Tuple[float, float]],
                              Dict[float, List[Tuple[float, float]]]]:
     """Module step 7: ``[(bytes per rank, seconds)]`` of the allgather, the alltoall,
     and per downlink multiple, of sharded TopK's alltoall then allgather."""
-    size = comm.Get_size()
-
-    def allgather(nbytes: int) -> Callable[[], None]:
-        pairs = max(1, nbytes // 8)
-        indices, values = np.arange(pairs, dtype=np.int64), np.ones(pairs, np.float32)
-        return lambda: sparse.allgatherv_pairs(comm, indices, values)
-
-    def alltoall(nbytes: int) -> Callable[[], None]:
-        pairs = max(1, nbytes // 8 // size)
-        piece = (np.arange(pairs, dtype=np.int64), np.ones(pairs, np.float32))
-        return lambda: sparse.alltoallv_pairs(comm, [piece] * size)
-
     def timed(name: str, round_of) -> List[Tuple[float, float]]:
-        points = _points(comm, SPARSE_SIZES, repeats, max_round_s, round_of)
+        points = _points(comm, SPARSE_SIZES, repeats, max_round_s,
+                         lambda nbytes: round_of(comm, nbytes))
         _said(say, comm.Get_rank(), f"hvdx's sparse {name}", points)
         return points
 
-    def sharded(multiple: int) -> Callable[[int], Callable[[], None]]:
+    gathered, scattered = timed("allgather", _allgather_round), \
+        timed("alltoall", _alltoall_round)
+    return gathered, scattered, sharded_topk_times(comm, repeats=repeats,
+                                                   max_round_s=max_round_s, say=say)
+
+
+def sharded_topk_times(comm: MPI.Comm, sizes: Sequence[int] = SPARSE_SIZES,
+                       multiples: Sequence[float] = SHARDED_DOWNLINK_MULTIPLES,
+                       repeats: int = 3, max_round_s: float = 1.0,
+                       say: Optional[Callable[[str], None]] = None
+                       ) -> Dict[float, List[Tuple[float, float]]]:
+    """The end of module step 7 (collective): ``{multiple: [(bytes per rank, seconds)]}``
+    of sharded TopK's step, the alltoall of each of ``sizes`` then the allgather of a
+    downlink ``multiple`` times as dense, once after a barrier (the median of ``4 *
+    repeats`` runs). ``hvdx bench`` times it again around each TopK run, at the
+    strategy's own size (``--sharded-topk-of``)."""
+    size = comm.Get_size()
+
+    def sharded(multiple: float) -> Callable[[int], Callable[[], None]]:
         def round_of(nbytes: int) -> Callable[[], None]:
-            up, down = alltoall(nbytes), allgather(multiple * nbytes // size)
+            up = _alltoall_round(comm, nbytes)
+            down = _allgather_round(comm, int(multiple * nbytes) // size)
 
             def one_step() -> None:
                 up()
@@ -385,16 +410,15 @@ def _sparse_times(comm: MPI.Comm, repeats: int, max_round_s: float,
             return one_step
         return round_of
 
-    gathered, scattered = timed("allgather", allgather), timed("alltoall", alltoall)
     steps = {}
-    for multiple in SHARDED_DOWNLINK_MULTIPLES:
+    for multiple in multiples:
         # The median of 4 * repeats single runs: of 3, the 128 KiB point read 141 ms in
         # one calibration and 160 in another on the same 20 Mbit cluster.
-        steps[float(multiple)] = _points(comm, SPARSE_SIZES, _ONCE_RUNS * repeats,
-                                         max_round_s, sharded(multiple), once=True)
+        steps[float(multiple)] = _points(comm, sizes, _ONCE_RUNS * repeats, max_round_s,
+                                         sharded(multiple), once=True)
         _said(say, comm.Get_rank(), f"sharded TopK's alltoall, then an allgather "
-              f"{multiple}x as dense", steps[float(multiple)])
-    return gathered, scattered, steps
+              f"{multiple:g}x as dense", steps[float(multiple)])
+    return steps
 
 
 def _allreduce_times(comm: MPI.Comm, hosts: Sequence[int], racks: Sequence[object],
@@ -539,26 +563,66 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     calibration with the new times (``hvdx bench`` times them again around DS-Sync's
     run: on shared cores they drift with the machine, 61-189 ms for the same average
     within minutes). ``--set-average-bytes`` adds a size to step 9's, so that the
-    model's own is timed rather than interpolated between two others."""
+    model's own is timed rather than interpolated between two others.
+
+    With ``--sharded-topk-of CALIBRATION``, only sharded TopK's step (the end of step
+    7) runs again, at the sizes of ``--sharded-topk-bytes`` and the multiples of
+    ``--downlink-multiple``, and FILE is that calibration with those times in place of
+    its own (``hvdx bench`` times it around each TopK run, at the strategy's size: the
+    same step read 154 and 213 ms in two calibrations of one cluster)."""
     parser = argparse.ArgumentParser(prog="python -m hvdx.mpi.calibrate")
     parser.add_argument("--out", required=True, help="calibration file to write")
     parser.add_argument("--repeats", type=int, default=3, help="rounds per size")
-    parser.add_argument("--set-averages-of", metavar="CALIBRATION",
-                        help="time only Horovod's averages on process sets again (step 9) "
-                        "and write CALIBRATION with the new times to --out")
+    again = parser.add_mutually_exclusive_group()
+    again.add_argument("--set-averages-of", metavar="CALIBRATION",
+                       help="time only Horovod's averages on process sets again (step 9) "
+                       "and write CALIBRATION with the new times to --out")
+    again.add_argument("--sharded-topk-of", metavar="CALIBRATION",
+                       help="time only sharded TopK's step again (end of step 7) and "
+                       "write CALIBRATION with the new times to --out")
     parser.add_argument("--set-average-bytes", type=int, action="append", default=[],
                         metavar="BYTES", help="time Horovod's averages (step 9) at this "
                         "size too, such as the model's, however long it takes; repeatable")
+    parser.add_argument("--sharded-topk-bytes", type=int, action="append", default=[],
+                        metavar="BYTES", help="with --sharded-topk-of: uplink bytes per "
+                        "rank to time sharded TopK's step at (default: "
+                        f"{', '.join(map(str, SPARSE_SIZES))}); repeatable")
+    parser.add_argument("--downlink-multiple", type=float, action="append", default=[],
+                        metavar="M", help="with --sharded-topk-of: how many times as "
+                        "dense as the uplink the timed downlink is (default: "
+                        f"{', '.join(map(str, SHARDED_DOWNLINK_MULTIPLES))}); repeatable")
     args = parser.parse_args(argv)
     for nbytes in args.set_average_bytes:
         if nbytes < 4:
             parser.error(f"--set-average-bytes={nbytes} must be at least 4 (one float32)")
+    for nbytes in args.sharded_topk_bytes:
+        if nbytes < 8:
+            parser.error(f"--sharded-topk-bytes={nbytes} must be at least 8 (one pair)")
+    for multiple in args.downlink_multiple:
+        if not multiple > 0:
+            parser.error(f"--downlink-multiple={multiple:g} must be positive")
+    if args.sharded_topk_of is None:
+        for flag, given in (("--sharded-topk-bytes", args.sharded_topk_bytes),
+                            ("--downlink-multiple", args.downlink_multiple)):
+            if given:
+                parser.error(f"{flag} needs --sharded-topk-of: it sizes only that timing")
+    elif args.set_average_bytes:
+        parser.error("--set-average-bytes sizes Horovod's averages (step 9), which "
+                     "--sharded-topk-of does not time; give them to separate jobs")
     say = lambda s: print(s, flush=True)  # noqa: E731
-    base = Calibration.load(args.set_averages_of) if args.set_averages_of else \
-        calibrate(repeats=args.repeats, say=say)
-    sizes = sorted(set(SET_ALLREDUCE_SIZES) | set(args.set_average_bytes))
-    calibration = with_set_averages(base, say=say, sizes=sizes,
-                                    through=max(args.set_average_bytes, default=0))
+    if args.sharded_topk_of:
+        base = Calibration.load(args.sharded_topk_of)
+        times = sharded_topk_times(
+            MPI.COMM_WORLD, sorted(set(args.sharded_topk_bytes)) or SPARSE_SIZES,
+            sorted(set(args.downlink_multiple)) or SHARDED_DOWNLINK_MULTIPLES,
+            repeats=args.repeats, say=say)
+        calibration = dataclasses.replace(base, sharded_topk_times=times)
+    else:
+        base = Calibration.load(args.set_averages_of) if args.set_averages_of else \
+            calibrate(repeats=args.repeats, say=say)
+        sizes = sorted(set(SET_ALLREDUCE_SIZES) | set(args.set_average_bytes))
+        calibration = with_set_averages(base, say=say, sizes=sizes,
+                                        through=max(args.set_average_bytes, default=0))
     if MPI.COMM_WORLD.Get_rank() == 0:
         calibration.save(args.out)
         say(f"written: {args.out}")

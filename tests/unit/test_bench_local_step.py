@@ -1,6 +1,7 @@
 """Each priced strategy's local step (every rank on this host) is timed right before and
-right after its cluster run, and so are Horovod's averages around DS-Sync's, so that both
-meet the machine in the same state and a drift in between cancels (no MPI job here)."""
+right after its cluster run, and so are Horovod's averages around DS-Sync's and sharded
+TopK's step around each TopK's, so that both meet the machine in the same state and a
+drift in between cancels (no MPI job here)."""
 
 import pytest
 
@@ -24,22 +25,30 @@ def _ms(values):
             else round(v * 1e3) for v in values]
 
 
-def fake_bench(monkeypatch, local_fails=(), calibration=None, set_averages=()):
+def fake_bench(monkeypatch, local_fails=(), calibration=None, set_averages=(),
+               sharded=()):
     """run_bench with the cluster, the calibration and every MPI job replaced; returns
     the jobs in the order they ran, the raw results and what was said. The timings of
-    Horovod's averages come from ``set_averages`` in turn."""
+    Horovod's averages come from ``set_averages`` in turn, those of sharded TopK's
+    step from ``sharded``."""
     jobs, said, raw_out, envs = [], [], [], []
     cluster = FakeCluster()
     monkeypatch.setattr(harness, "_start_cluster", lambda spec, say: (cluster, "net"))
     monkeypatch.setattr(harness, "_calibrate", lambda *args: calibration)
-    timings = iter(set_averages)
+    timings, sharded_timings = iter(set_averages), iter(sharded)
 
     def set_averages_again(*args):
         jobs.append(("set averages", None, None))
         fake_bench.set_average_args.append(args[5:])
         return next(timings)
 
+    def sharded_topk_again(*args):
+        jobs.append(("sharded topk", None, None))
+        fake_bench.sharded_args.append(args[5:])
+        return next(sharded_timings)
+
     monkeypatch.setattr(harness, "_set_averages_again", set_averages_again)
+    monkeypatch.setattr(harness, "_sharded_topk_again", sharded_topk_again)
     monkeypatch.setattr(harness, "_add_predictions",
                         lambda rows, raw, spec, calibration: raw_out.extend(raw))
     monkeypatch.setattr(harness, "_write", lambda rows, raw, out_dir: None)
@@ -65,6 +74,7 @@ def fake_bench(monkeypatch, local_fails=(), calibration=None, set_averages=()):
     monkeypatch.setattr(harness, "run_one", run_one)
     fake_bench.envs = envs
     fake_bench.set_average_args = []
+    fake_bench.sharded_args = []
     return cluster, jobs, said, raw_out
 
 
@@ -211,3 +221,70 @@ def test_the_plan_of_a_run_takes_the_averages_timed_around_it():
         plans.append(rows[0].predicted_step_s)
     # Ten of every eleven steps average on the racks: 10/11 of the 0.2 s between them.
     assert plans[1] - plans[0] == pytest.approx(10 / 11 * 0.2)
+
+
+# digits_vgg has 1,370,634 parameters: TopK at 1% sends ceil(13,706.34) = 13,707 pairs
+# of 8 bytes up; the "safe" preset's downlink of 2% ceil(27,412.68) = 27,413 pairs.
+DIGITS_UP = 13_707 * 8
+
+
+def test_sharded_topks_step_is_timed_again_around_each_topk_run_at_its_own_size(
+        monkeypatch, tmp_path):
+    from hvdx.core.calibration import Calibration
+
+    calibration = Calibration(tables={"nic": {1: [(0, 0.001)]}},
+                              sharded_topk_times={1: [(1e5, 0.5)], 2: [(1e5, 0.6)]})
+    dgc, masked = repr(1.0), repr(27_413 / 13_707)
+    _, jobs, _, raw = fake_bench(monkeypatch, calibration=calibration, sharded=(
+        {dgc: [[DIGITS_UP, 0.1]]}, {dgc: [[DIGITS_UP, 0.2]]},
+        {masked: [[DIGITS_UP, 0.3]]}, {masked: [[DIGITS_UP, 0.5]]}))
+    harness.run_bench(ClusterSpec(), ["digits_vgg"], ["horovod", "topk_dgc", "topk_masked"],
+                      6, 3, str(tmp_path), floor=False, say=lambda l: None)
+    assert [j[0] + ("/" + j[2] if j[2] else "") for j in jobs] == [
+        "local/horovod", "cluster/horovod", "local/horovod",  # Horovod's own: not again
+        "local/topk_dgc", "sharded topk", "cluster/topk_dgc", "sharded topk",
+        "local/topk_dgc",
+        "local/topk_masked", "sharded topk", "cluster/topk_masked", "sharded topk",
+        "local/topk_masked"]
+    assert fake_bench.sharded_args == [(DIGITS_UP, 1.0)] * 2 + \
+        [(DIGITS_UP, pytest.approx(27_413 / 13_707))] * 2
+    # The mean of the two timings.
+    assert raw[1]["sharded_topk_times"] == {dgc: [[DIGITS_UP, pytest.approx(0.15)]]}
+    assert raw[2]["sharded_topk_times"] == {masked: [[DIGITS_UP, pytest.approx(0.4)]]}
+    assert "sharded_topk_times" not in raw[0]
+
+
+def test_without_a_timed_sharded_step_topk_runs_without_timing_it_again(
+        monkeypatch, tmp_path):
+    from hvdx.core.calibration import Calibration
+
+    calibration = Calibration(tables={"nic": {1: [(0, 0.001)]}})
+    _, jobs, _, raw = fake_bench(monkeypatch, calibration=calibration)
+    harness.run_bench(ClusterSpec(), ["digits_vgg"], ["topk"], 6, 3, str(tmp_path),
+                      floor=False, say=lambda l: None)
+    assert "sharded topk" not in [j[0] for j in jobs]
+    assert "sharded_topk_times" not in raw[0]
+
+
+def test_the_plan_of_a_topk_run_takes_the_sharded_step_timed_around_it():
+    from hvdx.bench.harness import _add_predictions, summarize
+    from hvdx.core.calibration import Calibration
+
+    spec = ClusterSpec(racks=2, hosts_per_rack=2, nic="1gbit", uplink="100mbit")
+    run = {"workload": "digits_vgg", "strategy": "topk_dgc", "ranks": 4, "steps": 10,
+           "step_times": [0.2] * 10, "curve": [{"step": 10, "time": 2.0, "accuracy": 0.96}],
+           "hvdx_bytes_per_rank_per_step": 1e5,
+           "ranks_detail": [{"interface_tx_rx": None}] * 4,
+           "parameter_split": (55_000, 1_315_634), "parameters": 1_370_634,
+           "compute_s": 0.05, "local_step_s": 0.08}
+    calibration = Calibration(tables={"uplink": {1: [(0, 0.01), (1e7, 0.9)]},
+                                      "nic": {1: [(0, 0.001), (1e7, 0.09)]}},
+                              sharded_topk_times={1: [(1e3, 0.01), (1e6, 0.5)]})
+    plans = []
+    for step_s in (0.1, 0.25):
+        retimed = dict(run, sharded_topk_times={repr(1.0): [[DIGITS_UP, step_s]]})
+        rows = [summarize(retimed, 0.95, "net")]
+        _add_predictions(rows, [retimed], spec, calibration)
+        plans.append(rows[0].predicted_step_s)
+    # The local step, then the sharded step as timed at the run's own size.
+    assert plans == [pytest.approx(0.08 + 0.1), pytest.approx(0.08 + 0.25)]

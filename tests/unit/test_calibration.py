@@ -524,6 +524,27 @@ def test_the_calibration_job_refuses_a_size_under_one_float_by_name(value, capsy
     assert f"--set-average-bytes={value} must be at least 4" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--sharded-topk-of", "c.json", "--sharded-topk-bytes", "4"],
+     "--sharded-topk-bytes=4 must be at least 8"),
+    (["--sharded-topk-of", "c.json", "--downlink-multiple", "0"],
+     "--downlink-multiple=0 must be positive"),
+    (["--sharded-topk-bytes", "1024"], "--sharded-topk-bytes needs --sharded-topk-of"),
+    (["--downlink-multiple", "2"], "--downlink-multiple needs --sharded-topk-of"),
+    (["--sharded-topk-of", "c.json", "--set-average-bytes", "1024"],
+     "--set-average-bytes sizes Horovod's averages"),
+    (["--sharded-topk-of", "c.json", "--set-averages-of", "c.json"], "not allowed with"),
+])
+def test_the_calibration_job_refuses_a_timing_it_cannot_do_by_name(argv, message, capsys):
+    # Refused by argparse on every rank before any collective: no rank waits in one.
+    from hvdx.mpi.calibrate import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--out", "unused.json"] + argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 def test_sizes_stop_after_a_slow_round_but_not_before_the_size_asked_through(monkeypatch):
     # Past 4 MiB a round over max_round_s ends the sizes (the slope is known), but the
     # model's own size, asked for with through=, is timed however long it takes.

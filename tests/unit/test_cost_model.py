@@ -17,6 +17,7 @@ from hvdx.core.cost_model import (
     prediction_error,
     speedup,
     speedup_over_horovod,
+    topk_pair_bytes,
 )
 
 VGG16 = Workload.from_total(138e6, 0.9, 0.1, activation_size=25088)
@@ -119,6 +120,15 @@ def test_sharded_downlink_bytes_are_flat_in_n_while_gathered_grows_linearly():
 def test_gathered_topk_sends_n_minus_1_times_k_pairs():
     p = predict("topk", cluster(2, 4), VGG16, ratio=0.01)
     assert p.bytes_per_rank == 7 * math.ceil(0.01 * VGG16.params) * 8
+
+
+def test_topk_pair_bytes_are_a_rounded_up_count_of_int32_index_and_float32_value():
+    # 1% of 1,370,634 is 13,706.34 pairs: 13,707; 2% is 27,412.68: 27,413.
+    assert topk_pair_bytes(1_370_634, 0.01) == (13_707 * 8, 13_707 * 8)
+    assert topk_pair_bytes(1_370_634, 0.01, 0.02) == (13_707 * 8, 27_413 * 8)
+    assert topk_pair_bytes(10, 1.0, bytes_per_element=2) == (60, 60)
+    with pytest.raises(ValueError, match="downlink_ratio=0"):
+        topk_pair_bytes(10, 0.5, 0)
 
 
 def test_topk_at_ratio_one_costs_no_less_than_dense():

@@ -37,3 +37,31 @@ def test_one_rank_has_no_link_to_time():
         pytest.skip("a job of one rank")
     with pytest.raises(ValueError, match="at least 2 ranks"):
         calibrate(sizes=(1024,), repeats=1)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_timing_sharded_topk_again_replaces_only_its_step_at_the_size_asked(tmp_path_factory):
+    # What hvdx bench runs around each TopK run: one size, one downlink multiple.
+    import json
+    import os
+
+    from hvdx.core.calibration import Calibration
+    from hvdx.mpi.calibrate import main
+
+    world = MPI.COMM_WORLD
+    folder = world.bcast(str(tmp_path_factory.mktemp("again")) if world.rank == 0 else None)
+    base, out = os.path.join(folder, "base.json"), os.path.join(folder, "again.json")
+    if world.rank == 0:
+        Calibration(tables={"intra-host": {1: [(1024, 0.001)]}},
+                    allgather_times=[(1024, 0.002)],
+                    sharded_topk_times={1: [(1024, 9.0)], 2: [(1024, 9.0)]}).save(base)
+    world.Barrier()
+    assert main(["--out", out, "--sharded-topk-of", base, "--sharded-topk-bytes", "2048",
+                 "--downlink-multiple", "1.5", "--repeats", "1"]) == 0
+    with open(out) as f:
+        again = Calibration.from_dict(json.load(f))
+    (multiple, points), = again.sharded_topk_times.items()
+    assert multiple == 1.5 and [b for b, _ in points] == [2048]
+    assert 0 < points[0][1] < 9.0  # timed here, not the base's
+    assert again.allgather_times == [(1024, 0.002)]  # the rest as it was
+    assert again.tables == {"intra-host": {1: [(1024, 0.001)]}}
