@@ -59,8 +59,11 @@ WARMUP_STEPS = 2
 #: A second local run right after the cluster run brackets it, and the plan takes the
 #: mean of the two: a drift over the minute of the cluster run then cancels (one local
 #: run alone put topk_dgc's step 12% above topk_masked's, whose step does the same and
-#: more).
-LOCAL_STEPS = 40
+#: more). As many steps as a cluster run of the built-in workloads takes by default, so
+#: that the local mean averages over as long a stretch of the machine's speed as the
+#: mean it prices: with 40 steps (5 s of TopK), the two local runs around one flat
+#: cluster run read 136 and 158 ms, and TopK's 98 cluster steps between them 129.
+LOCAL_STEPS = 100
 
 
 @dataclass
