@@ -592,34 +592,41 @@ def _set_averages_again(cluster, ranks_per_host: int, out_dir: str, timeout: flo
     ms for the same average within minutes), so the bench times them around DS-Sync's
     cluster run, and at the model's own size rather than interpolated between two
     timed sizes (which carries both sizes' noise to it)."""
-    path = os.path.abspath(os.path.join(out_dir, "calibration.json"))
-    again = os.path.abspath(os.path.join(out_dir, "set_averages.json"))
-    options = ["--set-averages-of", path] + \
-        (["--set-average-bytes", str(model_bytes)] if model_bytes else [])
-    calibration = _calibration_job(cluster, ranks_per_host, again, options,
-                                   min(timeout, 300.0), say)
-    if calibration is None or not calibration.set_allreduce_times:
-        return None
-    return {group: [list(p) for p in points]
-            for group, points in calibration.set_allreduce_times.items()}
+    return _timed_again(cluster, ranks_per_host, out_dir, timeout, say,
+                        "set_averages.json", "set_allreduce_times", ["--set-averages-of"] +
+                        (["--set-average-bytes", str(model_bytes)] if model_bytes else []))
 
 
 def _sharded_topk_again(cluster, ranks_per_host: int, out_dir: str, timeout: float,
                         say, up_bytes: int, multiple: float
                         ) -> Optional[Dict[str, List[list]]]:
     """Sharded TopK's step timed again (:mod:`hvdx.mpi.calibrate` step 7, its end) at
-    ``up_bytes`` per rank with a downlink ``multiple`` times as dense, as ``{repr(multiple):
+    ``up_bytes`` per rank with a downlink ``multiple`` times as dense, as ``{str(multiple):
     [[bytes, seconds]]}``; ``None``, said, if the job fails."""
-    path = os.path.abspath(os.path.join(out_dir, "calibration.json"))
-    again = os.path.abspath(os.path.join(out_dir, "sharded_topk.json"))
-    options = ["--sharded-topk-of", path, "--sharded-topk-bytes", str(up_bytes),
-               "--downlink-multiple", repr(float(multiple))]
-    calibration = _calibration_job(cluster, ranks_per_host, again, options,
+    return _timed_again(cluster, ranks_per_host, out_dir, timeout, say,
+                        "sharded_topk.json", "sharded_topk_times",
+                        ["--sharded-topk-of", "--sharded-topk-bytes", str(up_bytes),
+                         "--downlink-multiple", repr(float(multiple))])
+
+
+def _timed_again(cluster, ranks_per_host: int, out_dir: str, timeout: float, say,
+                 file_name: str, field: str, options: List[str]
+                 ) -> Optional[Dict[str, List[list]]]:
+    """Runs the calibration job in one of its modes that times a part again
+    (``options``: the mode's flag, then its own options; the bench's calibration is
+    the base), writing ``file_name`` in ``out_dir``, and returns that part, the
+    :class:`~hvdx.core.calibration.Calibration` ``field``, as JSON-ready
+    ``{str(key): [[bytes, seconds]]}``; ``None``, said, if the job fails or timed
+    nothing."""
+    base = os.path.abspath(os.path.join(out_dir, "calibration.json"))
+    again = os.path.abspath(os.path.join(out_dir, file_name))
+    calibration = _calibration_job(cluster, ranks_per_host, again,
+                                   options[:1] + [base] + options[1:],
                                    min(timeout, 300.0), say)
-    if calibration is None or not calibration.sharded_topk_times:
+    times = getattr(calibration, field, None)
+    if not times:
         return None
-    return {repr(m): [list(p) for p in points]
-            for m, points in calibration.sharded_topk_times.items()}
+    return {str(key): [list(p) for p in points] for key, points in times.items()}
 
 
 def _calibration_job(cluster, ranks_per_host: int, path: str, options: List[str],

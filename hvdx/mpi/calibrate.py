@@ -592,12 +592,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "dense as the uplink the timed downlink is (default: "
                         f"{', '.join(map(str, SHARDED_DOWNLINK_MULTIPLES))}); repeatable")
     args = parser.parse_args(argv)
-    for nbytes in args.set_average_bytes:
-        if nbytes < 4:
-            parser.error(f"--set-average-bytes={nbytes} must be at least 4 (one float32)")
-    for nbytes in args.sharded_topk_bytes:
-        if nbytes < 8:
-            parser.error(f"--sharded-topk-bytes={nbytes} must be at least 8 (one pair)")
+    for flag, sizes, least, what in (
+            ("--set-average-bytes", args.set_average_bytes, 4, "one float32"),
+            ("--sharded-topk-bytes", args.sharded_topk_bytes, 8, "one pair")):
+        for nbytes in sizes:
+            if nbytes < least:
+                parser.error(f"{flag}={nbytes} must be at least {least} ({what})")
     for multiple in args.downlink_multiple:
         if not multiple > 0:
             parser.error(f"--downlink-multiple={multiple:g} must be positive")

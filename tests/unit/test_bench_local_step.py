@@ -288,3 +288,28 @@ def test_the_plan_of_a_topk_run_takes_the_sharded_step_timed_around_it():
         plans.append(rows[0].predicted_step_s)
     # The local step, then the sharded step as timed at the run's own size.
     assert plans == [pytest.approx(0.08 + 0.1), pytest.approx(0.08 + 0.25)]
+
+
+def test_timing_again_runs_the_jobs_mode_on_the_benchs_calibration(monkeypatch, tmp_path):
+    from hvdx.core.calibration import Calibration
+
+    jobs = []
+
+    def calibration_job(cluster, ranks_per_host, path, options, timeout, say):
+        jobs.append((path, options))
+        return Calibration(tables={"nic": {1: [(0, 0.001)]}},
+                           sharded_topk_times={1.5: [(2048, 0.25)]},
+                           set_allreduce_times={"rack": [(1e6, 0.5)]})
+
+    monkeypatch.setattr(harness, "_calibration_job", calibration_job)
+    base = str(tmp_path / "calibration.json")
+    assert harness._sharded_topk_again(None, 1, str(tmp_path), 900, None, 2048, 1.5) == \
+        {"1.5": [[2048, 0.25]]}
+    assert harness._set_averages_again(None, 1, str(tmp_path), 900, None, 4000) == \
+        {"rack": [[1e6, 0.5]]}
+    assert jobs == [
+        (str(tmp_path / "sharded_topk.json"), ["--sharded-topk-of", base,
+                                               "--sharded-topk-bytes", "2048",
+                                               "--downlink-multiple", "1.5"]),
+        (str(tmp_path / "set_averages.json"), ["--set-averages-of", base,
+                                               "--set-average-bytes", "4000"])]
