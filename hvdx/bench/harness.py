@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, NamedTuple, Optional
 
 import numpy as np
 
@@ -64,6 +64,14 @@ WARMUP_STEPS = 2
 #: mean it prices: with 40 steps (5 s of TopK), the two local runs around one flat
 #: cluster run read 136 and 158 ms, and TopK's 98 cluster steps between them 129.
 LOCAL_STEPS = 100
+
+
+class LocalRun(NamedTuple):
+    """A strategy's local run (:func:`_local_step`): its mean step, and the least mean
+    time any rank spent in hvdx's own MPI waits in a step (None: the run did not say)."""
+
+    step_s: float
+    wait_s: Optional[float] = None
 
 
 @dataclass
@@ -171,7 +179,8 @@ def _add_predictions(rows: List[Summary], raw: List[Dict], spec,
 
     With a calibration, the step without the cluster's wire is the strategy's own local
     run (every rank on this host through shared memory, :data:`LOCAL_STEPS` steps:
-    compute, the strategy's CPU work and its collectives' waits) where there was one, else
+    compute, the strategy's CPU work and its collectives' waits, with the time its ranks
+    spent in hvdx's own exchanges, in which the wire can run) where there was one, else
     the floor's measured step of the same workload (every rank training alone on the same
     cores), else the runner's timed forward and backward pass."""
     from hvdx.core.cost_model import Cluster, Workload, predict
@@ -215,6 +224,7 @@ def _add_predictions(rows: List[Summary], raw: List[Dict], spec,
                     for m, points in result["sharded_topk_times"].items()})
             row.predicted_step_s = predict(model_name, Cluster(**layout, calibration=timed),
                                            workload, result.get("local_step_s"),
+                                           local_wait_s=result.get("local_wait_s"),
                                            **options).step_s
 
 
@@ -430,10 +440,10 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
     rows, raw = [], []
     calibration = None
     try:
-        # (workload, strategy) -> its local step before its first cluster run, and
+        # (workload, strategy) -> its local run before its first cluster run, and
         # [before, after] with the one after it.
-        local_steps: Dict[tuple, Optional[float]] = {}
-        bracketed: Dict[tuple, List[float]] = {}
+        local_steps: Dict[tuple, Optional[LocalRun]] = {}
+        bracketed: Dict[tuple, List[LocalRun]] = {}
         priced = cluster_used and calibrate
         if priced:
             calibration = _calibrate(cluster, ranks_per_host, out_dir, timeout, say)
@@ -467,8 +477,7 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
                     bracketed[w, s] = [local_steps[w, s]] + ([] if after is None
                                                              else [after])
                 if (w, s) in bracketed:
-                    result["local_steps_s"] = bracketed[w, s]
-                    result["local_step_s"] = sum(bracketed[w, s]) / len(bracketed[w, s])
+                    _add_local_runs(result, bracketed[w, s])
                 raw.append(result)
                 rows.append(summarize(result, WORKLOADS[w].target_accuracy, network))
     finally:
@@ -493,12 +502,37 @@ def _mean_times(timings: List[Dict[str, List[list]]]) -> Dict[str, List[list]]:
     return out
 
 
+def _add_local_runs(result: Dict, runs: List[LocalRun]) -> None:
+    """Record a run's local runs in its result, and their means: the step and the wait
+    the plan prices it from (:func:`_add_predictions`); a wait only if every run had one."""
+    result["local_steps_s"] = [r.step_s for r in runs]
+    result["local_step_s"] = sum(result["local_steps_s"]) / len(runs)
+    waits = [r.wait_s for r in runs if r.wait_s is not None]
+    if len(waits) == len(runs):
+        result["local_waits_s"] = waits
+        result["local_wait_s"] = sum(waits) / len(waits)
+
+
+def local_wait(result: Dict) -> Optional[float]:
+    """The least, over ranks, of a rank's mean time per step in hvdx's MPI waits (over
+    the steps :func:`mean_step` counts); ``None`` if the runner did not record them.
+
+    The least, because the cluster's wire lengthens the step by what it takes beyond
+    the waits of the rank that waits least."""
+    waits = [r.get("step_waits") for r in result["ranks_detail"]]
+    if not waits or any(w is None for w in waits):
+        return None
+    period = result.get("schedule_period", 1)
+    return min(mean_step(w, period) for w in waits)
+
+
 def _local_step(workload: str, strategy: str, out_dir: str, ranks: int, timeout: float,
-                say, spec=None, ranks_per_host: int = 1) -> Optional[float]:
+                say, spec=None, ranks_per_host: int = 1) -> Optional[LocalRun]:
     """The strategy's mean step after :data:`WARMUP_STEPS` with every rank on this host,
-    talking through shared memory, :data:`LOCAL_STEPS` steps: the step the calibrated
-    plan adds the cluster's wire to (:func:`_add_predictions`). A run that fails is said
-    and gives ``None`` (the plan then takes the floor's step).
+    talking through shared memory, :data:`LOCAL_STEPS` steps, and its ranks' waits
+    (:func:`local_wait`): the step the calibrated plan adds the cluster's wire to
+    (:func:`_add_predictions`). A run that fails is said and gives ``None`` (the plan
+    then takes the floor's step).
 
     The ranks are told the emulated cluster ``spec`` they stand in for (its topology and
     link rates), so that DS-Sync runs the cluster's rotation, with the cluster's groups
@@ -520,9 +554,11 @@ def _local_step(workload: str, strategy: str, out_dir: str, ranks: int, timeout:
             f"({str(error).splitlines()[0]}); its plan takes the floor's step")
         return None
     step = mean_step(result["step_times"], result.get("schedule_period", 1))
-    say(f"  {workload} / {strategy}: local step {step * 1e3:.1f} ms ({LOCAL_STEPS} steps, "
-        "every rank on this host)")
-    return step
+    wait = local_wait(result)
+    waited = "" if not wait else f", {wait * 1e3:.1f} ms of it waiting in hvdx's exchanges"
+    say(f"  {workload} / {strategy}: local step {step * 1e3:.1f} ms{waited} ({LOCAL_STEPS} "
+        "steps, every rank on this host)")
+    return LocalRun(step, wait)
 
 
 def _calibrate(cluster, ranks_per_host: int, out_dir: str, timeout: float, say):

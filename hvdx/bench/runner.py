@@ -12,7 +12,8 @@ Steps:
 3. after a barrier, each rank reads its data interface's byte counters, then trains;
    the clock runs during training steps only (evaluation is excluded; communication a
    strategy leaves in flight past ``step()`` is completed on the clock before an
-   evaluation, :attr:`Strategy.before_eval`);
+   evaluation, :attr:`Strategy.before_eval`), and so does each rank's time in hvdx's
+   own MPI waits (:func:`hvdx.mpi.sparse.waited_s`);
 4. every ``--eval-every`` steps all ranks evaluate on the test set, the mean accuracy
    is recorded against training time, and rank 0 prints a progress line (JSON);
 5. rank 0 writes step times, the accuracy curve, hvdx's byte count and the interface
@@ -114,6 +115,7 @@ def main(argv=None):
     from hvdx.bench.strategies import STRATEGIES
     from hvdx.bench.workloads import WORKLOADS, parameter_split
     from hvdx.datasets import digits
+    from hvdx.mpi.sparse import waited_s
 
     workload, strategy = WORKLOADS[args.workload], STRATEGIES[args.strategy]
     hvd.init(**strategy.init_kwargs)
@@ -181,19 +183,20 @@ def main(argv=None):
     # The interfaces also carry the evaluations (Stanza's full_model moves the head):
     # their bytes are subtracted, so that the counters hold the training steps only.
     evaluation_bytes = np.zeros(2)
-    step_times, curve, train_time = [], [], 0.0
+    step_times, step_waits, curve, train_time = [], [], [], 0.0
     for step in range(1, args.steps + 1):
         i = (step - 1) % per_epoch
         if i == 0 and step > 1:
             order = rng.permutation(len(x_train))
         idx = torch.from_numpy(order[i * batch:(i + 1) * batch])
-        start = time.perf_counter()
+        waited, start = waited_s(), time.perf_counter()
         loss = train_step(idx)
         evaluating = step % args.eval_every == 0 or step == args.steps
         if evaluating and strategy.before_eval is not None:
             strategy.before_eval(optimizer)  # on the clock, not in the evaluation
         elapsed = time.perf_counter() - start
         step_times.append(elapsed)
+        step_waits.append(waited_s() - waited)
         train_time += elapsed
         if evaluating:
             before = interface_bytes(iface)
@@ -218,7 +221,9 @@ def main(argv=None):
     everyone = hvd.allgather_object({"rank": rank, "interface_tx_rx": interface,
                                      "median_step": float(np.median(step_times)),
                                      "compute_s": compute_s, "hvdx_sent": sent,
-                                     "hvdx_received": received})
+                                     "hvdx_received": received,
+                                     # Seconds of each step spent in hvdx's MPI waits.
+                                     "step_waits": step_waits})
     # Ranks need not send alike (a DS-Sync rank that sits out a cross phase sends
     # nothing): report the mean, as for the interface counters.
     sent = float(np.mean([r["hvdx_sent"] for r in everyone]))

@@ -318,6 +318,8 @@ class Prediction:
         phases: the priced phases.
         data_ranks: ranks that train on a batch each step (Stanza: conv workers only).
         overlap: communication runs during the compute (decentralized combine-then-adapt).
+        hidden_s: communication that runs inside the waits the measured local step
+            already holds (``predict``'s ``local_wait_s``), so not added to it again.
     """
 
     strategy: str
@@ -329,13 +331,15 @@ class Prediction:
     phases: Tuple[Phase, ...]
     data_ranks: int
     overlap: bool = False
+    hidden_s: float = 0.0
 
     @property
     def step_s(self) -> float:
-        """compute + communication; ``max`` of the two where they overlap."""
+        """compute + communication, less what of it is hidden in the local step's waits;
+        ``max`` of the two where they overlap."""
         if self.overlap:
             return max(self.compute_s, self.comm_s)
-        return self.compute_s + self.comm_s
+        return self.compute_s + self.comm_s - self.hidden_s
 
     @property
     def seconds_per_batch(self) -> float:
@@ -873,7 +877,8 @@ def _options_of(strategy: str) -> Tuple[str, ...]:
 
 
 def predict(strategy: str, cluster: Cluster, workload: Workload,
-            local_step_s: Optional[float] = None, **options) -> Prediction:
+            local_step_s: Optional[float] = None, local_wait_s: Optional[float] = None,
+            **options) -> Prediction:
     """Predicts one step of ``strategy`` on ``cluster``.
 
     Args:
@@ -888,6 +893,14 @@ def predict(strategy: str, cluster: Cluster, workload: Workload,
             (the ranks' waits on each other), none of which the phases price; shared
             memory's own transfer time is small next to a cluster's (8 MiB: under 1 ms),
             so the phases are added whole. ``None``: the workload's compute.
+        local_wait_s: of ``local_step_s``, the time per step that the rank waiting
+            least spent in hvdx's own MPI waits (:func:`hvdx.mpi.sparse.waited_s`). With
+            four ranks on two cores a rank waits there while the others use the cores
+            (every rank waited 30-55 ms of a TopK step), and a short wire runs inside
+            that wait instead of after it: on a flat cluster with 14 ms of priced
+            wire, TopK's step was 3 ms longer than its local step, not 14. The step is
+            then ``local_step_s + max(0, comm - local_wait_s)``. Needs ``local_step_s``;
+            not used where communication overlaps the compute (already ``max``).
         **options: the strategy's options: topk ``ratio``, ``downlink_ratio``, ``mode``;
             dssync ``intra_phases``, ``cross_ranks``; decentralized ``topology``,
             ``order``, ``mix_every``; stanza ``fc_workers``.
@@ -903,6 +916,14 @@ def predict(strategy: str, cluster: Cluster, workload: Workload,
                          f"takes: {', '.join(_options_of(strategy)) or 'none'}")
     if local_step_s is not None:
         local_step_s = parse_time(local_step_s, "local_step_s")
+    if local_wait_s is not None:
+        if local_step_s is None:
+            raise ValueError(f"local_wait_s={local_wait_s!r} needs local_step_s: it is "
+                             "the part of a measured local step spent waiting")
+        local_wait_s = parse_time(local_wait_s, "local_wait_s")
+        if local_wait_s > local_step_s:
+            raise ValueError(f"local_wait_s={local_wait_s!r} is longer than "
+                             f"local_step_s={local_step_s!r}, which holds it")
     plan = STRATEGIES[strategy](cluster, workload, **options)
     phases = tuple(_price(t, cluster) for t in plan.traffic)
     per_link: Dict[str, float] = {}
@@ -910,11 +931,13 @@ def predict(strategy: str, cluster: Cluster, workload: Workload,
         per_link[p.bottleneck] = per_link.get(p.bottleneck, 0.0) + p.weight * p.seconds
     comm = sum(per_link.values())
     compute = workload.compute_s if plan.compute_s is None else plan.compute_s
+    hidden = 0.0 if local_wait_s is None or plan.overlap else min(local_wait_s, comm)
     return Prediction(
         strategy, plan.label, compute if local_step_s is None else local_step_s, comm,
         sum(p.weight * p.sent_bytes for p in phases),
         max(per_link, key=per_link.get) if comm > 0 else "none", phases,
-        cluster.ranks if plan.data_ranks is None else plan.data_ranks, plan.overlap)
+        cluster.ranks if plan.data_ranks is None else plan.data_ranks, plan.overlap,
+        hidden)
 
 
 def compare(cluster: Cluster, workload: Workload,

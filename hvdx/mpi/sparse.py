@@ -17,6 +17,10 @@ spinning takes the core from the very rank being waited for. ``HVDX_MPI_POLL_US=
 spins (``MPI_Wait``). Point-to-point exchanges, whose large messages move in chunks
 that each need a test on both ends, wait with :func:`wait_all`: they test without
 sleeping (yielding the core) for the first :data:`SPIN_S`, then sleep between tests.
+
+Both add the seconds they wait to :func:`waited_s`. ``hvdx bench`` reads it around each
+step of a local run: the time a rank's exchanges leave its core to the others, which a
+cluster's wire can run in (:func:`hvdx.core.cost_model.predict`'s ``local_wait_s``).
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ import numpy as np
 from mpi4py import MPI
 
 __all__ = ["SPIN_S", "allgather_int", "allgatherv_floats", "allgatherv_pairs",
-           "alltoallv_pairs", "pack_pairs", "pause", "unpack_pairs", "wait", "wait_all"]
+           "alltoallv_pairs", "pack_pairs", "pause", "unpack_pairs", "wait", "wait_all",
+           "waited_s"]
 
 Pairs = Tuple[np.ndarray, np.ndarray]
 _INDEX_LIMIT = np.iinfo(np.int32).max
@@ -55,13 +60,26 @@ _POLL_S = _poll_seconds()
 SPIN_S = 0.002
 
 
+_waited = 0.0  # seconds in wait() and wait_all(), this process (waited_s)
+
+
+def waited_s() -> float:
+    """Seconds this process has spent in :func:`wait` and :func:`wait_all` so far."""
+    return _waited
+
+
 def wait(request: MPI.Request) -> None:
     """Complete ``request``, sleeping between tests instead of spinning (module docstring)."""
-    if _POLL_S <= 0:
-        request.Wait()
-        return
-    while not request.Test():
-        time.sleep(_POLL_S)
+    global _waited
+    start = time.perf_counter()
+    try:
+        if _POLL_S <= 0:
+            request.Wait()
+            return
+        while not request.Test():
+            time.sleep(_POLL_S)
+    finally:
+        _waited += time.perf_counter() - start
 
 
 def pause(spin_until: float) -> None:
@@ -78,12 +96,17 @@ def wait_all(requests: List[MPI.Request], statuses: Optional[List[MPI.Status]] =
     """``MPI_Waitall`` of point-to-point ``requests``, spin-then-sleep (module docstring):
     a late peer is waited for with sleeps, which must not slow it down; the first
     milliseconds, while a large message moves in chunks, with yields."""
-    if _POLL_S <= 0:
-        MPI.Request.Waitall(requests, statuses)
-        return
-    spin_until = time.perf_counter() + SPIN_S
-    while not MPI.Request.Testall(requests, statuses):
-        pause(spin_until)
+    global _waited
+    start = time.perf_counter()
+    try:
+        if _POLL_S <= 0:
+            MPI.Request.Waitall(requests, statuses)
+            return
+        spin_until = start + SPIN_S
+        while not MPI.Request.Testall(requests, statuses):
+            pause(spin_until)
+    finally:
+        _waited += time.perf_counter() - start
 
 
 def allgather_int(comm: MPI.Comm, value: int) -> np.ndarray:
