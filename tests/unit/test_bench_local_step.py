@@ -26,11 +26,13 @@ def _ms(values):
 
 
 def fake_bench(monkeypatch, local_fails=(), calibration=None, set_averages=(),
-               sharded=()):
+               sharded=(), local_waits=None):
     """run_bench with the cluster, the calibration and every MPI job replaced; returns
     the jobs in the order they ran, the raw results and what was said. The timings of
     Horovod's averages come from ``set_averages`` in turn, those of sharded TopK's
-    step from ``sharded``."""
+    step from ``sharded``; ``local_waits`` (the local runs in turn) gives each rank's
+    wait in hvdx's exchanges after the warm-up steps (else the runs record none)."""
+    local_waits = iter(local_waits or ())
     jobs, said, raw_out, envs = [], [], [], []
     cluster = FakeCluster()
     monkeypatch.setattr(harness, "_start_cluster", lambda spec, say: (cluster, "net"))
@@ -65,11 +67,16 @@ def fake_bench(monkeypatch, local_fails=(), calibration=None, set_averages=(),
         local_step = 0.1 if len([j for j in jobs if j[2] == strategy]) == 1 else 0.15
         times = ([1.0] * WARMUP_STEPS + [local_step] * (steps - WARMUP_STEPS)) if local \
             else [0.5] * steps
+        detail = [{"interface_tx_rx": None} for _ in range(4)]
+        waits = next(local_waits, None) if local else None
+        for rank, wait in enumerate(waits or ()):
+            # The warm-up steps wait long (connections are set up): left out.
+            detail[rank]["step_waits"] = [0.9] * WARMUP_STEPS + \
+                [wait] * (steps - WARMUP_STEPS)
         return {"workload": workload, "strategy": strategy, "ranks": 4, "steps": steps,
                 "step_times": times, "curve": [{"step": steps, "time": sum(times),
                                                 "accuracy": 0.9}],
-                "hvdx_bytes_per_rank_per_step": 0.0,
-                "ranks_detail": [{"interface_tx_rx": None}] * 4}
+                "hvdx_bytes_per_rank_per_step": 0.0, "ranks_detail": detail}
 
     monkeypatch.setattr(harness, "run_one", run_one)
     fake_bench.envs = envs
@@ -313,3 +320,68 @@ def test_timing_again_runs_the_jobs_mode_on_the_benchs_calibration(monkeypatch, 
                                                "--downlink-multiple", "1.5"]),
         (str(tmp_path / "set_averages.json"), ["--set-averages-of", base,
                                                "--set-average-bytes", "4000"])]
+
+
+def test_the_local_runs_record_the_least_wait_of_any_rank_and_the_plan_takes_their_mean(
+        monkeypatch, tmp_path):
+    # Before the cluster run the ranks waited 30, 20, 40 and 50 ms a step in hvdx's
+    # exchanges, after it 40, 45, 60 and 70 ms: the rank waiting least sets how much
+    # wire the step can hold.
+    # (Horovod's two local runs come first, and its ranks wait in no hvdx exchange.)
+    _, _, said, raw = fake_bench(monkeypatch, local_waits=(
+        None, None, (0.03, 0.02, 0.04, 0.05), (0.04, 0.045, 0.06, 0.07)))
+    harness.run_bench(ClusterSpec(), ["digits_vgg"], ["topk"], 6, 3, str(tmp_path),
+                      floor=False, say=said.append)
+    assert [r["strategy"] for r in raw] == ["horovod", "topk"]
+    assert "local_wait_s" not in raw[0]
+    assert _ms(raw[1]["local_waits_s"]) == [20, 40]
+    assert raw[1]["local_wait_s"] == pytest.approx(0.03)
+    assert f"  digits_vgg / topk: local step 100.0 ms, 20.0 ms of it waiting in hvdx's " \
+        f"exchanges ({LOCAL_STEPS} steps, every rank on this host)" in said
+
+
+def test_a_local_run_without_waits_leaves_the_plan_without_one(monkeypatch, tmp_path):
+    # Horovod's own collectives wait in its background thread, not in hvdx's waits; and
+    # a run that recorded no waits (an older runner) gives none, not zero.
+    _, _, _, raw = fake_bench(monkeypatch, local_waits=(None, None, (0.03,) * 4, None))
+    harness.run_bench(ClusterSpec(), ["digits_vgg"], ["topk"], 6, 3, str(tmp_path),
+                      floor=False, say=lambda l: None)
+    assert raw[1]["strategy"] == "topk" and raw[1]["local_step_s"] == pytest.approx(0.125)
+    assert "local_wait_s" not in raw[1] and "local_waits_s" not in raw[1]
+
+
+def test_the_local_wait_is_the_least_ranks_mean_over_the_counted_steps():
+    from hvdx.bench.harness import local_wait
+
+    warm = [5.0] * WARMUP_STEPS
+    result = {"schedule_period": 2, "ranks_detail": [
+        {"step_waits": warm + [0.01, 0.03, 0.01, 0.03, 9.0]},  # a cut period: left out
+        {"step_waits": warm + [0.04, 0.04, 0.02, 0.02, 0.0]}]}
+    assert local_wait(result) == pytest.approx(0.02)
+    result["ranks_detail"].append({})
+    assert local_wait(result) is None
+
+
+def test_the_plan_adds_only_the_wire_that_does_not_fit_in_the_local_runs_wait():
+    from hvdx.bench.harness import _add_predictions, summarize
+    from hvdx.core.calibration import Calibration
+
+    spec = ClusterSpec(racks=2, hosts_per_rack=2, nic="1gbit", uplink="100mbit")
+    run = {"workload": "digits_vgg", "strategy": "topk_dgc", "ranks": 4, "steps": 10,
+           "step_times": [0.2] * 10, "curve": [{"step": 10, "time": 2.0, "accuracy": 0.96}],
+           "hvdx_bytes_per_rank_per_step": 1e5,
+           "ranks_detail": [{"interface_tx_rx": None}] * 4,
+           "parameter_split": (55_000, 1_315_634), "parameters": 1_370_634,
+           "compute_s": 0.05, "local_step_s": 0.08,
+           "sharded_topk_times": {repr(1.0): [[DIGITS_UP, 0.1]]}}
+    calibration = Calibration(tables={"uplink": {1: [(0, 0.01), (1e7, 0.9)]},
+                                      "nic": {1: [(0, 0.001), (1e7, 0.09)]}})
+    plans = []
+    for wait_s in (None, 0.0, 0.03, 0.07):
+        priced = run if wait_s is None else dict(run, local_wait_s=wait_s)
+        rows = [summarize(priced, 0.95, "net")]
+        _add_predictions(rows, [priced], spec, calibration)
+        plans.append(rows[0].predicted_step_s)
+    # 80 ms of local step and 100 ms of sharded step, less the wait it runs in.
+    assert plans == [pytest.approx(0.18), pytest.approx(0.18), pytest.approx(0.15),
+                     pytest.approx(0.11)]

@@ -4,8 +4,10 @@ hvdx.mpi.calibrate.pair_sets). Expected values are written out here, not compute
 code under test."""
 
 import json
+import re
 
 import numpy as np
+
 import pytest
 
 from hvdx.core.calibration import Calibration
@@ -444,6 +446,38 @@ def test_a_measured_local_step_replaces_the_compute_and_the_phases_are_added_who
     s = Workload(conv_params=1000, fc_params=1000, compute_s=0.1, activation_size=10,
                  fc_compute_fraction=0.5)
     assert predict("stanza", c, s, local_step_s="40ms").compute_s == pytest.approx(0.040)
+
+
+def test_the_wire_that_fits_in_the_local_steps_wait_is_not_added_again():
+    # Four ranks on two cores: a rank waiting in hvdx's exchange leaves its core to the
+    # others, and the wire runs in that wait; only what is longer is added.
+    c = Cluster(racks=2, hosts_per_rack=2, nic_bps="1gbit", uplink_bps="100mbit",
+                calibration=cal())
+    w = Workload(conv_params=2_000_000, fc_params=0, compute_s=0.1)
+    comm = predict("topk", c, w, local_step_s=0.25).comm_s
+    assert comm > 0.005
+    cases = {0.0: 0.25 + comm, 0.005: 0.25 + comm - 0.005, comm: 0.25, 0.2: 0.25}
+    for wait_s, step_s in cases.items():
+        p = predict("topk", c, w, local_step_s=0.25, local_wait_s=wait_s)
+        assert p.comm_s == pytest.approx(comm)  # the wire is priced whole, then hidden
+        assert p.hidden_s == pytest.approx(min(wait_s, comm))
+        assert p.step_s == pytest.approx(step_s)
+    # Combine-then-adapt already overlaps the wire with the step: max(), nothing hidden.
+    cta = dict(topology="one-peer-exp", order="combine_then_adapt")
+    overlapped = predict("decentralized", c, w, local_step_s=0.25, **cta)
+    waited = predict("decentralized", c, w, local_step_s=0.25, local_wait_s=0.1, **cta)
+    assert waited.hidden_s == 0.0 and waited.step_s == overlapped.step_s
+
+
+@pytest.mark.parametrize("wait, step, words", [
+    ("10ms", None, "local_wait_s='10ms' needs local_step_s"),
+    (0.3, 0.25, "local_wait_s=0.3 is longer than local_step_s=0.25"),
+    (-0.01, 0.25, "local_wait_s=-0.01"), ("soon", 0.25, "local_wait_s='soon'")])
+def test_a_bad_local_wait_is_refused_naming_it(wait, step, words):
+    c = Cluster(racks=1, hosts_per_rack=2, nic_bps="1gbit", uplink_bps="1gbit")
+    w = Workload(conv_params=1000, fc_params=0, compute_s=0.1)
+    with pytest.raises(ValueError, match=re.escape(words)):
+        predict("topk", c, w, local_step_s=step, local_wait_s=wait)
 
 
 @pytest.mark.parametrize("bad", [-1.0, "soon", float("nan")])
