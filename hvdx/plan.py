@@ -23,6 +23,9 @@ allreduce laid out as the MPI library runs it. The cluster flags must describe t
 cluster the file was measured on. ``--local-steps horovod=140ms,topk=135ms,...`` gives
 each strategy's step measured with every rank on one host (``hvdx bench --localhost``),
 which then replaces ``--compute-ms`` for it: the phases are added to it.
+``--local-waits topk=35ms,...`` gives the part of each such step its ranks spent waiting
+in hvdx's own exchanges (``hvdx_wait_s`` in ``hvdx bench``'s results): the wire runs in
+that wait, so only what is longer is added.
 
 ``--json`` prints one object built from the same figures as the text, which rounds
 them; its keys are :data:`JSON_KEYS` (also the epilog of ``hvdx plan --help``).
@@ -53,7 +56,7 @@ from hvdx.core.cost_model import (
 )
 
 __all__ = ["JSON_KEYS", "MODEL_ONLY", "PRESETS", "add_arguments", "build_cluster",
-           "build_workload", "local_steps", "main", "render", "report", "run_plan"]
+           "build_workload", "local_steps", "local_waits", "main", "render", "report", "run_plan"]
 
 #: Clusters by name; flags given explicitly override them.
 PRESETS: Dict[str, Dict[str, object]] = {
@@ -75,7 +78,8 @@ JSON_KEYS = (
     "bottleneck), placement, calibration (where --calibration was measured, or null)); 'workload' (params, fc_params, bytes_per_element, "
     "compute_ms, batch_size, activation_size); without --sweep, 'strategies': the table's "
     "rows, fastest first, each with strategy (the cost model's key), label, model_only, "
-    "step_ms, comm_ms, mb_per_rank_per_step, bottleneck, vs_horovod (speedup per batch) "
+    "step_ms, comm_ms, hidden_ms (of comm_ms, what runs inside --local-waits), "
+    "mb_per_rank_per_step, bottleneck, vs_horovod (speedup per batch) "
     "and data_ranks (ranks that train), and 'verdict': label, strategy, vs_horovod, "
     "step_ms and bottleneck of the fastest hvdx strategy, and faster_model_only (labels "
     "of model-only strategies predicted faster still); with --sweep, 'sweep': one entry "
@@ -152,6 +156,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "(e.g. horovod=131ms,topk=142ms; `hvdx bench --localhost` "
                           "measures them): it replaces the modelled compute, and the "
                           "cluster's phases are added to it (default: none: the compute)")
+    cal.add_argument("--local-waits", metavar="KEY=TIME,...",
+                     help="of each --local-steps step, the time its ranks waited in hvdx's "
+                          "exchanges (e.g. topk=35ms; hvdx_wait_s in `hvdx bench`'s results): "
+                          "the wire runs in it, and only what is longer is added (default: "
+                          "none: the phases are added whole)")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object instead of the text: the same figures, "
                              "unrounded (keys below)")
@@ -210,18 +219,41 @@ def local_steps(text: Optional[str]) -> Dict[str, float]:
         ValueError: naming the flag and the entry that is not ``KEY=TIME`` with a
             strategy key of :data:`hvdx.core.cost_model.STRATEGIES`.
     """
+    return _times_by_strategy(text, "--local-steps")
+
+
+def local_waits(text: Optional[str], steps: Dict[str, float]) -> Dict[str, float]:
+    """``--local-waits``: ``"topk=35ms"`` as ``{key: seconds}``, each part of the
+    ``--local-steps`` step ``steps`` gives for its key.
+
+    Raises:
+        ValueError: naming the flag and the entry, as :func:`local_steps`, or a wait
+            without a local step or longer than it.
+    """
+    waits = _times_by_strategy(text, "--local-waits")
+    for key, wait in waits.items():
+        if key not in steps:
+            raise ValueError(f"--local-waits {key}={wait:g}s needs --local-steps {key}: "
+                             "the wait is part of that measured step")
+        if wait > steps[key]:
+            raise ValueError(f"--local-waits {key}={wait:g}s is longer than --local-steps "
+                             f"{key}={steps[key]:g}s, which holds it")
+    return waits
+
+
+def _times_by_strategy(text: Optional[str], flag: str) -> Dict[str, float]:
     from hvdx.core.cost_model import STRATEGIES
 
-    steps: Dict[str, float] = {}
+    times: Dict[str, float] = {}
     for entry in (text or "").split(","):
         if not entry.strip():
             continue
         key, sep, value = (part.strip() for part in entry.partition("="))
         if not sep or key not in STRATEGIES:
-            raise ValueError(f"--local-steps={text!r}: {entry.strip()!r} is not KEY=TIME "
+            raise ValueError(f"{flag}={text!r}: {entry.strip()!r} is not KEY=TIME "
                              f"with KEY one of {', '.join(STRATEGIES)}")
-        steps[key] = parse_time(value, f"--local-steps {key}")
-    return steps
+        times[key] = parse_time(value, f"{flag} {key}")
+    return times
 
 
 def _options(args: argparse.Namespace) -> Dict[str, object]:
@@ -249,13 +281,16 @@ def report(args: argparse.Namespace) -> Dict[str, object]:
                                   "workload": _workload_figures(workload)}
     # A local step does not depend on the links: it holds at every point of a sweep.
     local = local_steps(getattr(args, "local_steps", None))
+    waits = local_waits(getattr(args, "local_waits", None), local)
     if args.sweep is not None:
-        figures["sweep"] = [_sweep_point(point, workload, options, local)
+        figures["sweep"] = [_sweep_point(point, workload, options, local, waits)
                             for point in _sweep_points(args.sweep, cluster)]
     else:
-        baseline = predict("horovod", cluster, workload, local.get("horovod"))
+        baseline = predict("horovod", cluster, workload, local.get("horovod"),
+                           waits.get("horovod"))
         rows = [_row(p, baseline)
-                for p in compare(cluster, workload, DEFAULT_STRATEGIES, local, **options)]
+                for p in compare(cluster, workload, DEFAULT_STRATEGIES, local, waits,
+                                 **options)]
         figures["strategies"] = rows
         figures["verdict"] = _winner(rows)
     return figures
@@ -299,6 +334,7 @@ def _workload_figures(w: Workload) -> Dict[str, object]:
 def _row(p: Prediction, baseline: Prediction) -> Dict[str, object]:
     return {"strategy": p.strategy, "label": p.label, "model_only": p.strategy in MODEL_ONLY,
             "step_ms": p.step_s * 1e3, "comm_ms": p.comm_s * 1e3,
+            "hidden_ms": p.hidden_s * 1e3,
             "mb_per_rank_per_step": p.bytes_per_rank / 1e6, "bottleneck": p.bottleneck,
             "vs_horovod": speedup(p, baseline), "data_ranks": p.data_ranks}
 
@@ -316,9 +352,9 @@ def _winner(rows: List[Dict[str, object]]) -> Dict[str, object]:
 
 
 def _sweep_point(cluster: Cluster, workload: Workload, options: Dict[str, object],
-                 local: Dict[str, float]) -> Dict[str, object]:
+                 local: Dict[str, float], waits: Dict[str, float]) -> Dict[str, object]:
     # compare() one strategy at a time keeps the rows in DEFAULT_STRATEGIES order.
-    predictions = [compare(cluster, workload, [entry], local, **options)[0]
+    predictions = [compare(cluster, workload, [entry], local, waits, **options)[0]
                    for entry in DEFAULT_STRATEGIES]
     baseline = next(p for p in predictions if p.strategy == "horovod")
     rows = [_row(p, baseline) for p in predictions]

@@ -107,6 +107,9 @@ class Summary:
     #: Ranks that train on a batch each step (Stanza: its conv workers), from the plan:
     #: strategies are ranked by step time per batch, as ``hvdx plan`` ranks them.
     data_ranks: Optional[int] = None
+    #: Of each step, the least mean time any rank spent waiting in hvdx's own exchanges
+    #: (:func:`local_wait`): on localhost, ``hvdx plan --local-waits`` for this strategy.
+    hvdx_wait_s: Optional[float] = None
 
     @property
     def prediction_error(self) -> Optional[float]:
@@ -168,7 +171,7 @@ def summarize(result: Dict, target: float, network: str) -> Summary:
         hvdx_received_per_step=result.get("hvdx_received_per_rank_per_step",
                                           result["hvdx_bytes_per_rank_per_step"]),
         interface_tx_per_step=tx, interface_rx_per_step=rx,
-        placement=result.get("placement"))
+        placement=result.get("placement"), hvdx_wait_s=local_wait(result))
 
 
 def _add_predictions(rows: List[Summary], raw: List[Dict], spec,

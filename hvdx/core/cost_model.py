@@ -943,6 +943,7 @@ def predict(strategy: str, cluster: Cluster, workload: Workload,
 def compare(cluster: Cluster, workload: Workload,
             strategies: Sequence[Union[str, Tuple[str, Mapping]]] = DEFAULT_STRATEGIES,
             local_steps: Optional[Mapping[str, float]] = None,
+            local_waits: Optional[Mapping[str, float]] = None,
             **options) -> List[Prediction]:
     """Predicts several strategies, fastest first (by time per batch trained).
 
@@ -950,16 +951,20 @@ def compare(cluster: Cluster, workload: Workload,
         strategies: keys, or ``(key, options)`` pairs whose options win over ``options``.
         local_steps: strategy key -> its measured local step (:func:`predict`'s
             ``local_step_s``), for every entry of that key; keys not given: none.
+        local_waits: strategy key -> the wait in hvdx's exchanges that its local step
+            holds (:func:`predict`'s ``local_wait_s``); keys not given: none.
         **options: shared options; each strategy takes those it knows.
 
     Raises:
-        ValueError: for an unknown strategy, here or in ``local_steps``.
+        ValueError: for an unknown strategy, here, in ``local_steps`` or in
+            ``local_waits``, or a wait without a local step.
     """
-    local_steps = dict(local_steps or {})
-    for name in local_steps:
-        if name not in STRATEGIES:
-            raise ValueError(f"local_steps has strategy {name!r}, not one of "
-                             f"{', '.join(STRATEGIES)}")
+    local_steps, local_waits = dict(local_steps or {}), dict(local_waits or {})
+    for what, given in (("local_steps", local_steps), ("local_waits", local_waits)):
+        for name in given:
+            if name not in STRATEGIES:
+                raise ValueError(f"{what} has strategy {name!r}, not one of "
+                                 f"{', '.join(STRATEGIES)}")
     predictions = []
     for entry in strategies:
         name, own = (entry, {}) if isinstance(entry, str) else entry
@@ -967,7 +972,7 @@ def compare(cluster: Cluster, workload: Workload,
             raise ValueError(f"strategy={name!r} is not one of {', '.join(STRATEGIES)}")
         merged = {k: v for k, v in options.items() if k in _options_of(name)}
         predictions.append(predict(name, cluster, workload, local_steps.get(name),
-                                   **{**merged, **own}))
+                                   local_waits.get(name), **{**merged, **own}))
     return sorted(predictions, key=lambda p: p.seconds_per_batch)
 
 

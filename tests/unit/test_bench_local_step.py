@@ -362,6 +362,19 @@ def test_the_local_wait_is_the_least_ranks_mean_over_the_counted_steps():
     assert local_wait(result) is None
 
 
+def test_a_runs_row_carries_its_wait_for_hvdx_plan():
+    from hvdx.bench.harness import summarize
+
+    run = {"workload": "digits_vgg", "strategy": "topk", "ranks": 2, "steps": 4,
+           "step_times": [0.2] * 4, "curve": [{"step": 4, "time": 0.8, "accuracy": 0.9}],
+           "hvdx_bytes_per_rank_per_step": 1e5,
+           "ranks_detail": [{"interface_tx_rx": None, "step_waits": [1.0, 1.0, 0.05, 0.07]},
+                            {"interface_tx_rx": None, "step_waits": [1.0, 1.0, 0.03, 0.03]}]}
+    assert summarize(run, 0.95, "localhost").hvdx_wait_s == pytest.approx(0.03)
+    del run["ranks_detail"][0]["step_waits"]
+    assert summarize(run, 0.95, "localhost").hvdx_wait_s is None
+
+
 def test_the_plan_adds_only_the_wire_that_does_not_fit_in_the_local_runs_wait():
     from hvdx.bench.harness import _add_predictions, summarize
     from hvdx.core.calibration import Calibration

@@ -513,6 +513,31 @@ def test_plan_refuses_a_local_step_that_is_not_a_strategy_and_a_time(text, word)
         plan_figures("--preset", "emulated", "--local-steps", text)
 
 
+def test_plan_adds_only_the_wire_longer_than_each_strategys_local_wait():
+    flags = ["--preset", "emulated", "--params", "2e6", "--fc-fraction", "0",
+             "--compute-ms", "100", "--local-steps", "horovod=250ms,topk=120ms"]
+    plain = {r["label"]: r for r in plan_figures(*flags)["strategies"]}
+    waited = {r["label"]: r for r in
+              plan_figures(*flags, "--local-waits", "topk=1ms")["strategies"]}
+    for label, row in waited.items():
+        assert row["comm_ms"] == pytest.approx(plain[label]["comm_ms"])
+        hidden = 1.0 if row["strategy"] == "topk" else 0.0  # the comm is longer than 1 ms
+        assert row["comm_ms"] > 1.0
+        assert row["hidden_ms"] == pytest.approx(hidden)
+        assert row["step_ms"] == pytest.approx(plain[label]["step_ms"] - hidden)
+
+
+@pytest.mark.parametrize("waits, words", [
+    ("dssync=10ms", "--local-waits dssync=0.01s needs --local-steps dssync"),
+    ("topk=130ms", "--local-waits topk=0.13s is longer than --local-steps topk=0.12s"),
+    ("ring=1ms", "--local-waits='ring=1ms': 'ring=1ms' is not KEY=TIME"),
+    ("topk=later", "--local-waits topk='later'")])
+def test_plan_refuses_a_local_wait_it_cannot_price_naming_the_flag(waits, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        plan_figures("--preset", "emulated", "--local-steps", "topk=120ms",
+                     "--local-waits", waits)
+
+
 def test_a_sweep_adds_the_phases_to_the_local_steps_at_every_uplink_rate():
     flags = ["--preset", "emulated", "--params", "2e6", "--fc-fraction", "0",
              "--compute-ms", "100", "--sweep", "10mbit,1gbit"]
