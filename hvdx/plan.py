@@ -24,8 +24,10 @@ cluster the file was measured on. ``--local-steps horovod=140ms,topk=135ms,...``
 each strategy's step measured with every rank on one host (``hvdx bench --localhost``),
 which then replaces ``--compute-ms`` for it: the phases are added to it.
 ``--local-waits topk=35ms,...`` gives the part of each such step its ranks spent waiting
-in hvdx's own exchanges (``hvdx_wait_s`` in ``hvdx bench``'s results): the wire runs in
-that wait, so only what is longer is added.
+in hvdx's own exchanges (``hvdx_wait_s`` in ``hvdx bench``'s results), and
+``--local-cores`` the cores its ranks shared: with more ranks than cores, the earlier
+ranks' share of the wire crosses during that wait, and is not added again
+(:func:`hvdx.core.cost_model.predict`).
 
 ``--json`` prints one object built from the same figures as the text, which rounds
 them; its keys are :data:`JSON_KEYS` (also the epilog of ``hvdx plan --help``).
@@ -159,8 +161,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cal.add_argument("--local-waits", metavar="KEY=TIME,...",
                      help="of each --local-steps step, the time its ranks waited in hvdx's "
                           "exchanges (e.g. topk=35ms; hvdx_wait_s in `hvdx bench`'s results): "
-                          "the wire runs in it, and only what is longer is added (default: "
+                          "with more ranks than --local-cores, the earlier ranks' share of "
+                          "the wire crosses during it and is not added again (default: "
                           "none: the phases are added whole)")
+    cal.add_argument("--local-cores", metavar="N", type=int,
+                     help="the cores the ranks of the --local-waits runs shared (default: "
+                          "this machine's)")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object instead of the text: the same figures, "
                              "unrounded (keys below)")
@@ -241,6 +247,22 @@ def local_waits(text: Optional[str], steps: Dict[str, float]) -> Dict[str, float
     return waits
 
 
+def _local_cores(given: Optional[int]) -> int:
+    """``--local-cores``, or this machine's cores where it is not given.
+
+    Raises:
+        ValueError: naming the flag, for fewer than one core.
+    """
+    if given is None:
+        from hvdx.bench.harness import this_machines_cores
+
+        return this_machines_cores()
+    if given < 1:
+        raise ValueError(f"--local-cores={given} must be at least 1: the cores the ranks "
+                         "of the --local-waits runs shared")
+    return given
+
+
 def _times_by_strategy(text: Optional[str], flag: str) -> Dict[str, float]:
     from hvdx.core.cost_model import STRATEGIES
 
@@ -282,15 +304,16 @@ def report(args: argparse.Namespace) -> Dict[str, object]:
     # A local step does not depend on the links: it holds at every point of a sweep.
     local = local_steps(getattr(args, "local_steps", None))
     waits = local_waits(getattr(args, "local_waits", None), local)
+    cores = _local_cores(getattr(args, "local_cores", None)) if waits else None
     if args.sweep is not None:
-        figures["sweep"] = [_sweep_point(point, workload, options, local, waits)
+        figures["sweep"] = [_sweep_point(point, workload, options, local, waits, cores)
                             for point in _sweep_points(args.sweep, cluster)]
     else:
         baseline = predict("horovod", cluster, workload, local.get("horovod"),
-                           waits.get("horovod"))
+                           waits.get("horovod"), cores)
         rows = [_row(p, baseline)
                 for p in compare(cluster, workload, DEFAULT_STRATEGIES, local, waits,
-                                 **options)]
+                                 cores, **options)]
         figures["strategies"] = rows
         figures["verdict"] = _winner(rows)
     return figures
@@ -352,9 +375,10 @@ def _winner(rows: List[Dict[str, object]]) -> Dict[str, object]:
 
 
 def _sweep_point(cluster: Cluster, workload: Workload, options: Dict[str, object],
-                 local: Dict[str, float], waits: Dict[str, float]) -> Dict[str, object]:
+                 local: Dict[str, float], waits: Dict[str, float],
+                 cores: Optional[int]) -> Dict[str, object]:
     # compare() one strategy at a time keeps the rows in DEFAULT_STRATEGIES order.
-    predictions = [compare(cluster, workload, [entry], local, waits, **options)[0]
+    predictions = [compare(cluster, workload, [entry], local, waits, cores, **options)[0]
                    for entry in DEFAULT_STRATEGIES]
     baseline = next(p for p in predictions if p.strategy == "horovod")
     rows = [_row(p, baseline) for p in predictions]

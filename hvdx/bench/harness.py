@@ -67,11 +67,21 @@ LOCAL_STEPS = 100
 
 
 class LocalRun(NamedTuple):
-    """A strategy's local run (:func:`_local_step`): its mean step, and the least mean
-    time any rank spent in hvdx's own MPI waits in a step (None: the run did not say)."""
+    """A strategy's local run (:func:`_local_step`): its mean step, the least mean time
+    any rank spent in hvdx's own MPI waits in a step (None: the run did not say), and
+    the cores its ranks shared."""
 
     step_s: float
     wait_s: Optional[float] = None
+    cores: Optional[int] = None
+
+
+def this_machines_cores() -> int:
+    """The cores this process (and the local runs it starts) may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 @dataclass
@@ -228,6 +238,7 @@ def _add_predictions(rows: List[Summary], raw: List[Dict], spec,
             row.predicted_step_s = predict(model_name, Cluster(**layout, calibration=timed),
                                            workload, result.get("local_step_s"),
                                            local_wait_s=result.get("local_wait_s"),
+                                           local_cores=result.get("local_cores"),
                                            **options).step_s
 
 
@@ -511,9 +522,10 @@ def _add_local_runs(result: Dict, runs: List[LocalRun]) -> None:
     result["local_steps_s"] = [r.step_s for r in runs]
     result["local_step_s"] = sum(result["local_steps_s"]) / len(runs)
     waits = [r.wait_s for r in runs if r.wait_s is not None]
-    if len(waits) == len(runs):
+    if len(waits) == len(runs) and runs[0].cores:
         result["local_waits_s"] = waits
         result["local_wait_s"] = sum(waits) / len(waits)
+        result["local_cores"] = runs[0].cores
 
 
 def local_wait(result: Dict) -> Optional[float]:
@@ -561,7 +573,7 @@ def _local_step(workload: str, strategy: str, out_dir: str, ranks: int, timeout:
     waited = "" if not wait else f", {wait * 1e3:.1f} ms of it waiting in hvdx's exchanges"
     say(f"  {workload} / {strategy}: local step {step * 1e3:.1f} ms{waited} ({LOCAL_STEPS} "
         "steps, every rank on this host)")
-    return LocalRun(step, wait)
+    return LocalRun(step, wait, this_machines_cores())
 
 
 def _calibrate(cluster, ranks_per_host: int, out_dir: str, timeout: float, say):

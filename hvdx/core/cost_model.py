@@ -878,7 +878,7 @@ def _options_of(strategy: str) -> Tuple[str, ...]:
 
 def predict(strategy: str, cluster: Cluster, workload: Workload,
             local_step_s: Optional[float] = None, local_wait_s: Optional[float] = None,
-            **options) -> Prediction:
+            local_cores: Optional[int] = None, **options) -> Prediction:
     """Predicts one step of ``strategy`` on ``cluster``.
 
     Args:
@@ -894,13 +894,21 @@ def predict(strategy: str, cluster: Cluster, workload: Workload,
             memory's own transfer time is small next to a cluster's (8 MiB: under 1 ms),
             so the phases are added whole. ``None``: the workload's compute.
         local_wait_s: of ``local_step_s``, the time per step that the rank waiting
-            least spent in hvdx's own MPI waits (:func:`hvdx.mpi.sparse.waited_s`). With
-            four ranks on two cores a rank waits there while the others use the cores
-            (every rank waited 30-55 ms of a TopK step), and a short wire runs inside
-            that wait instead of after it: on a flat cluster with 14 ms of priced
-            wire, TopK's step was 3 ms longer than its local step, not 14. The step is
-            then ``local_step_s + max(0, comm - local_wait_s)``. Needs ``local_step_s``;
-            not used where communication overlaps the compute (already ``max``).
+            least spent in hvdx's own MPI waits (:func:`hvdx.mpi.sparse.waited_s`).
+            With more ranks than cores the ranks reach each exchange in waves, one
+            wave per ``local_cores`` ranks, and the earlier waves wait there while the
+            last one computes (four ranks on two cores: every rank waited 25-50 ms of
+            a TopK step). On the cluster the earlier waves' messages cross the wire
+            during that wait; only the last wave's share, ``local_cores / ranks`` of
+            the wire, surely comes after it. So the step is ``local_step_s + comm -
+            min(local_wait_s, comm * (1 - local_cores / ranks))``
+            (:attr:`Prediction.hidden_s`): on a flat cluster with 14 ms of priced
+            wire, topk_dgc's cluster step was its local step (86.6 and 86.4 ms), and
+            topk_masked's, with 21 ms, 21 ms longer than its local step. Needs
+            ``local_step_s`` and ``local_cores``; not used where communication
+            overlaps the compute (already ``max``).
+        local_cores: the cores the local run's ranks shared (``hvdx bench``: this
+            machine's); none hidden with at least one core per rank.
         **options: the strategy's options: topk ``ratio``, ``downlink_ratio``, ``mode``;
             dssync ``intra_phases``, ``cross_ranks``; decentralized ``topology``,
             ``order``, ``mix_every``; stanza ``fc_workers``.
@@ -924,6 +932,11 @@ def predict(strategy: str, cluster: Cluster, workload: Workload,
         if local_wait_s > local_step_s:
             raise ValueError(f"local_wait_s={local_wait_s!r} is longer than "
                              f"local_step_s={local_step_s!r}, which holds it")
+        if isinstance(local_cores, bool) or not isinstance(local_cores, int) or \
+                local_cores < 1:
+            raise ValueError(f"local_cores={local_cores!r} must be the number of cores "
+                             "the local run's ranks shared (a whole number, at least 1), "
+                             "given with local_wait_s")
     plan = STRATEGIES[strategy](cluster, workload, **options)
     phases = tuple(_price(t, cluster) for t in plan.traffic)
     per_link: Dict[str, float] = {}
@@ -931,7 +944,10 @@ def predict(strategy: str, cluster: Cluster, workload: Workload,
         per_link[p.bottleneck] = per_link.get(p.bottleneck, 0.0) + p.weight * p.seconds
     comm = sum(per_link.values())
     compute = workload.compute_s if plan.compute_s is None else plan.compute_s
-    hidden = 0.0 if local_wait_s is None or plan.overlap else min(local_wait_s, comm)
+    hidden = 0.0
+    if local_wait_s is not None and not plan.overlap:
+        # The earlier waves' share of the wire, as far as the wait holds it.
+        hidden = min(local_wait_s, comm * max(0.0, 1.0 - local_cores / cluster.ranks))
     return Prediction(
         strategy, plan.label, compute if local_step_s is None else local_step_s, comm,
         sum(p.weight * p.sent_bytes for p in phases),
@@ -944,7 +960,7 @@ def compare(cluster: Cluster, workload: Workload,
             strategies: Sequence[Union[str, Tuple[str, Mapping]]] = DEFAULT_STRATEGIES,
             local_steps: Optional[Mapping[str, float]] = None,
             local_waits: Optional[Mapping[str, float]] = None,
-            **options) -> List[Prediction]:
+            local_cores: Optional[int] = None, **options) -> List[Prediction]:
     """Predicts several strategies, fastest first (by time per batch trained).
 
     Args:
@@ -953,6 +969,7 @@ def compare(cluster: Cluster, workload: Workload,
             ``local_step_s``), for every entry of that key; keys not given: none.
         local_waits: strategy key -> the wait in hvdx's exchanges that its local step
             holds (:func:`predict`'s ``local_wait_s``); keys not given: none.
+        local_cores: the cores the local runs' ranks shared (:func:`predict`'s).
         **options: shared options; each strategy takes those it knows.
 
     Raises:
@@ -972,7 +989,8 @@ def compare(cluster: Cluster, workload: Workload,
             raise ValueError(f"strategy={name!r} is not one of {', '.join(STRATEGIES)}")
         merged = {k: v for k, v in options.items() if k in _options_of(name)}
         predictions.append(predict(name, cluster, workload, local_steps.get(name),
-                                   local_waits.get(name), **{**merged, **own}))
+                                   local_waits.get(name), local_cores,
+                                   **{**merged, **own}))
     return sorted(predictions, key=lambda p: p.seconds_per_batch)
 
 

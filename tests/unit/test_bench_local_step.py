@@ -51,6 +51,7 @@ def fake_bench(monkeypatch, local_fails=(), calibration=None, set_averages=(),
 
     monkeypatch.setattr(harness, "_set_averages_again", set_averages_again)
     monkeypatch.setattr(harness, "_sharded_topk_again", sharded_topk_again)
+    monkeypatch.setattr(harness, "this_machines_cores", lambda: 2)
     monkeypatch.setattr(harness, "_add_predictions",
                         lambda rows, raw, spec, calibration: raw_out.extend(raw))
     monkeypatch.setattr(harness, "_write", lambda rows, raw, out_dir: None)
@@ -336,6 +337,7 @@ def test_the_local_runs_record_the_least_wait_of_any_rank_and_the_plan_takes_the
     assert "local_wait_s" not in raw[0]
     assert _ms(raw[1]["local_waits_s"]) == [20, 40]
     assert raw[1]["local_wait_s"] == pytest.approx(0.03)
+    assert raw[1]["local_cores"] == 2  # the four ranks shared this machine's two cores
     assert f"  digits_vgg / topk: local step 100.0 ms, 20.0 ms of it waiting in hvdx's " \
         f"exchanges ({LOCAL_STEPS} steps, every rank on this host)" in said
 
@@ -375,7 +377,7 @@ def test_a_runs_row_carries_its_wait_for_hvdx_plan():
     assert summarize(run, 0.95, "localhost").hvdx_wait_s is None
 
 
-def test_the_plan_adds_only_the_wire_that_does_not_fit_in_the_local_runs_wait():
+def test_the_plan_adds_the_wire_beyond_what_the_earlier_waves_send_during_the_wait():
     from hvdx.bench.harness import _add_predictions, summarize
     from hvdx.core.calibration import Calibration
 
@@ -390,11 +392,14 @@ def test_the_plan_adds_only_the_wire_that_does_not_fit_in_the_local_runs_wait():
     calibration = Calibration(tables={"uplink": {1: [(0, 0.01), (1e7, 0.9)]},
                                       "nic": {1: [(0, 0.001), (1e7, 0.09)]}})
     plans = []
-    for wait_s in (None, 0.0, 0.03, 0.07):
-        priced = run if wait_s is None else dict(run, local_wait_s=wait_s)
+    for wait_s, cores in ((None, None), (0.0, 2), (0.03, 2), (0.07, 2), (0.07, 1),
+                          (0.07, 4)):
+        priced = run if wait_s is None else dict(run, local_wait_s=wait_s, local_cores=cores)
         rows = [summarize(priced, 0.95, "net")]
         _add_predictions(rows, [priced], spec, calibration)
         plans.append(rows[0].predicted_step_s)
-    # 80 ms of local step and 100 ms of sharded step, less the wait it runs in.
+    # 80 ms of local step and 100 ms of sharded step. Four ranks on two cores: the
+    # first wave's half of the wire (50 ms) runs in the wait, as far as the wait goes;
+    # on one core three quarters (75 ms); with a core per rank, none.
     assert plans == [pytest.approx(0.18), pytest.approx(0.18), pytest.approx(0.15),
-                     pytest.approx(0.11)]
+                     pytest.approx(0.13), pytest.approx(0.11), pytest.approx(0.18)]

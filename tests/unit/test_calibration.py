@@ -448,36 +448,40 @@ def test_a_measured_local_step_replaces_the_compute_and_the_phases_are_added_who
     assert predict("stanza", c, s, local_step_s="40ms").compute_s == pytest.approx(0.040)
 
 
-def test_the_wire_that_fits_in_the_local_steps_wait_is_not_added_again():
-    # Four ranks on two cores: a rank waiting in hvdx's exchange leaves its core to the
-    # others, and the wire runs in that wait; only what is longer is added.
+def test_the_wire_the_earlier_waves_send_during_the_local_wait_is_not_added_again():
+    # Four ranks on two cores reach the exchange in two waves: the first wave's half of
+    # the wire crosses while it waits for the second, as far as its wait goes.
     c = Cluster(racks=2, hosts_per_rack=2, nic_bps="1gbit", uplink_bps="100mbit",
                 calibration=cal())
     w = Workload(conv_params=2_000_000, fc_params=0, compute_s=0.1)
     comm = predict("topk", c, w, local_step_s=0.25).comm_s
-    assert comm > 0.005
-    cases = {0.0: 0.25 + comm, 0.005: 0.25 + comm - 0.005, comm: 0.25, 0.2: 0.25}
-    for wait_s, step_s in cases.items():
-        p = predict("topk", c, w, local_step_s=0.25, local_wait_s=wait_s)
+    assert comm > 0.01
+    cases = [(0.0, 2, 0.0), (0.005, 2, 0.005), (0.2, 2, comm / 2), (0.2, 1, comm * 3 / 4),
+             (0.2, 4, 0.0), (0.2, 8, 0.0)]
+    for wait_s, cores, hidden in cases:
+        p = predict("topk", c, w, local_step_s=0.25, local_wait_s=wait_s, local_cores=cores)
         assert p.comm_s == pytest.approx(comm)  # the wire is priced whole, then hidden
-        assert p.hidden_s == pytest.approx(min(wait_s, comm))
-        assert p.step_s == pytest.approx(step_s)
+        assert p.hidden_s == pytest.approx(hidden)
+        assert p.step_s == pytest.approx(0.25 + comm - hidden)
     # Combine-then-adapt already overlaps the wire with the step: max(), nothing hidden.
     cta = dict(topology="one-peer-exp", order="combine_then_adapt")
     overlapped = predict("decentralized", c, w, local_step_s=0.25, **cta)
-    waited = predict("decentralized", c, w, local_step_s=0.25, local_wait_s=0.1, **cta)
+    waited = predict("decentralized", c, w, local_step_s=0.25, local_wait_s=0.1,
+                     local_cores=2, **cta)
     assert waited.hidden_s == 0.0 and waited.step_s == overlapped.step_s
 
 
-@pytest.mark.parametrize("wait, step, words", [
-    ("10ms", None, "local_wait_s='10ms' needs local_step_s"),
-    (0.3, 0.25, "local_wait_s=0.3 is longer than local_step_s=0.25"),
-    (-0.01, 0.25, "local_wait_s=-0.01"), ("soon", 0.25, "local_wait_s='soon'")])
-def test_a_bad_local_wait_is_refused_naming_it(wait, step, words):
+@pytest.mark.parametrize("wait, step, cores, words", [
+    ("10ms", None, 2, "local_wait_s='10ms' needs local_step_s"),
+    (0.3, 0.25, 2, "local_wait_s=0.3 is longer than local_step_s=0.25"),
+    (-0.01, 0.25, 2, "local_wait_s=-0.01"), ("soon", 0.25, 2, "local_wait_s='soon'"),
+    (0.01, 0.25, None, "local_cores=None must be the number of cores"),
+    (0.01, 0.25, 0, "local_cores=0 must be"), (0.01, 0.25, 1.5, "local_cores=1.5 must be")])
+def test_a_bad_local_wait_is_refused_naming_it(wait, step, cores, words):
     c = Cluster(racks=1, hosts_per_rack=2, nic_bps="1gbit", uplink_bps="1gbit")
     w = Workload(conv_params=1000, fc_params=0, compute_s=0.1)
     with pytest.raises(ValueError, match=re.escape(words)):
-        predict("topk", c, w, local_step_s=step, local_wait_s=wait)
+        predict("topk", c, w, local_step_s=step, local_wait_s=wait, local_cores=cores)
 
 
 @pytest.mark.parametrize("bad", [-1.0, "soon", float("nan")])
@@ -517,25 +521,47 @@ def test_plan_adds_only_the_wire_longer_than_each_strategys_local_wait():
     flags = ["--preset", "emulated", "--params", "2e6", "--fc-fraction", "0",
              "--compute-ms", "100", "--local-steps", "horovod=250ms,topk=120ms"]
     plain = {r["label"]: r for r in plan_figures(*flags)["strategies"]}
-    waited = {r["label"]: r for r in
-              plan_figures(*flags, "--local-waits", "topk=1ms")["strategies"]}
+    waited = {r["label"]: r for r in plan_figures(
+        *flags, "--local-waits", "topk=1ms", "--local-cores", "2")["strategies"]}
     for label, row in waited.items():
         assert row["comm_ms"] == pytest.approx(plain[label]["comm_ms"])
-        hidden = 1.0 if row["strategy"] == "topk" else 0.0  # the comm is longer than 1 ms
-        assert row["comm_ms"] > 1.0
+        # Half the wire (4 ranks on 2 cores) is more than the 1 ms wait: 1 ms hidden.
+        hidden = 1.0 if row["strategy"] == "topk" else 0.0
+        assert row["comm_ms"] / 2 > 1.0
         assert row["hidden_ms"] == pytest.approx(hidden)
         assert row["step_ms"] == pytest.approx(plain[label]["step_ms"] - hidden)
+
+
+def test_plan_takes_this_machines_cores_unless_told_and_hides_nothing_with_a_core_per_rank(
+        monkeypatch):
+    from hvdx.bench import harness
+
+    flags = ["--preset", "emulated", "--params", "2e6", "--fc-fraction", "0",
+             "--compute-ms", "100", "--local-steps", "topk=120ms", "--local-waits",
+             "topk=100ms"]
+
+    def topk_hidden(*extra):
+        rows = plan_figures(*flags, *extra)["strategies"]
+        return {r["label"]: (r["hidden_ms"], r["comm_ms"]) for r in rows
+                if r["strategy"] == "topk"}
+
+    monkeypatch.setattr(harness, "this_machines_cores", lambda: 1)
+    for hidden, comm in topk_hidden().values():  # 4 ranks on 1 core: three waves early
+        assert hidden == pytest.approx(min(100.0, comm * 3 / 4))
+    for hidden, _ in topk_hidden("--local-cores", "4").values():
+        assert hidden == 0.0
 
 
 @pytest.mark.parametrize("waits, words", [
     ("dssync=10ms", "--local-waits dssync=0.01s needs --local-steps dssync"),
     ("topk=130ms", "--local-waits topk=0.13s is longer than --local-steps topk=0.12s"),
     ("ring=1ms", "--local-waits='ring=1ms': 'ring=1ms' is not KEY=TIME"),
-    ("topk=later", "--local-waits topk='later'")])
+    ("topk=later", "--local-waits topk='later'"),
+    ("topk=10ms --local-cores 0", "--local-cores=0 must be at least 1")])
 def test_plan_refuses_a_local_wait_it_cannot_price_naming_the_flag(waits, words):
     with pytest.raises(ValueError, match=re.escape(words)):
         plan_figures("--preset", "emulated", "--local-steps", "topk=120ms",
-                     "--local-waits", waits)
+                     "--local-waits", *waits.split())
 
 
 def test_a_sweep_adds_the_phases_to_the_local_steps_at_every_uplink_rate():
