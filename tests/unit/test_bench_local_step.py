@@ -234,6 +234,15 @@ def test_the_plan_of_a_run_takes_the_averages_timed_around_it():
 # digits_vgg has 1,370,634 parameters: TopK at 1% sends ceil(13,706.34) = 13,707 pairs
 # of 8 bytes up; the "safe" preset's downlink of 2% ceil(27,412.68) = 27,413 pairs.
 DIGITS_UP = 13_707 * 8
+TWO_RACKS = ClusterSpec(racks=2, hosts_per_rack=2, nic="1gbit", uplink="100mbit")
+#: A topk_dgc run on TWO_RACKS whose local step took 80 ms.
+TOPK_DGC_RUN = {
+    "workload": "digits_vgg", "strategy": "topk_dgc", "ranks": 4, "steps": 10,
+    "step_times": [0.2] * 10, "curve": [{"step": 10, "time": 2.0, "accuracy": 0.96}],
+    "hvdx_bytes_per_rank_per_step": 1e5, "ranks_detail": [{"interface_tx_rx": None}] * 4,
+    "parameter_split": (55_000, 1_315_634), "parameters": 1_370_634,
+    "compute_s": 0.05, "local_step_s": 0.08}
+TABLES = {"uplink": {1: [(0, 0.01), (1e7, 0.9)]}, "nic": {1: [(0, 0.001), (1e7, 0.09)]}}
 
 
 def test_sharded_topks_step_is_timed_again_around_each_topk_run_at_its_own_size(
@@ -278,15 +287,8 @@ def test_the_plan_of_a_topk_run_takes_the_sharded_step_timed_around_it():
     from hvdx.bench.harness import _add_predictions, summarize
     from hvdx.core.calibration import Calibration
 
-    spec = ClusterSpec(racks=2, hosts_per_rack=2, nic="1gbit", uplink="100mbit")
-    run = {"workload": "digits_vgg", "strategy": "topk_dgc", "ranks": 4, "steps": 10,
-           "step_times": [0.2] * 10, "curve": [{"step": 10, "time": 2.0, "accuracy": 0.96}],
-           "hvdx_bytes_per_rank_per_step": 1e5,
-           "ranks_detail": [{"interface_tx_rx": None}] * 4,
-           "parameter_split": (55_000, 1_315_634), "parameters": 1_370_634,
-           "compute_s": 0.05, "local_step_s": 0.08}
-    calibration = Calibration(tables={"uplink": {1: [(0, 0.01), (1e7, 0.9)]},
-                                      "nic": {1: [(0, 0.001), (1e7, 0.09)]}},
+    spec, run = TWO_RACKS, dict(TOPK_DGC_RUN)
+    calibration = Calibration(tables=TABLES,
                               sharded_topk_times={1: [(1e3, 0.01), (1e6, 0.5)]})
     plans = []
     for step_s in (0.1, 0.25):
@@ -381,16 +383,9 @@ def test_the_plan_adds_the_wire_beyond_what_the_earlier_waves_send_during_the_wa
     from hvdx.bench.harness import _add_predictions, summarize
     from hvdx.core.calibration import Calibration
 
-    spec = ClusterSpec(racks=2, hosts_per_rack=2, nic="1gbit", uplink="100mbit")
-    run = {"workload": "digits_vgg", "strategy": "topk_dgc", "ranks": 4, "steps": 10,
-           "step_times": [0.2] * 10, "curve": [{"step": 10, "time": 2.0, "accuracy": 0.96}],
-           "hvdx_bytes_per_rank_per_step": 1e5,
-           "ranks_detail": [{"interface_tx_rx": None}] * 4,
-           "parameter_split": (55_000, 1_315_634), "parameters": 1_370_634,
-           "compute_s": 0.05, "local_step_s": 0.08,
-           "sharded_topk_times": {repr(1.0): [[DIGITS_UP, 0.1]]}}
-    calibration = Calibration(tables={"uplink": {1: [(0, 0.01), (1e7, 0.9)]},
-                                      "nic": {1: [(0, 0.001), (1e7, 0.09)]}})
+    spec = TWO_RACKS
+    run = dict(TOPK_DGC_RUN, sharded_topk_times={repr(1.0): [[DIGITS_UP, 0.1]]})
+    calibration = Calibration(tables=TABLES)
     plans = []
     for wait_s, cores in ((None, None), (0.0, 2), (0.03, 2), (0.07, 2), (0.07, 1),
                           (0.07, 4)):
