@@ -16,7 +16,15 @@ from hvdx._version import __version__
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow prints CPU-feature notices at import
 
-__all__ = ["JSON_KEYS", "collect", "render", "render_json"]
+__all__ = ["JSON_KEYS", "collect", "render", "render_json", "usable_cores"]
+
+
+def usable_cores() -> int:
+    """The cores this process (and the jobs it starts here) may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def _version(module: str) -> str:

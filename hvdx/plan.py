@@ -254,9 +254,9 @@ def _local_cores(given: Optional[int]) -> int:
         ValueError: naming the flag, for fewer than one core.
     """
     if given is None:
-        from hvdx.bench.harness import this_machines_cores
+        from hvdx.info import usable_cores
 
-        return this_machines_cores()
+        return usable_cores()
     if given < 1:
         raise ValueError(f"--local-cores={given} must be at least 1: the cores the ranks "
                          "of the --local-waits runs shared")

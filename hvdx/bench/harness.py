@@ -34,6 +34,7 @@ import numpy as np
 
 from hvdx.bench.strategies import STRATEGIES
 from hvdx.bench.workloads import WORKLOADS
+from hvdx.info import usable_cores
 
 __all__ = ["Summary", "fastest_lines", "mean_step", "placement_hosts", "render_table",
            "run_bench", "summarize"]
@@ -74,14 +75,6 @@ class LocalRun(NamedTuple):
     step_s: float
     wait_s: Optional[float] = None
     cores: Optional[int] = None
-
-
-def this_machines_cores() -> int:
-    """The cores this process (and the local runs it starts) may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 @dataclass
@@ -573,7 +566,7 @@ def _local_step(workload: str, strategy: str, out_dir: str, ranks: int, timeout:
     waited = "" if not wait else f", {wait * 1e3:.1f} ms of it waiting in hvdx's exchanges"
     say(f"  {workload} / {strategy}: local step {step * 1e3:.1f} ms{waited} ({LOCAL_STEPS} "
         "steps, every rank on this host)")
-    return LocalRun(step, wait, this_machines_cores())
+    return LocalRun(step, wait, usable_cores())
 
 
 def _calibrate(cluster, ranks_per_host: int, out_dir: str, timeout: float, say):

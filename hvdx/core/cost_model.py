@@ -903,8 +903,10 @@ def predict(strategy: str, cluster: Cluster, workload: Workload,
             the wire, surely comes after it. So the step is ``local_step_s + comm -
             min(local_wait_s, comm * (1 - local_cores / ranks))``
             (:attr:`Prediction.hidden_s`): on a flat cluster with 14 ms of priced
-            wire, topk_dgc's cluster step was its local step (86.6 and 86.4 ms), and
-            topk_masked's, with 21 ms, 21 ms longer than its local step. Needs
+            wire, topk_dgc's cluster step was its local step (87 and 86 ms; 88 and 88
+            ms), and topk_masked's, with 21 ms, 21 and 8 ms longer than its local step
+            in two runs; hiding the whole wire put it 20% low, hiding none 16%
+            high for topk_dgc. Needs
             ``local_step_s`` and ``local_cores``; not used where communication
             overlaps the compute (already ``max``).
         local_cores: the cores the local run's ranks shared (``hvdx bench``: this

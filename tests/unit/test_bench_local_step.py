@@ -51,7 +51,7 @@ def fake_bench(monkeypatch, local_fails=(), calibration=None, set_averages=(),
 
     monkeypatch.setattr(harness, "_set_averages_again", set_averages_again)
     monkeypatch.setattr(harness, "_sharded_topk_again", sharded_topk_again)
-    monkeypatch.setattr(harness, "this_machines_cores", lambda: 2)
+    monkeypatch.setattr(harness, "usable_cores", lambda: 2)
     monkeypatch.setattr(harness, "_add_predictions",
                         lambda rows, raw, spec, calibration: raw_out.extend(raw))
     monkeypatch.setattr(harness, "_write", lambda rows, raw, out_dir: None)

@@ -534,7 +534,7 @@ def test_plan_adds_only_the_wire_longer_than_each_strategys_local_wait():
 
 def test_plan_takes_this_machines_cores_unless_told_and_hides_nothing_with_a_core_per_rank(
         monkeypatch):
-    from hvdx.bench import harness
+    import hvdx.info
 
     flags = ["--preset", "emulated", "--params", "2e6", "--fc-fraction", "0",
              "--compute-ms", "100", "--local-steps", "topk=120ms", "--local-waits",
@@ -545,7 +545,7 @@ def test_plan_takes_this_machines_cores_unless_told_and_hides_nothing_with_a_cor
         return {r["label"]: (r["hidden_ms"], r["comm_ms"]) for r in rows
                 if r["strategy"] == "topk"}
 
-    monkeypatch.setattr(harness, "this_machines_cores", lambda: 1)
+    monkeypatch.setattr(hvdx.info, "usable_cores", lambda: 1)
     for hidden, comm in topk_hidden().values():  # 4 ranks on 1 core: three waves early
         assert hidden == pytest.approx(min(100.0, comm * 3 / 4))
     for hidden, _ in topk_hidden("--local-cores", "4").values():
