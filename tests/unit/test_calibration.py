@@ -451,18 +451,20 @@ def test_a_measured_local_step_replaces_the_compute_and_the_phases_are_added_who
 def test_the_wire_the_earlier_waves_send_during_the_local_wait_is_not_added_again():
     # Four ranks on two cores reach the exchange in two waves: the first wave's half of
     # the wire crosses while it waits for the second, as far as its wait goes.
+    # Sharded TopK's step timed at 100 ms at every size: the whole wire, 100 ms.
+    timed = cal(sharded_topk_times={1.0: [(0, 0.1), (1e9, 0.1)]})
     c = Cluster(racks=2, hosts_per_rack=2, nic_bps="1gbit", uplink_bps="100mbit",
-                calibration=cal())
+                calibration=timed)
     w = Workload(conv_params=2_000_000, fc_params=0, compute_s=0.1)
-    comm = predict("topk", c, w, local_step_s=0.25).comm_s
-    assert comm > 0.01
-    cases = [(0.0, 2, 0.0), (0.005, 2, 0.005), (0.2, 2, comm / 2), (0.2, 1, comm * 3 / 4),
+    # (wait, cores, hidden): half the wire on two cores, three quarters on one.
+    cases = [(0.0, 2, 0.0), (0.005, 2, 0.005), (0.2, 2, 0.05), (0.2, 1, 0.075),
              (0.2, 4, 0.0), (0.2, 8, 0.0)]
     for wait_s, cores, hidden in cases:
-        p = predict("topk", c, w, local_step_s=0.25, local_wait_s=wait_s, local_cores=cores)
-        assert p.comm_s == pytest.approx(comm)  # the wire is priced whole, then hidden
+        p = predict("topk", c, w, local_step_s=0.25, local_wait_s=wait_s, local_cores=cores,
+                    mode="sharded")
+        assert p.comm_s == pytest.approx(0.1)  # the wire is priced whole, then hidden
         assert p.hidden_s == pytest.approx(hidden)
-        assert p.step_s == pytest.approx(0.25 + comm - hidden)
+        assert p.step_s == pytest.approx(0.35 - hidden)
     # Combine-then-adapt already overlaps the wire with the step: max(), nothing hidden.
     cta = dict(topology="one-peer-exp", order="combine_then_adapt")
     overlapped = predict("decentralized", c, w, local_step_s=0.25, **cta)
