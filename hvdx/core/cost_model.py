@@ -906,9 +906,8 @@ def predict(strategy: str, cluster: Cluster, workload: Workload,
             wire, topk_dgc's cluster step was its local step (87 and 86 ms; 88 and 88
             ms), and topk_masked's, with 21 ms, 21 and 8 ms longer than its local step
             in two runs; hiding the whole wire put it 20% low, hiding none 16%
-            high for topk_dgc. Needs
-            ``local_step_s`` and ``local_cores``; not used where communication
-            overlaps the compute (already ``max``).
+            high for topk_dgc. Needs ``local_step_s`` and ``local_cores``; not used
+            where communication overlaps the compute (already ``max``).
         local_cores: the cores the local run's ranks shared (``hvdx bench``: this
             machine's); none hidden with at least one core per rank.
         **options: the strategy's options: topk ``ratio``, ``downlink_ratio``, ``mode``;
