@@ -13,9 +13,15 @@ synchronizer leaves dense, and write the updates back.
 One :meth:`TopKSynchronizer.synchronize` call, with the tensors in a fixed order (the
 same on every rank):
 
-1. agree on NaN/Inf: each rank names its first non-finite tensor, one tiny allgather
-   combines them, and every rank raises the same ``ValueError`` naming the first bad
-   tensor and the ranks that had it, before any residual changes;
+1. agree on NaN/Inf: each rank names its first non-finite tensor and one tiny allgather
+   combines them. If any rank has one, the step is skipped on every rank alike: nothing
+   is exchanged, no residual, step counter, autotune timing or byte counter changes, and
+   :meth:`~TopKSynchronizer.synchronize` returns ``None`` so that the adapter makes
+   every gradient NaN. Horovod's allreduce would carry the inf/NaN into every rank's
+   average; a loss scaler (``torch.amp.GradScaler``, Keras ``LossScaleOptimizer``)
+   relies on that to skip the step and lower its scale on every rank together. A bad
+   gradient must not enter the residuals, where error feedback would resend it forever;
+   rank 0 reports the first such step on stderr;
 2. split: tensors with fewer than ``min_size`` entries, tensors the adapter marks
    (sparse gradients), and every tensor during ``warmup_steps`` stay dense; the adapter's
    ``start_dense`` callback starts Horovod's allreduce of those before the sparse
@@ -239,6 +245,7 @@ class TopKSynchronizer:
         #: in the last step (DGC's momentum factor masking zeroes them).
         self.last_sent: Dict[int, np.ndarray] = {}
         self._global_buffer: Optional[np.ndarray] = None
+        self._reported_nonfinite = False  # rank 0 reports the first skipped step only
 
     # --- one step ------------------------------------------------------------------------
 
@@ -247,20 +254,22 @@ class TopKSynchronizer:
                     force_dense: Sequence[int] = (),
                     itemsizes: Optional[Sequence[int]] = None,
                     joined: Optional[Joined] = None,
-                    out: Optional[Out] = None) -> Dict[int, np.ndarray]:
+                    out: Optional[Out] = None) -> Optional[Dict[int, np.ndarray]]:
         """Run steps 1 to 5 for every tensor.
 
         Args:
             sizes: the number of entries of each tensor, in the order of ``names``.
             flat: ``position -> flat float32 numpy array`` of that tensor's gradient;
-                called once per compressed tensor, after the NaN/Inf agreement.
+                called once per compressed tensor, after the NaN/Inf agreement (never
+                in a skipped step).
             start_dense: ``positions -> wait`` starts the adapter's dense allreduce
                 (Horovod's) of those tensors and returns a callable that waits for it,
                 or ``None`` when it already finished. Called on every rank, also with an
                 empty list, so that it may run collectives of its own.
             first_bad: this rank's first tensor with NaN or Inf (``len(sizes)`` if none);
-                ``None`` when the adapter ran :meth:`check_finite` itself this step (it
-                keeps state of its own that a bad gradient must not reach first).
+                ``None`` when the adapter ran :meth:`check_finite` itself this step and
+                every rank was finite (it keeps state of its own that a bad gradient
+                must not reach first).
             force_dense: positions that must stay dense (sparse gradients).
             itemsizes: bytes per entry of each tensor, for the dense byte count
                 (default 4).
@@ -275,16 +284,17 @@ class TopKSynchronizer:
         Returns:
             ``{position: update}`` for the compressed tensors (and, with
             ``small_tensors="in_topk_step"``, the small ones hvdx averaged): flat float32
-            arrays, the arrays ``out`` gave where it gave one.
-
-        Raises:
-            ValueError: a gradient has NaN or Inf on some rank; raised on every rank,
-                before any residual, counter or gradient changes.
+            arrays, the arrays ``out`` gave where it gave one. ``None`` on every rank
+            when a gradient has NaN or Inf on some rank (step 1): the step is skipped
+            before any collective but the agreement, nothing in this object changed,
+            ``start_dense``, ``flat`` and ``out`` were not called, and the adapter makes
+            every gradient non-finite (NaN), as Horovod's allreduce would have.
         """
         if len(sizes) != len(self.names):
             raise ValueError(f"got {len(sizes)} tensors for {len(self.names)} names")
-        if first_bad is not None and not self.overlaps_dense():
-            self.check_finite(first_bad)
+        if first_bad is not None and not self.overlaps_dense() \
+                and not self.check_finite(first_bad):
+            return None
         stats = self.stats
         stats._begin()
         dense, sparse = self.split(sizes, force_dense)
@@ -371,20 +381,32 @@ class TopKSynchronizer:
                   f"on the slowest rank; {then}", file=sys.stderr, flush=True)
         return self.choice
 
-    def check_finite(self, first_bad: int) -> None:
-        """Step 1: one allgather of every rank's first bad position; raise on every rank.
+    def check_finite(self, first_bad: int) -> bool:
+        """Step 1: whether every rank's gradients are finite, the same answer on every rank.
 
         Collective: every rank calls it once per step, with ``len(names)`` when all its
         gradients are finite.
+
+        1. one allgather of every rank's first bad position;
+        2. ``True`` if no rank named one;
+        3. else ``False`` on every rank, and the caller skips the step and makes every
+           gradient non-finite (what a loss scaler expects of Horovod's allreduce).
+           Rank 0 says so on stderr the first time only: a loss scaler meets such steps
+           routinely while its scale settles, and a line per step would bury the log.
         """
         everyone = [int(i) for i in allgather_int(self.comm, int(first_bad))]
         worst = min(everyone)
         if worst >= len(self.names):
-            return
-        ranks = [r for r, i in enumerate(everyone) if i == worst]
-        raise ValueError(
-            f"hvdx TopK: gradient of parameter '{self.labels[worst]}' has NaN or Inf values "
-            f"on rank(s) {ranks}; no residual was changed and no parameter was updated")
+            return True
+        if self.rank == 0 and not self._reported_nonfinite:
+            ranks = [r for r, i in enumerate(everyone) if i == worst]
+            print(f"[hvdx] TopK: the gradient of '{self.labels[worst]}' has NaN or Inf "
+                  f"values on rank(s) {ranks}; every rank's gradients are set to NaN and "
+                  "TopK skips the step (no residual changes), as Horovod's allreduce "
+                  "passes NaN/Inf on to a loss scaler; reported once",
+                  file=sys.stderr, flush=True)
+        self._reported_nonfinite = True
+        return False
 
     def split(self, sizes: Sequence[int], force_dense: Sequence[int] = ()
               ) -> Tuple[List[int], List[int]]:

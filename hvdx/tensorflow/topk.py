@@ -22,8 +22,12 @@ optimizer too, so TopK compresses the sum. One call:
    py_function), so errors keep their Python type. Inside a ``tf.function`` (and Keras
    ``fit``) the py_function is traced once and runs at every step, so the residuals,
    the step counter and the warm-up decision live in Python, not in the graph;
-3. in it: every rank names its first non-finite gradient, and the synchronizer raises
-   the same ``ValueError`` on every rank before any residual changes;
+3. in it: every rank names its first non-finite gradient and the synchronizer combines
+   them. If any rank has one, every rank returns NaN for every gradient and nothing
+   else happens in that call (no exchange; no residual, step counter or byte counter
+   changes): Horovod's allreduce would carry the inf/NaN into every rank's average, and
+   a Keras ``LossScaleOptimizer`` (``mixed_float16``) counts on that to skip the step
+   and lower its scale on every rank together;
 4. the tensors left dense (fewer than ``min_size`` entries, sparse gradients, the
    warm-up steps) go through ONE ``horovod.tensorflow.grouped_allreduce``, run eagerly
    inside the py_function: it is Horovod's own reduction (same op, prescale/postscale,
@@ -47,9 +51,9 @@ checkpoint of the model or of the optimizer includes it. Tape: a tape lives one 
 so the state is kept per list of variables; :func:`topk_state` returns it
 (``tf.train.Checkpoint(model=model, optimizer=opt, topk=hvd.topk_state(variables))``).
 
-Errors seen by the user for a NaN/Inf gradient: eagerly, ``ValueError`` naming the
-variable; inside a ``tf.function`` or ``fit``, TensorFlow reports the py_function's
-exception as ``tf.errors.InvalidArgumentError`` whose message holds the same text.
+A NaN/Inf gradient on any rank raises nothing: every rank's gradients come back NaN
+(step 3), eagerly as inside a ``tf.function`` or ``fit``, and rank 0 reports the first
+such step on stderr.
 """
 
 from __future__ import annotations
@@ -294,6 +298,10 @@ def _step(sync: TopKSynchronizer, tensors, force_dense, op, prescale, postscale,
     updates = sync.synchronize(
         [a.size for a in arrays], flat, start_dense, first_bad,
         force_dense=force_dense, itemsizes=[a.dtype.itemsize for a in arrays])
+    if updates is None:
+        # Some rank's gradients were not finite: every rank's become NaN (every entry,
+        # so that clipping cannot make one finite again) and a loss scaler skips.
+        return [tf.fill(tf.shape(t), tf.constant(np.nan, t.dtype)) for t in tensors]
     for p, u in updates.items():
         update = tf.constant(u.reshape(arrays[p].shape))
         results[p] = tf.cast(update, tensors[p].dtype) if tensors[p].dtype != tf.float32 \

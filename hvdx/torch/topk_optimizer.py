@@ -14,8 +14,13 @@ One :meth:`step` (``synchronize`` then the wrapped optimizer's ``step``):
    the fingerprint checked, the same on every rank); a missing gradient is zeros, as in
    Horovod, because another rank may have one;
 2. check all gradients for NaN/Inf and combine the result across ranks with one tiny
-   allgather, so every rank raises the same ``ValueError`` naming the first bad
-   parameter, before any residual (or, with ``momentum_correction``, velocity) changes;
+   allgather. If any rank has one, every rank skips the rest of the step alike: every
+   ``p.grad`` becomes NaN and no residual, velocity (``momentum_correction``), step
+   counter or byte counter changes. Horovod's allreduce would carry the inf/NaN into
+   every rank's average, and ``torch.amp.GradScaler`` counts on that to skip
+   ``step`` and lower its scale on every rank together (the AMP recipe: ``synchronize``,
+   then ``scaler.step`` inside ``skip_synchronize``); the residuals must not take in a
+   bad gradient, which error feedback would resend forever;
 3. tensors with fewer than ``min_size`` entries, sparse gradients, and every tensor
    during ``warmup_steps``: Horovod's allreduce (op, ``gradient_predivide_factor``);
    with ``small_tensors="in_topk_step"`` the small ones of a compressed step are averaged
@@ -211,7 +216,9 @@ class _TopKOptimizer:
         if correction:
             # The velocity is state like the residuals: agree on NaN/Inf before a bad
             # gradient enters it (a NaN in the velocity would never leave it).
-            self._hvdx_sync.check_finite(first_bad)
+            if not self._hvdx_sync.check_finite(first_bad):
+                self._hvdx_skip_nonfinite()
+                return
             first_bad = None
             compressed = self._hvdx_local_momentum(grads)
         velocities = set(compressed)
@@ -256,6 +263,9 @@ class _TopKOptimizer:
             [g.numel() for g in grads], flat, start_dense, first_bad,
             force_dense=[i for i, g in enumerate(grads) if g.is_sparse],
             itemsizes=[g.element_size() for g in grads], joined=joined, out=out)
+        if updates is None:  # a gradient was not finite on some rank: the step is skipped
+            self._hvdx_skip_nonfinite()
+            return
         for position, u in updates.items():
             if u is given.get(position):
                 continue
@@ -369,6 +379,28 @@ class _TopKOptimizer:
         if self._hvdx_sync.compression.momentum_correction:
             self._hvdx_weight_decay()
             self._hvdx_after_exchange([])
+
+    def _hvdx_skip_nonfinite(self):
+        """A step whose gradients are not finite on some rank (step 2): every ``p.grad``
+        becomes NaN, on its own device and in its own dtype, and nothing else changes.
+
+        Horovod's allreduce would carry the inf/NaN into every rank's average, and a
+        ``GradScaler`` counts on that to skip ``step`` and lower its scale on every rank
+        together; a scaler that skipped on one rank only would leave the parameters
+        different across ranks. Every entry is NaN, not one entry inf, so that no usual
+        transform of the gradient makes it look finite again: clipping by value would
+        turn an inf into a finite number, and NaN stays NaN through it, a norm or a
+        product.
+        """
+        with torch.no_grad():
+            for _, p in self._hvdx_entries:
+                g = p.grad
+                if g.is_sparse:  # as the dense path returns it: densified, sparse again
+                    p.grad = torch.full(g.shape, float("nan"), dtype=g.dtype,
+                                        device=g.device).to_sparse()
+                else:
+                    g.fill_(float("nan"))
+        self._hvdx_synchronized = True
 
     def _hvdx_group_of(self):
         """``{id(parameter): its param_group}``."""

@@ -350,37 +350,149 @@ def test_finite_gradients_whose_sum_overflows_are_not_taken_for_inf():
     assert first_nonfinite([big, torch.tensor([1.0, float("nan")])]) == 1
 
 
+def topk_state(opt):
+    """Copies of everything a TopK step may change, besides the gradients: the residuals,
+    the velocity, the step counter, autotune's timings and the byte counters."""
+    sync = opt._hvdx_sync
+    return {"worker": opt._hvdx_worker.state_dict(), "server": opt._hvdx_server.state_dict(),
+            "velocity": {n: v.detach().clone() for n, v in opt._hvdx_velocity.items()},
+            "step": sync.step, "timings": list(sync.timings),
+            "stats": copy.deepcopy(opt.hvdx_stats.as_dict())}
+
+
+def assert_same_state(after, before):
+    for side in ("worker", "server"):
+        assert list(after[side]) == list(before[side])
+        assert all(np.array_equal(after[side][n], before[side][n]) for n in before[side])
+    assert list(after["velocity"]) == list(before["velocity"])
+    assert all(torch.equal(after["velocity"][n], v) for n, v in before["velocity"].items())
+    assert {k: after[k] for k in ("step", "timings", "stats")} == \
+        {k: before[k] for k in ("step", "timings", "stats")}
+
+
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("correction", [False, True])
-def test_a_nan_gradient_on_one_rank_raises_everywhere_and_changes_nothing(correction):
+def test_an_inf_gradient_on_one_rank_makes_every_ranks_gradients_nan_and_changes_no_state(
+        correction, capfd):
+    """As Horovod's allreduce carries an inf into every rank's average, every rank's
+    gradients come back non-finite, so that a loss scaler skips the step on every rank;
+    no residual, velocity, step counter or byte counter takes the bad gradient in, and
+    rank 0 reports it once. (Such a step used to raise ValueError on every rank, which
+    ended every mixed-precision run at its first overflow.)"""
     model = initial_model()
     opt = topk_optimizer(
         model, hvd.Compression.topk(0.05, 0.05, min_size=256, momentum_correction=correction),
         torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9 if correction else 0))
     data = batches(hvd.rank(), 2)
     train(model, opt, data[:1])
-    workers = {n: e.copy() for n, e in opt._hvdx_worker.state_dict().items()}
-    servers = {n: e.copy() for n, e in opt._hvdx_server.state_dict().items()}
+    before = topk_state(opt)
+    assert bool(before["velocity"]) == correction and before["step"] == 1
     params = copy.deepcopy(model.state_dict())
-    velocity = {n: v.clone() for n, v in opt._hvdx_velocity.items()}
-    assert bool(velocity) == correction
+    bad_rank = hvd.size() - 1
+    for _ in range(2):
+        opt.zero_grad()
+        F.cross_entropy(model(data[1][0]), data[1][1]).backward()
+        if hvd.rank() == bad_rank:
+            model.fc2.weight.grad[0, 0] = float("inf")
+        opt.synchronize()
+        for name, p in model.named_parameters():
+            assert torch.isnan(p.grad).all(), f"{name}: an entry is not NaN"
+        assert_same_state(topk_state(opt), before)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in params.items())
+    reports = capfd.readouterr().err.count("[hvdx] TopK: the gradient of 'fc2.weight'")
+    assert reports == (1 if hvd.rank() == 0 else 0)
+    # A finite step then trains on from the state before the skipped ones.
     opt.zero_grad()
     F.cross_entropy(model(data[1][0]), data[1][1]).backward()
-    bad_rank = hvd.size() - 1
-    if hvd.rank() == bad_rank:
-        model.fc2.weight.grad[0, 0] = float("nan")
-    with pytest.raises(ValueError) as info:
+    opt.synchronize()
+    with opt.skip_synchronize():
         opt.step()
-    message = str(info.value)
-    assert "'fc2.weight'" in message and f"rank(s) [{bad_rank}]" in message
-    assert len(set(hvd.allgather_object(message))) == 1
-    for memory, before in ((opt._hvdx_worker, workers), (opt._hvdx_server, servers)):
-        after = memory.state_dict()
-        assert list(after) == list(before)
-        assert all(np.array_equal(after[n], before[n]) for n in before)
-    assert all(torch.equal(v, model.state_dict()[k]) for k, v in params.items())
-    assert all(torch.equal(v, opt._hvdx_velocity[n]) for n, v in velocity.items())
-    assert opt.state_dict()["hvdx_topk"]["step"] == 1
+    assert opt._hvdx_sync.step == 2
+    assert all(bool(torch.isfinite(p).all()) and same_everywhere(p) for p in model.parameters())
+
+
+AMP_D, AMP_K_UP, AMP_K_DOWN, AMP_LR, AMP_SCALE = 8, 2, 1, 2.0 ** -4, 2.0 ** 90
+AMP_STEPS, AMP_OVERFLOWS = 6, (1, 2)
+
+
+def amp_gradient(rank, step):
+    """Rank ``rank``'s unscaled gradient at ``step``: distinct integers, so that scaled
+    by a power of two, summed and averaged over 1, 2 or 4 ranks, every value stays exact
+    in float32. The last rank's is 2**50 times larger at ``AMP_OVERFLOWS``: scaled by
+    ``AMP_SCALE`` (or half or a quarter of it) it overflows float32."""
+    rng = np.random.default_rng(100 * step + rank)
+    g = rng.choice(np.arange(1, 1000), AMP_D, replace=False) * rng.choice([-1, 1], AMP_D)
+    if rank == hvd.size() - 1 and step in AMP_OVERFLOWS:
+        g = g * 2.0 ** 50
+    return g.astype(np.float32)
+
+
+def top(a, k):
+    """``a`` with all but its ``k`` largest magnitudes zeroed (they never tie here)."""
+    order = np.argsort(-np.abs(a), kind="stable")
+    assert abs(a[order[k - 1]]) > abs(a[order[k]]), "a tie: the test's values must differ"
+    kept = np.zeros_like(a)
+    kept[order[:k]] = a[order[:k]]
+    return kept
+
+
+def amp_reference(size):
+    """A plain single-process run of the AMP recipe on every rank's gradients: a step
+    whose scaled gradients overflow float32 anywhere is skipped and halves the scale;
+    the others send each rank's top ``AMP_K_UP`` of its residual plus its scaled
+    gradient, keep the rest as its residual, and apply the top ``AMP_K_DOWN`` of the
+    server residual plus their average, unscaled, with SGD. Float64: every value is
+    exact, as it is in float32."""
+    w, scale = np.zeros(AMP_D), AMP_SCALE
+    workers, server, skipped = np.zeros((size, AMP_D)), np.zeros(AMP_D), []
+    for t in range(AMP_STEPS):
+        g = np.array([amp_gradient(r, t) for r in range(size)], np.float64) * scale
+        if np.abs(g).max() >= 2.0 ** 128:  # beyond float32: inf
+            skipped.append(t)
+            scale /= 2
+            continue
+        sent = np.array([top(workers[r] + g[r], AMP_K_UP) for r in range(size)])
+        workers += g - sent
+        b = server + sent.sum(axis=0) / size
+        u = top(b, AMP_K_DOWN)
+        server = b - u
+        w -= AMP_LR * (u / scale)
+    return w, skipped, scale, workers
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("mode", MODES)
+def test_amp_grad_scaler_skips_an_overflow_on_one_rank_on_every_rank_and_trains_as_without_it(
+        mode):
+    """Horovod's AMP recipe (``synchronize``, then ``scaler.step`` inside
+    ``skip_synchronize``, then ``scaler.update``) with ``torch.amp.GradScaler`` on CPU and
+    a loss scale so large that the last rank's gradients overflow at two steps: every
+    rank skips those steps, halves its scale twice, and ends with the parameters and the
+    residuals of a plain run that never took the skipped steps."""
+    size, rank = hvd.size(), hvd.rank()
+    model = Flat(AMP_D)
+    spec = hvd.Compression.topk(AMP_K_UP / AMP_D, AMP_K_DOWN / AMP_D, mode=mode, min_size=0)
+    opt = topk_optimizer(model, spec, torch.optim.SGD(model.parameters(), lr=AMP_LR))
+    scaler = torch.amp.GradScaler("cpu", init_scale=AMP_SCALE)
+    skipped = []
+    for t in range(AMP_STEPS):
+        opt.zero_grad()
+        scaler.scale((model.w * torch.from_numpy(amp_gradient(rank, t))).sum()).backward()
+        opt.synchronize()
+        before, scale = model.w.detach().clone(), scaler.get_scale()
+        with opt.skip_synchronize():
+            scaler.step(opt)
+        scaler.update()
+        if scaler.get_scale() < scale:
+            assert torch.equal(model.w, before)  # the wrapped SGD did not step
+            skipped.append(t)
+    w, expected_skipped, expected_scale, workers = amp_reference(size)
+    assert skipped == expected_skipped == list(AMP_OVERFLOWS)
+    assert scaler.get_scale() == expected_scale
+    assert opt._hvdx_sync.step == AMP_STEPS - len(AMP_OVERFLOWS)
+    assert same_everywhere(model.w)
+    assert np.array_equal(model.w.detach().numpy(), w.astype(np.float32))
+    assert np.array_equal(residual(opt, "worker"), workers[rank].astype(np.float32))
 
 
 @pytest.mark.mpi(min_size=1)
@@ -608,6 +720,20 @@ def test_sparse_gradients_fall_back_to_horovods_dense_average():
     assert embedding.weight.grad.is_sparse
     assert torch.equal(embedding.weight.grad.to_dense(), expected)
     assert opt.hvdx_stats.last_dense_tensors == 1 and same_everywhere(embedding.weight)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_sparse_gradient_of_a_skipped_step_comes_back_sparse_and_all_nan():
+    """In the form Horovod's average gives it back (densified, then sparse again)."""
+    embedding = nn.Embedding(100, 16, sparse=True)
+    opt = topk_optimizer(embedding, hvd.Compression.topk(0.01, 0.01, min_size=1000))
+    embedding(torch.tensor([hvd.rank()])).sum().backward()
+    if hvd.rank() == hvd.size() - 1:
+        embedding.weight.grad = embedding.weight.grad * float("inf")
+    opt.synchronize()
+    g = embedding.weight.grad
+    assert g.is_sparse and g.shape == (100, 16) and torch.isnan(g.to_dense()).all()
+    assert opt.hvdx_stats.steps == 0
 
 
 SIZES = (3000, 1, 3, 517, 1234)  # 1 and 3 leave some shards empty on 4 ranks
