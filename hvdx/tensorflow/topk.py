@@ -250,7 +250,9 @@ def make_allreduce_grads(compression: TopKCompression, op, gradient_predivide_fa
         if not grads:
             return structure
         if not process_set.included():
-            raise ValueError("TopK compression: this rank is not in process_set")
+            # Outside process_set a rank keeps its own gradients, as Horovod's
+            # allreduce leaves them there.
+            return structure
         comm = communicator_for(process_set, _hvd.global_process_set, _hvd.size())
         state = state_of(variables)
         sync = state.bind(_keys(variables), compression, comm, sum_op,

@@ -43,7 +43,13 @@ def _topk(optimizer, strategy, plan, args: OptimizerArguments):
     from hvdx.torch.topk_optimizer import make_topk_optimizer
 
     if args.comm is None:
-        raise ValueError("TopK compression: this rank is not in process_set")
+        # Outside process_set a rank synchronizes nothing and steps on its own gradients,
+        # as Horovod's optimizer does there: that is Horovod's optimizer.
+        return _hvd.DistributedOptimizer(
+            optimizer, named_parameters=args.named_parameters,
+            backward_passes_per_step=args.backward_passes_per_step, op=args.op,
+            gradient_predivide_factor=args.gradient_predivide_factor,
+            sparse_as_dense=args.sparse_as_dense, process_set=args.process_set)
     return make_topk_optimizer(
         optimizer, args.named_parameters, strategy, args.backward_passes_per_step,
         args.op, args.gradient_predivide_factor, args.sparse_as_dense, args.process_set,
