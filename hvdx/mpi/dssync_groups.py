@@ -100,6 +100,8 @@ class DSSyncGroups:
         # DSSync(probe_every=K): the probe-and-rebuild loop (collective to set up).
         self.adaptation = DSSyncAdaptation.create(sync, horovod.global_process_set)
         self._probed_step = -1
+        #: A loaded adaptation's state, rebuilt at the next step (:meth:`load_state`).
+        self._restored = None
 
     @property
     def all_ranks(self) -> Tuple[int, ...]:
@@ -142,19 +144,28 @@ class DSSyncGroups:
     def load_state(self, state: Dict[str, int]) -> None:
         """Resume from :meth:`state`: the schedule continues where it was saved.
 
-        A saved adaptation rebuilds that rotation and registers its process sets:
-        collective, so every rank loads its state at the same point (as for training).
+        Local, as loading a state dict is in torch: one rank may load alone (Horovod's
+        rank-0 resume recipe, then a broadcast). A saved adaptation's rotation registers
+        process sets, which is collective, so it is rebuilt at the next step's
+        :meth:`group_at`, which every rank reaches together.
         """
         self.step = int(state["step"])
         self.swa_count = int(state.get("swa_count", 0))
         if state.get("adapted") and self.adaptation is not None:
-            self._swap(self.adaptation.restore(state["adapted"], self.schedule))
-            self.stats.adaptations = self.adaptation.adaptations
+            self._restored = state["adapted"]
+
+    def _restore(self) -> None:
+        """Rebuild the rotation :meth:`load_state` kept (collective)."""
+        adapted, self._restored = self._restored, None
+        self._swap(self.adaptation.restore(adapted, self.schedule))
+        self.stats.adaptations = self.adaptation.adaptations
 
     # --- adaptation (DSSync(probe_every=K)) ------------------------------------------
 
     def _adapt(self, step: int) -> None:
         """Probe at the probing steps (once per step) and swap in a rebuilt rotation."""
+        if self._restored is not None:
+            self._restore()
         if self.adaptation is None or self._probed_step == step:
             return
         self._probed_step = step
