@@ -474,6 +474,41 @@ class TopKSynchronizer:
         self.choice = state.get("choice")
         self.timings = [(float(a), float(b)) for a, b in state.get("timings", [])]
 
+    def shared_state(self) -> dict:
+        """What every rank must hold alike, as a broadcast from one rank gives it.
+
+        The step (it seeds the sampled threshold and ends the warm-up and the autotune
+        steps: ranks at different steps would run different collectives), autotune's
+        choice, the global layout, and in ``gathered`` mode the server residuals (every
+        rank runs the downlink with its replica: replicas that differ give the ranks
+        different updates). Not the worker residuals, nor a ``sharded`` server's shard:
+        those are each rank's own.
+        """
+        return {"step": self.step, "choice": self.choice, "mode": self.mode,
+                "size": self.size, "selection": self.selection,
+                "layout": None if self.layout is None else [list(e) for e in self.layout],
+                "server": self.server.state_dict() if self.mode == "gathered" else None}
+
+    def load_shared_state(self, state) -> None:
+        """Take :meth:`shared_state` from another rank (after a broadcast).
+
+        Raises:
+            ValueError: it comes from a run of another mode, size or selection;
+                nothing is changed.
+        """
+        theirs = (state["mode"], state["size"], state["selection"])
+        if theirs != (self.mode, self.size, self.selection):
+            raise ValueError(
+                f"the broadcast TopK state is for mode={theirs[0]} on {theirs[1]} ranks with "
+                f"selection={theirs[2]!r}; this optimizer runs mode={self.mode} on "
+                f"{self.size} ranks with selection={self.selection!r}")
+        layout = state["layout"]
+        self.layout = None if layout is None else tuple((str(n), int(d)) for n, d in layout)
+        self.step = int(state["step"])
+        self.choice = state["choice"]
+        if state["server"] is not None:
+            self.server.load_state_dict(state["server"])
+
     # --- internals -----------------------------------------------------------------------
 
     def _exchange_all(self, tensors, flat, joined=None) -> Dict[int, object]:

@@ -193,6 +193,30 @@ class _MixingOptimizer:
                 self._hvdx_swa = [t.detach().clone().to(p.device)
                                   for t, p in zip(entry["swa"], self._hvdx_params())]
 
+    def _hvdx_local_step(self, closure=None):
+        """The wrapped optimizer's own step, with no mixing and no communication."""
+        return self._hvdx_base.step(self, closure)
+
+    def _hvdx_broadcast_shared(self, root_rank):
+        """Give every rank ``root_rank``'s position in the schedule (step, SWA count,
+        DS-Sync's adapted rotation) and SWA mean; collective.
+
+        A combine-then-adapt graph's saved change of the parameters is dropped on every
+        rank: it belongs to the parameters a rank had, and every rank now has the root's
+        (``broadcast_parameters``); the next step starts its exchange afresh.
+        """
+        entry = self._hvdx_mixer.state()
+        entry.pop("change", None)
+        entry.pop("layout", None)
+        if self._hvdx_swa is not None:
+            entry["swa"] = [t.detach().cpu() for t in self._hvdx_swa]
+        entry = _hvd.broadcast_object(entry, root_rank,
+                                      name=f"hvdx.{self._hvdx_sync.name}.shared_state")
+        swa = entry.pop("swa", None)
+        self._hvdx_mixer.load_state(entry)
+        self._hvdx_swa = None if swa is None else [
+            t.clone().to(p.device) for t, p in zip(swa, self._hvdx_params())]
+
     # --- internals ------------------------------------------------------------------
 
     def _hvdx_params(self) -> List[torch.Tensor]:

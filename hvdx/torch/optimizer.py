@@ -11,6 +11,7 @@ from hvdx.mpi.consistency import resolve_checked
 from hvdx.settings import group_sizes, horovod_settings
 from hvdx.strategy import strategy_or_error
 from hvdx.torch import registry
+from hvdx.torch.join import track
 from hvdx.torch.compression import Compression
 
 __all__ = ["DistributedOptimizer"]
@@ -94,6 +95,7 @@ def DistributedOptimizer(optimizer, named_parameters=None,
                 named_parameters, backward_passes_per_step, op, gradient_predivide_factor,
                 sparse_as_dense, process_set, comm,
                 named_buffers if sync is not None else None))
+        track(distributed, strategy)
     # HVDX_BENCH_STEP_LOG (hvdx bench --script): step times; unset, nothing is added.
     return step_log.watch_torch(distributed, _hvd.rank)
 

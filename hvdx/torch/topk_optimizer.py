@@ -181,6 +181,10 @@ class _TopKOptimizer:
         if self._hvdx_should_synchronize and not self._hvdx_synchronized:
             self.synchronize()
         self._hvdx_synchronized = False
+        return self._hvdx_local_step(closure)
+
+    def _hvdx_local_step(self, closure=None):
+        """The wrapped optimizer's own step on ``p.grad``, with no communication."""
         if not self._hvdx_sync.compression.momentum_correction:
             return self._hvdx_base.step(self, closure)
         # The velocity (and weight decay) went into p.grad already: step without them.
@@ -310,6 +314,17 @@ class _TopKOptimizer:
             self._hvdx_velocity = {
                 n: v.detach().to(params[n].device, params[n].dtype).clone()
                 for n, v in topk.get("velocity", {}).items() if n in params}
+
+    def _hvdx_broadcast_shared(self, root_rank):
+        """Give every rank ``root_rank``'s share of hvdx's state that the ranks must hold
+        alike (:meth:`~hvdx.mpi.topk_sync.TopKSynchronizer.shared_state`); collective.
+        Each rank keeps its own residuals and velocity, which are its own by design."""
+        sync = self._hvdx_sync
+        shared = _hvd.broadcast_object(sync.shared_state(), root_rank,
+                                       name="hvdx.topk.shared_state")
+        sync.load_shared_state(shared)
+        if sync.overlaps_dense():
+            self._hvdx_register_hooks()
 
     # --- internals ------------------------------------------------------------------
 

@@ -1,0 +1,204 @@
+"""Horovod's own recipes under every hvdx strategy: each works as under Horovod, or is
+refused on every rank that meets it, with what to do instead; none hangs and none
+diverges silently.
+
+- the rank-0 resume recipe: rank 0 alone reads a checkpoint (``state_dict`` and
+  ``load_state_dict`` are local), then ``broadcast_parameters`` and
+  ``broadcast_optimizer_state`` give every rank the root's state;
+- "save checkpoints only on worker 0" with hvdx's collective ``save_checkpoint``: an
+  error within the timeout, not a hang;
+- ``process_set=``: TopK runs inside the set, the ranks outside step alone (as Horovod's
+  optimizer does); the parameter-mixing strategies refuse it;
+- ``hvd.join()``: refused while a strategy trains.
+
+This job runs with dynamic process sets (DS-Sync's groups need them, and the process
+set recipe registers sets of its own).
+"""
+
+import gc
+import io
+
+import pytest
+import torch
+import torch.nn as nn
+
+import hvdx
+import hvdx.torch as hvd
+
+LR = 0.1
+
+STRATEGIES = {
+    "horovod": lambda: {},
+    "topk": lambda: {"compression": hvd.Compression.topk(0.1, 0.05, min_size=0)},
+    "topk-sharded": lambda: {"compression": hvd.Compression.topk(
+        0.1, 0.05, min_size=0, mode="sharded")},
+    "dssync": lambda: {"sync": hvdx.DSSync("shuffle", group_size=min(2, hvd.size()),
+                                           seed=3, swa_start=1)},
+    "decentralized": lambda: {"sync": hvdx.Decentralized("one-peer-exp")},
+}
+OPTIMIZERS = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=LR, momentum=0.9, weight_decay=0.01),
+    "adam": lambda params: torch.optim.Adam(params, lr=LR),
+}
+
+
+def build(strategy, optimizer="sgd", seed=None):
+    torch.manual_seed(hvd.rank() if seed is None else seed)
+    model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2))
+    opt = hvd.DistributedOptimizer(OPTIMIZERS[optimizer](model.parameters()),
+                                   named_parameters=model.named_parameters(),
+                                   **STRATEGIES[strategy]())
+    return model, opt
+
+
+def train(model, opt, steps):
+    for step in steps:
+        g = torch.Generator().manual_seed(1000 * step + hvd.rank())
+        x, y = torch.randn(8, 6, generator=g), torch.randn(8, 2, generator=g)
+        opt.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+    if hasattr(opt, "hvdx_graph"):
+        opt.synchronize()  # complete decentralized SGD's exchange in flight
+
+
+def flat(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def base_state(opt):
+    """The wrapped optimizer's per-parameter state tensors, in a fixed order."""
+    state = opt.state_dict()["state"]
+    return [t.clone() for key in sorted(state) for name, t in sorted(state[key].items())
+            if torch.is_tensor(t)]
+
+
+def same_everywhere(value, name):
+    everyone = hvd.allgather_object(value, name=name)
+    return all(torch.equal(v, everyone[0]) if torch.is_tensor(v) else v == everyone[0]
+               for v in everyone)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_the_rank0_resume_recipe_gives_every_rank_the_roots_state(strategy, optimizer):
+    model, opt = build(strategy, optimizer)
+    train(model, opt, range(3))
+    saved = io.BytesIO()
+    if hvd.rank() == 0:  # Horovod's habit: rank 0 alone saves, and alone loads
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, saved)
+    root_params = hvd.broadcast_object(flat(model), root_rank=0, name="root.params")
+    root_state = hvd.broadcast_object(base_state(opt), root_rank=0, name="root.state")
+
+    resumed, opt = build(strategy, optimizer, seed=100 + hvd.rank())
+    if hvd.rank() == 0:
+        saved.seek(0)
+        checkpoint = torch.load(saved, weights_only=False)
+        resumed.load_state_dict(checkpoint["model"])
+        opt.load_state_dict(checkpoint["optimizer"])
+    hvd.broadcast_parameters(resumed.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+
+    if strategy != "horovod":
+        # (Horovod's own function creates the state by a step on zero gradients after
+        # broadcast_parameters, which moves the other ranks' parameters by weight decay.)
+        assert torch.equal(flat(resumed), root_params), "the parameters are not the root's"
+    mine = base_state(opt)
+    assert len(mine) == len(root_state)
+    assert all(torch.equal(a, b) for a, b in zip(mine, root_state)), \
+        "the optimizer's state is not the root's"
+    train(resumed, opt, range(3, 6))
+    if strategy.startswith("topk"):
+        # Gradient averaging: one model on every rank, before and after resuming.
+        assert same_everywhere(flat(resumed), "resumed.params"), \
+            f"{strategy}: the ranks' parameters differ after resuming"
+    hvdx_state = {k: v for k, v in opt.state_dict().items() if k.startswith("hvdx")}
+    for entry in hvdx_state.values():  # the schedule's step is the same everywhere
+        assert same_everywhere(entry["step"], "resumed.step")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_saving_on_rank_0_alone_fails_there_within_the_timeout(monkeypatch, tmp_path):
+    monkeypatch.setenv("HVDX_CHECKPOINT_TIMEOUT", "1")
+    model, opt = build("topk")
+    if hvd.rank() == 0:
+        with pytest.raises(RuntimeError, match=r"rank\(s\) \[1.*call save_checkpoint on "
+                                               r"every rank"):
+            hvd.save_checkpoint(tmp_path / "ckpt.pt", model, opt)
+    hvd.barrier()
+    # Nothing is left behind: the same call on every rank works right after.
+    path = hvd.broadcast_object(str(tmp_path / "ckpt.pt"), root_rank=0, name="ckpt.path")
+    hvd.save_checkpoint(path, model, opt, epoch=1)
+    assert hvd.load_checkpoint(path, model, opt) == {"epoch": 1}
+
+
+@pytest.mark.mpi(min_size=2)
+def test_topk_in_a_process_set_averages_inside_it_and_the_others_step_alone():
+    """Horovod's ``test_optimizer_process_sets``, against plain torch: ratio 1 is the
+    dense average over the set's members; a rank outside it steps on its own gradient.
+    (All ranks but the last: DS-Sync's tests in this job register pairs already.)"""
+    members = hvd.add_process_set(list(range(hvd.size() - 1)))
+    try:
+        torch.manual_seed(0)
+        model = nn.Linear(4, 3)
+        start = [p.detach().clone() for p in model.parameters()]
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=LR),
+            named_parameters=model.named_parameters(), process_set=members,
+            compression=hvd.Compression.topk(1.0, 1.0, min_size=0))
+
+        def gradients(rank):
+            reference = nn.Linear(4, 3)
+            with torch.no_grad():
+                for p, s in zip(reference.parameters(), start):
+                    p.copy_(s)
+            g = torch.Generator().manual_seed(rank)
+            x, y = torch.randn(5, 4, generator=g), torch.randn(5, 3, generator=g)
+            ((reference(x) - y) ** 2).mean().backward()
+            return [p.grad for p in reference.parameters()]
+
+        g = torch.Generator().manual_seed(hvd.rank())
+        x, y = torch.randn(5, 4, generator=g), torch.randn(5, 3, generator=g)
+        opt.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+
+        ranks = members.ranks if members.included() else [hvd.rank()]
+        each = [gradients(r) for r in ranks]
+        for p, s, *gs in zip(model.parameters(), start, *each):
+            expected = s - LR * torch.stack(gs).mean(0)
+            assert torch.allclose(p.detach(), expected, atol=1e-6)
+    finally:
+        hvd.remove_process_set(members)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("strategy", ["dssync", "decentralized"])
+def test_parameter_mixing_refuses_a_process_set_on_every_rank(strategy):
+    members = hvd.add_process_set(list(range(hvd.size() - 1)))
+    try:
+        model = nn.Linear(3, 2)
+        with pytest.raises(ValueError, match="process_set"):
+            hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
+                                     named_parameters=model.named_parameters(),
+                                     process_set=members, **STRATEGIES[strategy]())
+    finally:
+        hvd.remove_process_set(members)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("strategy", ["topk", "dssync", "decentralized"])
+def test_join_is_refused_while_a_strategy_trains(strategy):
+    model, opt = build(strategy)
+    train(model, opt, range(1))
+    with pytest.raises(ValueError, match=r"hvd.join\(\): not supported .*DistributedSampler"):
+        hvd.join()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_join_is_horovods_once_no_strategy_trains():
+    model, opt = build("horovod")
+    gc.collect()  # the optimizers of earlier tests
+    last = hvd.join()
+    assert 0 <= last < hvd.size() and same_everywhere(last, "join.last")
