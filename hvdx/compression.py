@@ -13,13 +13,13 @@ Zou, De Sterck & Liu, "Downlink Compression Improves TopK Sparsification", arXiv
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
-from typing import ClassVar, List, Optional
+from dataclasses import dataclass, field
+from typing import ClassVar, FrozenSet, List, Optional
 
 from hvdx.core.bidirectional_topk import MODES, TopKConfig, canonical_topk_method
 from hvdx.core.topk_selection import DEFAULT_SAMPLE_SIZE
 from hvdx.strategy import Strategy, kept_for_every_rank, validating
-from hvdx.topk_presets import preset_options
+from hvdx.topk_presets import preset_arguments
 
 __all__ = ["MODES_AUTO", "RENAMED", "SELECTIONS", "SMALL_TENSORS", "SMALL_TENSORS_ALIASES",
            "TopKCompression", "topk"]
@@ -89,6 +89,12 @@ class TopKCompression(Strategy):
             ``torch.optim.SGD`` then steps without momentum. Plain momentum applied
             after a sparse aggregate keeps pushing stale, delayed directions; this keeps
             momentum local. PyTorch, SGD without Nesterov or dampening only.
+        preset: the preset the spec was built from (``topk(preset=...)``), or ``None``.
+        from_preset: the arguments whose value is the preset's, not the caller's: a
+            preset's ``momentum_correction`` yields where it does not apply
+            (:func:`hvdx.topk_presets.for_optimizer`), the caller's does not. Neither
+            is compared: ``topk(preset="fast")`` equals the same arguments given one by
+            one, and :meth:`describe` shows what runs.
     """
 
     name: ClassVar[str] = "topk"
@@ -105,6 +111,8 @@ class TopKCompression(Strategy):
     sparsity_warmup_steps: int = 0
     momentum_masking: bool = True
     autotune_steps: int = 0
+    preset: Optional[str] = field(default=None, compare=False)
+    from_preset: FrozenSet[str] = field(default=frozenset(), compare=False, repr=False)
 
     @validating
     def __post_init__(self):
@@ -190,7 +198,12 @@ def topk(*args, preset: Optional[str] = None, **kwargs) -> TopKCompression:
             with DGC's masking). Both average the small tensors in the TopK step, so
             launch them with ``HOROVOD_CYCLE_TIME=50`` (Horovod's background loop has
             nothing to carry during a step). The other arguments given with a preset
-            override its values. ``None``: the arguments alone.
+            override its values (``momentum_correction=False`` drops the preset's
+            masking setting with it). A preset's momentum correction applies to
+            ``torch.optim.SGD`` with momentum, without Nesterov or dampening; with any
+            other optimizer (and in TensorFlow) the preset runs without it, and rank 0
+            says so once (:func:`hvdx.topk_presets.for_optimizer`). ``None``: the
+            arguments alone.
         mode: ``"auto"``, ``"gathered"`` or ``"sharded"``.
         min_size: tensors with fewer entries go dense.
         small_tensors: ``"horovod_allreduce"`` (Horovod's allreduce averages the tensors
@@ -206,7 +219,8 @@ def topk(*args, preset: Optional[str] = None, **kwargs) -> TopKCompression:
         error_feedback: ``False`` for plain TopK without worker or server residuals.
         selection: ``"layerwise"`` (per tensor) or ``"global"`` (one ``k`` over all
             compressed tensors).
-        momentum_correction: DGC's local momentum with factor masking (PyTorch SGD).
+        momentum_correction: DGC's local momentum with factor masking (PyTorch SGD);
+            given, it is kept as given (``True`` refuses any other optimizer).
         sparsity_warmup_steps: compressed steps over which the ratios decay from 0.25
             to ``ratio`` / ``downlink_ratio`` (DGC's warm-up; 0: none).
         momentum_masking: DGC's momentum factor masking (with ``momentum_correction``).
@@ -225,13 +239,18 @@ def topk(*args, preset: Optional[str] = None, **kwargs) -> TopKCompression:
     # Which arguments the caller gave cannot be read off their values (a default given
     # on purpose overrides the preset too), hence *args and **kwargs here.
     given = _TOPK_SIGNATURE.bind(*args, **kwargs).arguments
+    from_preset = frozenset()
     try:
         given = _new_names(given)
         if preset is not None:
-            given = dict(preset_options(preset), **given)
+            given, from_preset = preset_arguments(preset, given)
     except ValueError as error:
         return _invalid(kept_for_every_rank(error))
-    return _topk(**given)
+    spec = _topk(**given)
+    if preset is not None and spec.error is None:
+        object.__setattr__(spec, "preset", preset)
+        object.__setattr__(spec, "from_preset", from_preset)
+    return spec
 
 
 def _topk(ratio: float = 0.01, downlink_ratio: Optional[float] = None, *,

@@ -18,14 +18,30 @@ cannot drift). Which one:
 Arguments given with a preset override its values:
 ``topk(preset="safe", downlink_ratio=0.05)``. The figures behind the choices are in the
 comments below (digits_vgg, 4 ranks on an emulated 2 x 2 cluster with a 100 Mbit uplink).
+
+DGC's momentum correction takes over the momentum of ``torch.optim.SGD`` (without
+Nesterov or dampening), so a preset keeps it only where it applies
+(:func:`for_optimizer`):
+
+1. ``momentum_correction`` given by the caller (either value) is the caller's: the
+   preset does not touch it, and ``True`` with another optimizer stays refused;
+   ``False`` drops the preset's masking setting too (:func:`preset_arguments`);
+2. otherwise, with an optimizer other than SGD, SGD with Nesterov or dampening, or SGD
+   without momentum in every parameter group, the preset runs without momentum
+   correction and its masking (:data:`WITHOUT_MOMENTUM_CORRECTION`), every other
+   setting unchanged; TensorFlow always does (its optimizers are not torch's SGD);
+3. the choice depends on the optimizer's class and ``param_groups`` only, the same on
+   every rank, so the settings the ranks compare still agree.
 """
 
 from __future__ import annotations
 
-from typing import Dict
+import dataclasses
+from typing import Dict, FrozenSet, Iterable, Mapping, Optional, Tuple
 
 __all__ = ["HOROVOD_CYCLE_ENV", "PRESETS", "RATIO", "SELECTOR", "SMALL_TENSORS",
-           "TOPK_METHOD", "WITHOUT_MOMENTUM_CORRECTION", "preset_options"]
+           "TOPK_METHOD", "WITHOUT_MOMENTUM_CORRECTION", "for_optimizer",
+           "momentum_correction_refusal", "preset_arguments", "preset_options"]
 
 #: The uplink ratio of both presets: the issue's 1%.
 RATIO = 0.01
@@ -68,9 +84,10 @@ PRESETS: Dict[str, Dict] = {
 #: (Horovod still averaging them, so waiting a cycle for them each step): 121-129 ms.
 HOROVOD_CYCLE_ENV: Dict[str, str] = {"HOROVOD_CYCLE_TIME": "50"}
 
-#: What TensorFlow's ``topk(preset=...)`` changes: DGC's momentum correction is
-#: implemented for PyTorch's SGD only, so there the presets run without it (and without
-#: its factor masking); every other setting is the preset's.
+#: What a preset changes where DGC's momentum correction does not apply (TensorFlow, a
+#: torch optimizer other than plain SGD with momentum; :func:`for_optimizer`): it runs
+#: without it and without its factor masking (``momentum_masking=True`` is the default,
+#: which masks nothing without momentum correction); every other setting is the preset's.
 WITHOUT_MOMENTUM_CORRECTION: Dict = {"momentum_correction": False,
                                      "momentum_masking": True}
 
@@ -85,3 +102,81 @@ def preset_options(preset: str) -> Dict:
         raise ValueError(f"preset={preset!r} must be one of "
                          f"{', '.join(repr(name) for name in PRESETS)}")
     return dict(PRESETS[preset])
+
+
+def preset_arguments(preset: str, given: Mapping) -> Tuple[Dict, FrozenSet[str]]:
+    """``topk``'s arguments for ``preset`` with the caller's ``given`` ones, and the
+    names whose value is the preset's.
+
+    1. the preset's values;
+    2. ``given`` turns ``momentum_correction`` off: the preset's momentum settings go
+       with it (:data:`WITHOUT_MOMENTUM_CORRECTION`), because masking is part of
+       momentum correction ("fast"'s ``momentum_masking=False`` would otherwise be
+       refused as if the caller had set it);
+    3. ``given`` overrides, even with a value equal to the default.
+
+    Raises:
+        ValueError: ``preset`` is not a name of :data:`PRESETS`.
+    """
+    options = preset_options(preset)
+    if "momentum_correction" in given and given["momentum_correction"] is False:
+        options.update(WITHOUT_MOMENTUM_CORRECTION)
+    return dict(options, **given), frozenset(options) - frozenset(given)
+
+
+def momentum_correction_refusal(optimizer: str, param_groups: Iterable[Mapping]
+                                ) -> Optional[str]:
+    """Why ``momentum_correction=True`` cannot run with a torch optimizer of class name
+    ``optimizer`` and these ``param_groups`` (the error message), or ``None``.
+
+    It takes ``torch.optim.SGD``'s momentum and weight decay over: SGD without Nesterov
+    or dampening only (anything else would be applied twice or differently). Read from
+    the parameter groups' keys (SGD's), not the class, so a subclass of SGD is accepted.
+    """
+    mismatch = _mismatch(optimizer, param_groups)
+    return None if mismatch is None else mismatch[1]
+
+
+def for_optimizer(spec, optimizer: str, param_groups: Iterable[Mapping]):
+    """``spec`` (a ``TopKCompression``) as it runs with a torch optimizer of class name
+    ``optimizer`` and these ``param_groups``, and why it changed (``None``: unchanged).
+
+    1. unchanged unless ``momentum_correction=True`` came from a preset (the caller's
+       own value is theirs: an explicit ``True`` stays refused by the optimizer);
+    2. :func:`momentum_correction_refusal` refuses the optimizer, or no parameter group
+       has a momentum above 0 (nothing to correct): the spec without momentum
+       correction (:data:`WITHOUT_MOMENTUM_CORRECTION`), with the reason;
+    3. otherwise unchanged. Pure and rank-independent: the optimizer's class and groups
+       are the same on every rank, so every rank gets the same spec.
+    """
+    if not spec.momentum_correction or "momentum_correction" not in spec.from_preset:
+        return spec, None
+    groups = list(param_groups)
+    mismatch = _mismatch(optimizer, groups)
+    if mismatch is not None:
+        why = mismatch[0]
+    elif not any(group["momentum"] for group in groups):
+        why = f"{optimizer} has momentum 0 in every parameter group: nothing to correct"
+    else:
+        return spec, None
+    changed = dataclasses.replace(spec, **WITHOUT_MOMENTUM_CORRECTION)
+    # Not a field: the variable it came from, which the settings the ranks compare name.
+    object.__setattr__(changed, "environment", spec.environment)
+    return changed, why
+
+
+def _mismatch(optimizer: str, param_groups: Iterable[Mapping]
+              ) -> Optional[Tuple[str, str]]:
+    """``(why, error)`` where momentum correction cannot take the optimizer's momentum
+    over: the first parameter group that is not plain SGD's; ``None`` if every one is."""
+    for group in param_groups:
+        if "momentum" not in group or "dampening" not in group:
+            return (f"{optimizer} is not torch.optim.SGD, whose momentum it takes over",
+                    f"momentum_correction=True needs torch.optim.SGD (with momentum), got "
+                    f"{optimizer}; use momentum_correction=False")
+        if group.get("nesterov") or group["dampening"]:
+            settings = f"nesterov={group.get('nesterov')}, dampening={group['dampening']}"
+            return (f"{optimizer} with {settings}: it replaces plain SGD momentum only",
+                    f"momentum_correction=True supports SGD without Nesterov or "
+                    f"dampening, got {settings}")
+    return None

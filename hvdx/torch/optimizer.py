@@ -52,7 +52,8 @@ def DistributedOptimizer(optimizer, named_parameters=None,
 
     Before anything is sent, every rank of ``process_set`` compares the parameter names,
     shapes and dtypes and the settings; a mismatch raises the same ``ValueError`` on
-    every rank instead of hanging in an allreduce.
+    every rank instead of hanging in an allreduce. A TopK preset keeps DGC's momentum
+    correction only with ``torch.optim.SGD`` with plain momentum (:mod:`hvdx.topk_presets`).
 
     ``compression`` left at Horovod's ``Compression.none`` and ``sync=None`` are taken
     from ``HVDX_COMPRESSION`` and ``HVDX_SYNC`` where set (:mod:`hvdx.environment`).
@@ -69,6 +70,12 @@ def DistributedOptimizer(optimizer, named_parameters=None,
     if named_parameters is not None:
         # Often a generator (model.named_parameters()): read it once, hand Horovod a list.
         named_parameters = list(named_parameters)
+    if strategy is not None and problem is None:
+        # A preset's settings may depend on the optimizer's class and param_groups, the
+        # same on every rank, so the fingerprint below compares what runs.
+        fitted = registry.fit(strategy, optimizer)
+        compression = fitted if compression is strategy else compression
+        strategy = fitted
     if named_buffers is not None:
         named_buffers = list(named_buffers)
     settings = horovod_settings(

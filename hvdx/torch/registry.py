@@ -3,18 +3,20 @@
 :func:`hvdx.torch.DistributedOptimizer` resolves the strategy it was given
 (:mod:`hvdx.strategy`), checks it across ranks, then calls :func:`build`, which looks
 the strategy's name up in :data:`ADAPTERS`. A new strategy is one entry here and one
-adapter module; the entry point does not change.
+adapter module; the entry point does not change. Before the check, :func:`fit` lets a
+strategy settle what depends on the optimizer (:data:`FITS`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+import sys
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set, Tuple
 
 import horovod.torch as _hvd
 
 from hvdx.strategy import Job, Strategy, adapter_for
 
-__all__ = ["ADAPTERS", "OptimizerArguments", "build", "job"]
+__all__ = ["ADAPTERS", "FITS", "OptimizerArguments", "build", "fit", "job"]
 
 
 class OptimizerArguments(NamedTuple):
@@ -76,6 +78,44 @@ ADAPTERS: Dict[str, Callable] = {
     "dssync": _dssync,
     "decentralized": _decentralized,
 }
+
+
+def _fit_topk(spec, optimizer):
+    """A TopK preset with this optimizer: DGC's momentum correction only where it
+    applies (:func:`hvdx.topk_presets.for_optimizer`); rank 0 says once what it chose
+    and why."""
+    from hvdx.topk_presets import for_optimizer
+
+    fitted, why = for_optimizer(spec, type(optimizer).__name__, optimizer.param_groups)
+    if why is not None and (spec.preset, why) not in _SAID:
+        _SAID.add((spec.preset, why))
+        if _hvd.rank() == 0:
+            print(f"[hvdx] topk(preset={spec.preset!r}) runs without DGC's momentum "
+                  f"correction and its masking: {why}; every other setting is the "
+                  "preset's (momentum_correction=False chooses this explicitly)",
+                  file=sys.stderr, flush=True)
+    return fitted
+
+
+#: Strategy name -> ``fit(spec, optimizer)``: the spec as it runs with the optimizer.
+FITS: Dict[str, Callable] = {"topk": _fit_topk}
+
+#: ``(preset, reason)`` rank 0 has printed (once per process).
+_SAID: Set[Tuple[Optional[str], str]] = set()
+
+
+def fit(strategy: Strategy, optimizer) -> Strategy:
+    """``strategy`` as it runs with ``optimizer``, before the cross-rank check.
+
+    A strategy whose settings depend on the optimizer (a TopK preset's momentum
+    correction) resolves them here; the decision reads the optimizer's class and
+    ``param_groups`` only, the same on every rank, so the ranks still compare equal
+    settings. A spec whose constructor failed is returned as it is (its error is
+    raised after the check).
+    """
+    if strategy.error is not None or strategy.name not in FITS:
+        return strategy
+    return FITS[strategy.name](strategy, optimizer)
 
 
 def build(optimizer, strategy: Strategy, plan, args: OptimizerArguments):

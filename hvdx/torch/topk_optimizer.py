@@ -80,6 +80,7 @@ import torch
 
 from hvdx.compression import TopKCompression
 from hvdx.mpi.topk_sync import TopKStats, TopKSynchronizer
+from hvdx.topk_presets import momentum_correction_refusal
 from hvdx.torch.finite import first_nonfinite
 from hvdx.torch.wrapping import subclass_of
 
@@ -535,16 +536,12 @@ class _TopKOptimizer:
 
 def _check_momentum_correction(optimizer) -> None:
     """``momentum_correction`` takes SGD's momentum over: SGD without Nesterov or
-    dampening only (anything else would be applied twice or differently)."""
-    for group in optimizer.param_groups:
-        if "momentum" not in group or "dampening" not in group:
-            raise ValueError(
-                f"momentum_correction=True needs torch.optim.SGD (with momentum), got "
-                f"{optimizer._hvdx_base.__name__}; use momentum_correction=False")
-        if group.get("nesterov") or group["dampening"]:
-            raise ValueError(
-                f"momentum_correction=True supports SGD without Nesterov or dampening, got "
-                f"nesterov={group.get('nesterov')}, dampening={group['dampening']}")
+    dampening only (anything else would be applied twice or differently). The same test
+    decides whether a preset keeps it (:func:`hvdx.topk_presets.for_optimizer`)."""
+    refusal = momentum_correction_refusal(optimizer._hvdx_base.__name__,
+                                          optimizer.param_groups)
+    if refusal is not None:
+        raise ValueError(refusal)
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:

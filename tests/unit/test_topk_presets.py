@@ -5,6 +5,7 @@ import pytest
 
 from hvdx.compression import topk
 from hvdx.strategy import strategy_of
+from hvdx.topk_presets import for_optimizer, momentum_correction_refusal
 
 
 def test_fast_is_one_percent_both_ways_with_dgc_momentum_without_masking():
@@ -66,3 +67,116 @@ def test_the_benchmarks_tuned_topks_are_the_presets_with_horovods_50_ms_cycle(
     model = pytest.importorskip("torch").nn.Linear(2, 1)
     assert STRATEGIES[name].build(None, model) == topk(preset=preset)
     assert STRATEGIES[name].env == {"HOROVOD_CYCLE_TIME": "50"}
+
+
+# --- momentum correction only where it applies ------------------------------------------
+
+#: The presets' settings other than momentum correction, given one by one.
+WITHOUT_CORRECTION = {
+    "fast": dict(ratio=0.01, downlink_ratio=0.01, topk_method="sampled_threshold",
+                 selection="global", small_tensors="in_topk_step"),
+    "safe": dict(ratio=0.01, downlink_ratio=0.02, topk_method="sampled_threshold",
+                 selection="global", small_tensors="in_topk_step"),
+}
+
+#: torch's parameter groups as plain dicts (their keys are what decides).
+SGD_MOMENTUM = {"lr": 0.1, "momentum": 0.9, "dampening": 0, "weight_decay": 0,
+                "nesterov": False}
+ADAM = {"lr": 0.001, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0,
+        "amsgrad": False}
+
+
+@pytest.mark.parametrize("preset", ["fast", "safe"])
+def test_momentum_correction_false_with_a_preset_drops_its_masking_setting_too(preset):
+    """``fast``'s momentum_masking=False is the preset's, not the caller's: it must not
+    be refused as a masking setting without momentum correction."""
+    spec = topk(preset=preset, momentum_correction=False)
+    assert spec.error is None
+    assert spec == topk(**WITHOUT_CORRECTION[preset])
+    assert not spec.momentum_correction and spec.momentum_masking
+
+
+def test_the_callers_own_masking_without_momentum_correction_is_still_refused():
+    with pytest.raises(ValueError, match="momentum_masking=False applies to "
+                                         "momentum_correction=True only"):
+        topk(preset="fast", momentum_correction=False, momentum_masking=False)
+
+
+def test_the_spec_knows_which_settings_are_the_presets():
+    assert "momentum_correction" in topk(preset="fast").from_preset
+    assert topk(preset="fast").preset == "fast"
+    assert "momentum_correction" not in topk(preset="fast",
+                                             momentum_correction=True).from_preset
+    assert "ratio" not in topk(0.05, preset="safe").from_preset
+    assert topk(0.01, momentum_correction=True).from_preset == frozenset()
+
+
+@pytest.mark.parametrize("preset", ["fast", "safe"])
+@pytest.mark.parametrize("name, groups, why", [
+    ("Adam", [ADAM], "Adam is not torch.optim.SGD"),
+    ("SGD", [dict(SGD_MOMENTUM, nesterov=True)], "nesterov=True, dampening=0"),
+    ("SGD", [dict(SGD_MOMENTUM, dampening=0.1)], "nesterov=False, dampening=0.1"),
+    ("SGD", [dict(SGD_MOMENTUM, momentum=0)], "momentum 0 in every parameter group"),
+    # one group that is not plain SGD's is enough
+    ("SGD", [SGD_MOMENTUM, dict(SGD_MOMENTUM, nesterov=True)], "nesterov=True"),
+])
+def test_a_preset_runs_without_momentum_correction_where_it_does_not_apply(
+        preset, name, groups, why):
+    spec = topk(preset=preset)
+    fitted, reason = for_optimizer(spec, name, groups)
+    assert fitted == topk(**WITHOUT_CORRECTION[preset])
+    assert fitted.describe() == topk(**WITHOUT_CORRECTION[preset]).describe()
+    assert why in reason
+    # the same answer for the same optimizer: what every rank computes
+    assert for_optimizer(spec, name, groups) == (fitted, reason)
+
+
+@pytest.mark.parametrize("groups", [
+    [SGD_MOMENTUM],
+    # a group without momentum next to one with it: the correction applies (m = 0 there)
+    [SGD_MOMENTUM, dict(SGD_MOMENTUM, momentum=0)],
+])
+def test_a_preset_keeps_momentum_correction_for_sgd_with_momentum(groups):
+    spec = topk(preset="fast")
+    assert for_optimizer(spec, "SGD", groups) == (spec, None)
+    assert for_optimizer(spec, "SGD", groups)[0].momentum_correction
+
+
+@pytest.mark.parametrize("spec", [
+    topk(preset="fast", momentum_correction=True),  # the caller's: refused later
+    topk(0.01, momentum_correction=True),
+    topk(preset="fast", momentum_correction=False),
+    topk(0.01),
+], ids=["preset-explicit-true", "explicit-true", "preset-explicit-false", "plain"])
+def test_the_callers_own_momentum_correction_is_never_changed(spec):
+    fitted, reason = for_optimizer(spec, "Adam", [ADAM])
+    assert fitted is spec and reason is None
+
+
+def test_the_variable_a_preset_came_from_stays_on_the_changed_spec():
+    from hvdx.environment import parse
+
+    spec = parse("HVDX_COMPRESSION", "fast", topk)
+    fitted, _ = for_optimizer(spec, "Adam", [ADAM])
+    assert fitted.environment == ("HVDX_COMPRESSION", "fast")
+    assert not fitted.momentum_correction
+
+
+@pytest.mark.parametrize("name, groups, message", [
+    ("Adam", [ADAM], "momentum_correction=True needs torch.optim.SGD (with momentum), got "
+                     "Adam; use momentum_correction=False"),
+    ("SGD", [dict(SGD_MOMENTUM, nesterov=True)],
+     "momentum_correction=True supports SGD without Nesterov or dampening, got "
+     "nesterov=True, dampening=0"),
+    ("SGD", [SGD_MOMENTUM], None),
+    ("SGD", [dict(SGD_MOMENTUM, momentum=0)], None),  # accepted when asked for explicitly
+])
+def test_the_refusal_of_an_explicit_momentum_correction(name, groups, message):
+    assert momentum_correction_refusal(name, groups) == message
+
+
+def test_tensorflow_presets_run_without_momentum_correction_as_the_torch_fallback():
+    from hvdx.topk_presets import WITHOUT_MOMENTUM_CORRECTION
+
+    assert topk(preset="safe", **WITHOUT_MOMENTUM_CORRECTION) == \
+        for_optimizer(topk(preset="safe"), "Adam", [ADAM])[0]

@@ -176,3 +176,31 @@ def test_init_fails_every_rank_when_a_rank_was_launched_with_another_value():
     assert message.startswith("hvdx init: HVDX_SYNC differs between ranks (rank 0: "
                               "unset, rank 1: 'DSSync()'")
     assert len(set(hvd.allgather_object(message))) == 1
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("value", ["fast", "safe"])
+def test_a_preset_from_the_environment_trains_adam_without_momentum_correction(
+        value, capsys):
+    """An unchanged Adam script under HVDX_COMPRESSION=fast|safe: the preset runs without
+    DGC's momentum correction (SGD's only), bitwise as the same choice made in code."""
+    def adam(parameters):
+        return torch.optim.Adam(parameters, lr=0.01)
+
+    def with_adam(optimizer, **arguments):
+        return hvd.DistributedOptimizer(adam(optimizer.param_groups[0]["params"]),
+                                        **arguments)
+
+    with hvdx_variables(compression=value):
+        optimizer, from_environment = trained(with_adam)
+    _, from_code = trained(with_adam, compression=hvd.Compression.topk(
+        preset=value, momentum_correction=False))
+    spec = optimizer._hvdx_sync.compression
+    assert not spec.momentum_correction and spec.momentum_masking
+    assert spec == hvd.Compression.topk(0.01, 0.01 if value == "fast" else 0.02,
+                                        topk_method="sampled_threshold", selection="global",
+                                        small_tensors="in_topk_step")
+    assert bitwise(from_environment, from_code)
+    said = [line for line in capsys.readouterr().err.splitlines()
+            if "runs without DGC's momentum correction" in line]
+    assert len(said) <= (hvd.rank() == 0)  # once per process: an earlier test may have

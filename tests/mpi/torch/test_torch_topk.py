@@ -1062,3 +1062,99 @@ def test_momentum_correction_keeps_the_velocities_in_one_buffer_that_the_exchang
         assert separate._hvdx_sync._global_buffer is not None
     for (name, a), b in zip(model.named_parameters(), reference.parameters()):
         assert torch.equal(a, b), name
+
+
+# --- presets: DGC's momentum correction only where it applies ----------------------------
+
+PRESET_NOTE = "runs without DGC's momentum correction"
+
+
+def preset_notes(capfd):
+    return [line for line in capfd.readouterr().err.splitlines() if PRESET_NOTE in line]
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("preset", ["fast", "safe"])
+def test_a_preset_with_adam_is_horovods_average_then_adam_at_ratio_one_and_says_so_once(
+        preset, capfd):
+    """Adam has no SGD momentum to take over: the preset runs without momentum
+    correction. At ratio 1 (and with its small tensors averaged in the TopK step) that is
+    Horovod's dense average followed by plain torch's Adam step."""
+    from hvdx.torch import registry
+
+    registry._SAID.clear()  # earlier tests of this process may have said it already
+    capfd.readouterr()
+    model, reference = initial_model(), initial_model()
+    spec = hvd.Compression.topk(preset=preset, ratio=1.0, downlink_ratio=1.0)
+    opt = topk_optimizer(model, spec, torch.optim.Adam(model.parameters(), lr=0.01))
+    other = Flat()  # a second optimizer of the same kind: nothing more is said
+    topk_optimizer(other, spec, torch.optim.Adam(other.parameters(), lr=0.01))
+    assert not opt._hvdx_sync.compression.momentum_correction
+    adam = torch.optim.Adam(reference.parameters(), lr=0.01)
+    for step, (x, y) in enumerate(batches(hvd.rank(), 3, seed=8)):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        adam.zero_grad()
+        F.cross_entropy(reference(x), y).backward()
+        for name, p in reference.named_parameters():
+            p.grad = horovod.torch.allreduce(p.grad, op=hvd.Average,
+                                             name=f"check.adam.{step}.{name}")
+        adam.step()
+    for (name, a), b in zip(model.named_parameters(), reference.parameters()):
+        assert torch.allclose(a, b, atol=1e-6, rtol=0), name
+    notes = preset_notes(capfd)
+    assert len(notes) == (1 if hvd.rank() == 0 else 0), notes
+    if notes:
+        assert notes[0].startswith(f"[hvdx] topk(preset={preset!r}) ")
+        assert "Adam is not torch.optim.SGD" in notes[0]
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("make, corrected", [
+    (lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9), True),
+    (lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9, weight_decay=1e-4), True),
+    (lambda p: torch.optim.SGD(p, lr=0.01), False),
+    (lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9, nesterov=True), False),
+    (lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9, dampening=0.5), False),
+    (lambda p: torch.optim.AdamW(p, lr=0.01), False),
+    (lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.9), False),
+], ids=["sgd-momentum", "sgd-momentum-decay", "sgd", "nesterov", "dampening", "adamw",
+        "rmsprop"])
+@pytest.mark.parametrize("preset", ["fast", "safe"])
+def test_presets_use_momentum_correction_only_for_sgd_with_plain_momentum(
+        preset, make, corrected, capfd):
+    from hvdx.torch import registry
+
+    registry._SAID.clear()
+    capfd.readouterr()
+    model = initial_model()
+    opt = topk_optimizer(model, hvd.Compression.topk(preset=preset),
+                         make(model.parameters()))
+    train(model, opt, batches(hvd.rank(), 2, seed=9))
+    spec = opt._hvdx_sync.compression
+    assert spec.momentum_correction == corrected
+    # fast masks nothing with momentum correction; without it masking has no object
+    assert spec.momentum_masking == (preset == "safe" or not corrected)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert len(preset_notes(capfd)) == (0 if corrected or hvd.rank() else 1)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_preset_with_momentum_correction_false_is_sgd_with_momentum_at_ratio_one():
+    """The caller's momentum_correction=False takes the preset's masking setting with it
+    (no refusal), and SGD keeps its own momentum: Horovod's SGD at ratio 1."""
+    model, reference = initial_model(), initial_model()
+    spec = hvd.Compression.topk(preset="fast", momentum_correction=False, ratio=1.0,
+                                downlink_ratio=1.0)
+    assert_same_training(model, corrected_with(model, spec),
+                         reference, horovod_sgd(reference, 0.9, 1e-3))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_an_explicit_momentum_correction_with_a_preset_still_refuses_adam():
+    model = Flat()
+    with pytest.raises(ValueError, match=r"momentum_correction=True needs torch\.optim\.SGD "
+                                         r"\(with momentum\), got Adam"):
+        topk_optimizer(model, hvd.Compression.topk(preset="fast", momentum_correction=True),
+                       torch.optim.Adam(model.parameters(), lr=0.01))
