@@ -97,7 +97,11 @@ class _MixingOptimizer:
 
     @contextlib.contextmanager
     def skip_synchronize(self):
-        """Accepted for compatibility: there is no gradient synchronization to skip."""
+        """Accepted for compatibility: there is no gradient synchronization to skip.
+
+        Hence no Horovod warning for ``step()`` after :meth:`synchronize` outside this
+        context: ``step()`` never synchronizes gradients here, so nothing is done twice.
+        """
         yield
 
     def synchronize(self):

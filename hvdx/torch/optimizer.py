@@ -13,6 +13,7 @@ from hvdx.strategy import strategy_or_error
 from hvdx.torch import registry
 from hvdx.torch.join import track
 from hvdx.torch.compression import Compression
+from hvdx.torch.parameter_names import parameter_names, positional_name
 
 __all__ = ["DistributedOptimizer"]
 
@@ -52,8 +53,11 @@ def DistributedOptimizer(optimizer, named_parameters=None,
 
     Before anything is sent, every rank of ``process_set`` compares the parameter names,
     shapes and dtypes and the settings; a mismatch raises the same ``ValueError`` on
-    every rank instead of hanging in an allreduce. A TopK preset keeps DGC's momentum
-    correction only with ``torch.optim.SGD`` with plain momentum (:mod:`hvdx.topk_presets`).
+    every rank instead of hanging in an allreduce. Under every hvdx strategy
+    ``named_parameters`` is checked as Horovod checks it, with its messages, and
+    ``optimizer._parameter_names`` names every parameter
+    (:mod:`hvdx.torch.parameter_names`); a TopK preset keeps DGC's momentum correction
+    only with ``torch.optim.SGD`` with plain momentum (:mod:`hvdx.topk_presets`).
 
     ``compression`` left at Horovod's ``Compression.none`` and ``sync=None`` are taken
     from ``HVDX_COMPRESSION`` and ``HVDX_SYNC`` where set (:mod:`hvdx.environment`).
@@ -70,12 +74,17 @@ def DistributedOptimizer(optimizer, named_parameters=None,
     if named_parameters is not None:
         # Often a generator (model.named_parameters()): read it once, hand Horovod a list.
         named_parameters = list(named_parameters)
-    if strategy is not None and problem is None:
-        # A preset's settings may depend on the optimizer's class and param_groups, the
-        # same on every rank, so the fingerprint below compares what runs.
-        fitted = registry.fit(strategy, optimizer)
-        compression = fitted if compression is strategy else compression
-        strategy = fitted
+    names = None
+    if strategy is not None:
+        # Horovod's checks of named_parameters, which its own optimizer makes in its
+        # constructor; the same script on every rank: every rank raises alike.
+        names = parameter_names(optimizer.param_groups, named_parameters)
+        if problem is None:
+            # A preset's settings may depend on the optimizer's class and param_groups,
+            # the same on every rank, so the fingerprint below compares what runs.
+            fitted = registry.fit(strategy, optimizer)
+            compression = fitted if compression is strategy else compression
+            strategy = fitted
     if named_buffers is not None:
         named_buffers = list(named_buffers)
     settings = horovod_settings(
@@ -102,6 +111,8 @@ def DistributedOptimizer(optimizer, named_parameters=None,
                 named_parameters, backward_passes_per_step, op, gradient_predivide_factor,
                 sparse_as_dense, process_set, comm,
                 named_buffers if sync is not None else None))
+        if not hasattr(distributed, "_parameter_names"):  # (Horovod's optimizer has its own)
+            distributed._parameter_names = names
         track(distributed, strategy)
     # HVDX_BENCH_STEP_LOG (hvdx bench --script): step times; unset, nothing is added.
     return step_log.watch_torch(distributed, _hvd.rank)
@@ -122,5 +133,5 @@ def _parameter_entries(optimizer, named_parameters):
         names = {id(p): n for n, p in named_parameters}
     for g, group in enumerate(optimizer.param_groups):
         for i, p in enumerate(group["params"]):
-            name = names.get(id(p), f"param_groups[{g}][{i}]")
+            name = names.get(id(p), positional_name(g, i))
             yield name, str(p.dtype).replace("torch.", ""), tuple(p.shape)

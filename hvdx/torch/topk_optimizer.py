@@ -71,6 +71,7 @@ Notes:
 from __future__ import annotations
 
 import contextlib
+import warnings
 import weakref
 from typing import Dict, List, Optional, Tuple
 
@@ -88,6 +89,14 @@ __all__ = ["TopKStats", "make_topk_optimizer", "STATE_KEY"]
 
 #: The key of hvdx's state in :meth:`state_dict`.
 STATE_KEY = "hvdx_topk"
+
+#: Horovod's warning for ``step()`` after ``synchronize()`` outside
+#: ``skip_synchronize()``, word for word.
+_STEP_AFTER_SYNCHRONIZE = (
+    "optimizer.step() called without optimizer.skip_synchronize() context after "
+    "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
+    "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in "
+    "your code.")
 
 _OP_NAMES = {_hvd.Average: "Average", _hvd.Sum: "Sum", _hvd.Adasum: "Adasum",
              _hvd.Min: "Min", _hvd.Max: "Max", _hvd.Product: "Product"}
@@ -179,6 +188,15 @@ class _TopKOptimizer:
             self._hvdx_should_synchronize = True
 
     def step(self, closure=None):
+        """Synchronize (unless done or skipped), then the wrapped optimizer's step.
+
+        After :meth:`synchronize` outside :meth:`skip_synchronize`, Horovod's warning,
+        word for word (scripts and Horovod's tests look for it). Horovod then
+        synchronizes again, averaging the averages; TopK does not: a second exchange
+        would compress the update again and move the residuals (and velocities).
+        """
+        if self._hvdx_should_synchronize and self._hvdx_synchronized:
+            warnings.warn(_STEP_AFTER_SYNCHRONIZE)
         if self._hvdx_should_synchronize and not self._hvdx_synchronized:
             self.synchronize()
         self._hvdx_synchronized = False

@@ -1158,3 +1158,30 @@ def test_an_explicit_momentum_correction_with_a_preset_still_refuses_adam():
                                          r"\(with momentum\), got Adam"):
         topk_optimizer(model, hvd.Compression.topk(preset="fast", momentum_correction=True),
                        torch.optim.Adam(model.parameters(), lr=0.01))
+
+
+# --- Horovod's checks and warnings ------------------------------------------------------
+
+@pytest.mark.mpi(min_size=1)
+def test_step_after_synchronize_without_skip_synchronize_warns_as_horovod():
+    """Horovod's warning, word for word (taken from Horovod's own optimizer here); the
+    step then does not exchange again."""
+    import warnings
+
+    def synchronize_then_step(make):
+        model = nn.Linear(1, 1)
+        opt = make(torch.optim.SGD(model.parameters(), lr=0.1),
+                   named_parameters=model.named_parameters())
+        F.mse_loss(model(torch.zeros(1, 1)), torch.ones(1, 1)).backward()
+        opt.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            opt.step()
+        return opt, [str(w.message) for w in caught]
+
+    _, theirs = synchronize_then_step(horovod.torch.DistributedOptimizer)
+    ours, warned = synchronize_then_step(
+        lambda opt, **kw: hvd.DistributedOptimizer(
+            opt, compression=hvd.Compression.topk(1.0, 1.0, min_size=0), **kw))
+    assert len(theirs) == 1 and warned == theirs
+    assert ours._hvdx_sync.stats.steps == 1  # one exchange, not two
