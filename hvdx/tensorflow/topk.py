@@ -330,9 +330,12 @@ def install_on_keras_optimizer(opt, compression, op, gradient_predivide_factor,
     check_topk_arguments(op, gradient_predivide_factor, compression)
     state = TopKState()
     opt.hvdx_topk = state
-    if getattr(opt, "_lookup_dependency", None) is not None \
-            and opt._lookup_dependency("hvdx_topk") is None:
-        opt._track_trackable(state, name="hvdx_topk")  # legacy optimizers: no auto-tracking
+    if getattr(opt, "_lookup_dependency", None) is not None:
+        # Legacy (OptimizerV2) optimizers track no attribute by itself and build their
+        # table of dependencies only when first needed: build it, then track by name.
+        opt._maybe_initialize_trackable()
+        if opt._lookup_dependency("hvdx_topk") is None:
+            opt._track_trackable(state, name="hvdx_topk")
     opt.hvdx_stats = state.stats
     allreduce_grads = make_allreduce_grads(compression, op, gradient_predivide_factor,
                                            process_set, lambda variables: state)

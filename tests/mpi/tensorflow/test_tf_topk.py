@@ -412,6 +412,34 @@ def test_keras_checkpoint_of_the_model_holds_the_residuals_and_resumes_bitwise(d
     assert optimizer2.hvdx_topk.step == 6
 
 
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("name", ["SGD", "Adam"])
+def test_legacy_keras_optimizers_run_topk_and_save_its_residuals(name, directory):
+    """Horovod's docs steer TensorFlow >= 2.11 users to tf.keras.optimizers.legacy,
+    whose optimizers track no attribute by themselves. At ratio 1 TopK is Horovod's
+    average, so hvdx's steps are the plain legacy optimizer's on the mean of the
+    ranks' gradients (numpy's); a checkpoint of the optimizer holds the residuals."""
+    legacy = getattr(tf.keras.optimizers.legacy, name)
+
+    def make():
+        return hvd_keras.DistributedOptimizer(
+            legacy(0.1), compression=hvd_keras.Compression.topk(1.0, 1.0, min_size=0))
+
+    w, reference = tf.Variable(tf.zeros(SIZES[1])), tf.Variable(tf.zeros(SIZES[1]))
+    optimizer, plain = make(), legacy(0.1)
+    for t in range(3):
+        g = grads_of_all_ranks(t, SIZES[1])
+        optimizer.minimize(lambda: tf.reduce_sum(w * g[hvd.rank()]), [w])
+        plain.apply_gradients([(tf.constant(np.mean(g, axis=0)), reference)])
+    np.testing.assert_allclose(w.numpy(), reference.numpy(), rtol=1e-5, atol=1e-6)
+    assert optimizer.hvdx_topk.step == 3
+    path = tf.train.Checkpoint(optimizer=optimizer).write(f"{directory}/ckpt")
+    resumed = make()
+    # (partial: the legacy optimizer makes its slots and hyperparameters at its first step)
+    tf.train.Checkpoint(optimizer=resumed).read(path).expect_partial()
+    assert resumed.hvdx_topk.step == 3
+
+
 def first_step(entry, **arguments):
     """Build ``entry`` with ``arguments`` and take one step. Arguments TopK cannot
     honour raise at once in a job of one rank; in a job of several, at the first
