@@ -5,9 +5,10 @@
 unchanged, except :func:`init` (job-wide abort on an uncaught exception) and
 :func:`DistributedOptimizer`, which accepts every Horovod argument plus ``sync=`` and
 checks on its first gradient aggregation that all ranks agree on the variables and
-settings, and ``Compression``, which adds ``topk`` to Horovod's compressors (TopK with
-error feedback, :mod:`hvdx.tensorflow.topk`). With no hvdx feature switched on, the
-optimizer is Horovod's own.
+settings, ``Compression``, which adds ``topk`` to Horovod's compressors (TopK with
+error feedback, :mod:`hvdx.tensorflow.topk`), and :func:`load_model`, which wraps the
+loaded optimizer with hvdx's. With no hvdx feature switched on, the optimizer is
+Horovod's own.
 """
 
 from hvdx._horovod import import_framework
@@ -21,6 +22,7 @@ from hvdx.tensorflow.compression import Compression  # noqa: E402,F401
 
 from hvdx.tensorflow.runtime import init  # noqa: E402,F401
 from hvdx.tensorflow.keras.optimizer import DistributedOptimizer  # noqa: E402,F401
+from hvdx.tensorflow.keras.loading import load_model  # noqa: E402,F401
 from hvdx.tensorflow.dssync import dssync_process_sets  # noqa: E402,F401
 from hvdx.tensorflow.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402,F401
 from hvdx.decentralized import Decentralized  # noqa: E402,F401

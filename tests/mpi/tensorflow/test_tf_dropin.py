@@ -198,3 +198,9 @@ def test_keras_fit_with_a_different_layer_on_one_rank_raises_on_every_rank():
     with pytest.raises(ValueError, match=r"variable\[2\].*differs between ranks"):
         model.fit(x, y, batch_size=16, epochs=1, verbose=0)
     assert hvd.allreduce(tf.ones(2), op=hvd.Sum).numpy().tolist() == [hvd.size()] * 2
+
+
+def test_load_model_takes_horovods_arguments_plus_sync():
+    ours = list(inspect.signature(hvd_keras.load_model).parameters)
+    theirs = list(inspect.signature(horovod.tensorflow.keras.load_model).parameters)
+    assert ours == theirs + ["sync"]

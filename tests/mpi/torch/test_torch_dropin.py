@@ -124,3 +124,12 @@ def test_after_a_rejected_optimizer_the_job_still_works():
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
     total = hvd.allreduce(torch.ones(3), op=hvd.Sum, name="after_rejection")
     assert torch.equal(total, torch.full((3,), float(hvd.size())))
+
+
+@pytest.mark.parametrize("name", ["broadcast_optimizer_state", "join"])
+def test_the_functions_hvdx_extends_take_horovods_arguments(name):
+    import inspect
+    ours, theirs = getattr(hvd, name), getattr(horovod.torch, name)
+    assert ours is not theirs
+    assert list(inspect.signature(ours).parameters) == \
+        list(inspect.signature(theirs).parameters)
