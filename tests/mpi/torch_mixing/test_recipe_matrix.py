@@ -140,3 +140,21 @@ def test_parameter_mixing_clips_each_ranks_own_gradient_before_its_local_step(st
                     p.copy_(mean)
     for a, b in zip(got, replicas[0].parameters()):
         torch.testing.assert_close(a, b.detach(), rtol=0, atol=1e-5)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("strategy", sorted(IDENTITY) + ["horovod"])
+def test_zero_grad_set_to_none_as_torch_has_it_by_default(strategy):
+    """torch's own default; Horovod 0.28.1's optimizer takes no argument there, and
+    hvdx returns that optimizer unchanged when no strategy is on."""
+    model = Net()
+    opt = optimizer_of(model, strategy, "plain")
+    ids, y = batch(0, hvd.rank())
+    ((model(ids, 0) - y) ** 2).mean().backward()
+    opt.step()
+    if strategy == "horovod":
+        with pytest.raises(TypeError):
+            opt.zero_grad(set_to_none=True)
+        return
+    opt.zero_grad(set_to_none=True)
+    assert all(p.grad is None for p in model.parameters())
