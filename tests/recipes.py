@@ -7,7 +7,8 @@ that meets it gets a ``ValueError`` or ``RuntimeError`` saying what to do instea
 ``fails`` (as under Horovod 0.28.1 itself) or ``untested`` (no test of the project
 shows it yet; ``tests`` is empty). Each test is ``path::function``.
 ``tests/unit/test_compatibility_table.py`` checks that every named test exists and that
-the docs page is :func:`render`'s output, so that the page cannot drift from the tests. Regenerate the page with ``python tests/recipes.py``.
+the docs page is :func:`render`'s output, so that the page cannot drift from the tests.
+Regenerate the page with ``python tests/recipes.py``.
 """
 
 import pathlib
@@ -184,6 +185,26 @@ RECIPES += [
                    "tests/mpi/tensorflow_mixing/test_tf_mixed_precision.py::"
                    "test_an_overflow_on_one_rank_skips_the_step_on_every_rank")
            for c in ("dssync", "decentralized")},
+    }),
+]
+
+
+TF_DROPIN = "tests/mpi/tensorflow/test_tf_dropin.py"
+TF_DSSYNC = "tests/mpi/tensorflow_mixing/test_tf_dssync.py"
+TF_GRAPH = "tests/mpi/tensorflow_mixing/test_tf_decentralized.py"
+
+RECIPES += [
+    Recipe("TensorFlow", "`DistributedGradientTape`, eager and in `tf.function`", {
+        "horovod": cell("works", "Horovod's own tape, bit for bit", f"{TF_DROPIN}::"
+                        "test_gradient_tape_twenty_steps_bitwise_identical_to_horovod"),
+        "topk": cell("works", "", f"{TOPK_TF}::"
+                     "test_tape_update_equals_the_numpy_reference_bitwise"),
+        "dssync": cell("works", "", f"{TF_DSSYNC}::"
+                       "test_matches_the_numpy_reference_with_the_swa_merge"),
+        "decentralized": cell("works", "combine-then-adapt only: the tape mixes before "
+                              "the step; adapt-then-combine is refused", f"{TF_GRAPH}::"
+                              "test_steps_match_explicit_mixing_matrices", f"{TF_GRAPH}::"
+                              "test_adapt_then_combine_on_the_tape_is_refused_naming_the_order"),
     }),
 ]
 
