@@ -297,6 +297,7 @@ class Run:
     seconds: float = 0.0
     launches: int = 0
     note: str = ""
+    interrupted: bool = False
 
 
 #: ``mock``: unittest.mock under its backport's name. parameterized (the keras suite)
@@ -423,6 +424,7 @@ def run_one(horovod_dir: str, suite: str, mode: str, timeout: float, ranks: int,
     run = Run(suite, mode)
     work = tempfile.mkdtemp(prefix=f"{suite}-{mode}-", dir=logs_dir)
     started = time.monotonic()
+    report_dir = None
     try:
         target = _prepare(work, horovod_dir, suite, mode)
         env = _environment(work, horovod_dir, mode)
@@ -479,6 +481,15 @@ def run_one(horovod_dir: str, suite: str, mode: str, timeout: float, ranks: int,
                 run.note = (f"the job ended (exit {process.returncode}) before {len(left)} "
                             f"tests ran: {_tail(log_path)}")
                 break
+    except KeyboardInterrupt:  # the job is ended (_watch); keep what it decided
+        run.interrupted = True
+        if report_dir is not None:
+            logs = _read_logs(report_dir, ranks)
+            order = next((log.collected for log in logs if log.collected is not None), [])
+            run.order = run.order or list(order)
+            run.outcomes.update(decide(order, logs, None))
+        left = len([t for t in run.order if t not in run.outcomes])
+        run.note = f"interrupted, {left} tests not run"
     finally:
         run.seconds = time.monotonic() - started
         if logs_dir is None:
@@ -558,7 +569,8 @@ def report(runs: List[Run], suites: Sequence[str], modes: Sequence[str], full: b
                 by_test.setdefault(_short(nodeid), {})[r.mode] = outcome
         if not by_test:
             continue
-        shown = list(by_test) if full else differing(by_test, modes, baseline)
+        ran = [m for m in modes if any(r.mode == m for r in suite_runs)]  # Ctrl-C
+        shown = list(by_test) if full else differing(by_test, ran, baseline)
         what = "every test" if full else f"tests whose outcome differs from {baseline}'s"
         text += f"\n{suite} ({SUITES[suite][0]}): {what}: {len(shown)} of {len(by_test)}\n\n"
         if shown:
@@ -618,7 +630,8 @@ def parser() -> argparse.ArgumentParser:
                "A hang: no test finished for --timeout seconds. The job is killed, the\n"
                "earliest unfinished test is recorded as hang, and the job is started\n"
                "again without the tests already decided. crash: the job ended while the\n"
-               "test ran. A test fails if it fails on any rank.")
+               "test ran. A test fails if it fails on any rank. Ctrl-C or SIGTERM ends the\n"
+               "running job and prints what was decided so far.")
     p.add_argument("horovod_dir", metavar="HOROVOD_DIR")
     p.add_argument("--suites", default="torch,tensorflow,keras",
                    type=lambda v: _split(v, list(SUITES), "suite"),
@@ -635,8 +648,16 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser().parse_args(argv)
+    # Ctrl-C, or SIGTERM (`timeout`, a job started in the background, where SIGINT is
+    # ignored) ends the running job and prints what was decided so far.
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     horovod_dir = os.path.abspath(args.horovod_dir)
     missing = [SUITES[s][0] for s in args.suites
                if not os.path.exists(os.path.join(horovod_dir, "test", "parallel", SUITES[s][0]))]
@@ -667,9 +688,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f"{', '.join(args.modes)}; {args.np} ranks; timeout {args.timeout:.0f} s")
     started = time.monotonic()
     runs = []
-    for suite in suites:
-        for mode in args.modes:
-            runs.append(run_one(horovod_dir, suite, mode, args.timeout, args.np, args.logs))
+    for suite, mode in [(s, m) for s in suites for m in args.modes]:
+        runs.append(run_one(horovod_dir, suite, mode, args.timeout, args.np, args.logs))
+        if runs[-1].interrupted:
+            break
     total = time.monotonic() - started
     header = (f"hvdx {commit} ({dirty} working tree), Horovod's suites from v0.28.1, "
               f"{args.np} ranks, timeout {args.timeout:.0f} s, {total:.0f} s in all\n\n")
@@ -680,6 +702,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with open(args.out, "w") as f:
             f.write(header + report(runs, suites, args.modes, full=True))
         say(f"wrote {args.out}")
+    if runs and runs[-1].interrupted:
+        return 130
     broken = unrunnable or any(r.note.startswith("nothing collected") for r in runs)
     return 1 if broken else 0
 
