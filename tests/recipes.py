@@ -89,11 +89,16 @@ RECIPES: List[Recipe] = [
     Recipe("PyTorch", "`hvd.join()` with uneven data", {
         "horovod": cell("works", "", f"{RECIPES_TORCH}::"
                         "test_join_is_horovods_once_no_strategy_trains"),
-        **{column: cell("refused", "a joined rank would miss the exchanges (or give "
-                        "zeros to average with); give every rank the same number of "
-                        "steps", f"{RECIPES_TORCH}::"
-                        "test_join_is_refused_while_a_strategy_trains")
-           for column in ("topk", "dssync", "decentralized")},
+        "topk": cell("works", "a joined rank counts as zeros in the others' averages, as "
+                     "under Horovod; its residuals wait, its schedule goes on",
+                     f"{RECIPES_TORCH}::test_join_under_topk_at_ratio_1_is_horovods_join",
+                     f"{RECIPES_TORCH}::test_join_under_topk_leaves_the_joined_ranks_"
+                     "residuals_and_keeps_one_schedule"),
+        **{column: cell("refused", "a joined rank would give its group zeros to average "
+                        "or leave its neighbours waiting; give every rank the same number "
+                        "of steps", f"{RECIPES_TORCH}::"
+                        "test_join_is_refused_while_a_parameter_mixing_strategy_trains")
+           for column in ("dssync", "decentralized")},
     }),
 ]
 

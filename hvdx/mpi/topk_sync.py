@@ -78,13 +78,17 @@ from hvdx.core.sparsity_warmup import config_at
 from hvdx.mpi.sparse import (allgather_int, allgatherv_floats, allgatherv_pairs,
                               alltoallv_pairs, wait)
 
-__all__ = ["TopKStats", "TopKSynchronizer", "check_saved_rank", "first_nonfinite"]
+__all__ = ["JOINED", "TopKStats", "TopKSynchronizer", "check_saved_rank", "first_nonfinite"]
 
 #: The most entries one fused exchange covers: its indices must fit in int32.
 _GROUP_LIMIT = 2 ** 31
 
 #: The residuals' key of the concatenated vector under ``selection="global"``.
 GLOBAL_NAME = "hvdx.global"
+
+#: What a rank that has joined (``hvd.join()``) gives the NaN/Inf agreement instead of
+#: its first bad position (:meth:`TopKSynchronizer.joined_step`).
+JOINED = -1
 
 #: ``start_dense(positions)`` returns a callable that waits for those allreduces (or None).
 StartDense = Callable[[List[int]], Optional[Callable[[], None]]]
@@ -241,6 +245,8 @@ class TopKSynchronizer:
         self.timings: List[Tuple[float, float]] = []
         self.choice: Optional[str] = None
         self._timing_target = False  # inside an autotune dry run (see _config)
+        #: Whether the last NaN/Inf agreement found every rank joined (joined_step).
+        self.everyone_joined = False
         #: ``{position: indices}``: the entries of each compressed tensor this rank sent
         #: in the last step (DGC's momentum factor masking zeroes them).
         self.last_sent: Dict[int, np.ndarray] = {}
@@ -330,6 +336,42 @@ class TopKSynchronizer:
             self.decide()
         return {p: _write(u, None if out is None else out(p)) for p, u in updates.items()}
 
+    def joined_step(self, sizes: Sequence[int], agree_first: bool = False) -> bool:
+        """The step of the others, taken by a rank that has joined (``hvd.join()``: it
+        ran out of data), with zero gradients; ``True`` once every rank has joined.
+
+        Horovod answers the others' allreduces for a joined rank with zeros, and so does
+        this for hvdx's own collectives, which Horovod cannot answer:
+
+        1. the NaN/Inf agreement with :data:`JOINED` (``agree_first``: the adapter runs
+           it before :meth:`synchronize`, as it does for its own steps); when every rank
+           has joined, nothing else runs and the answer is ``True``;
+        2. otherwise :meth:`synchronize` on zero gradients, with an empty worker memory
+           in place of this rank's residuals, which sit the step out unchanged: its
+           pairs are zeros and add nothing, and the average still divides by every rank,
+           as Horovod's average with a joined rank does. The server side runs in full
+           (the replica in ``gathered`` mode, the shard in ``sharded`` mode), and the step
+           counter advances, so that this rank's state stays the others' and training
+           may go on after the join;
+        3. Horovod's own allreduces (the tensors left dense) are Horovod's join's to
+           answer: none is started here.
+
+        Call it only while :meth:`overlaps_dense` is false (otherwise hvdx runs no
+        collective of its own and Horovod's join answers everything).
+        """
+        def zeros(position):
+            return np.zeros(sizes[position], np.float32)
+
+        worker, self.worker = self.worker, ResidualMemory(self.worker.names)
+        try:
+            if agree_first and not self.check_finite(JOINED):
+                return self.everyone_joined
+            updates = self.synchronize(sizes, zeros, lambda positions: None,
+                                       None if agree_first else JOINED)
+            return updates is None and self.everyone_joined
+        finally:
+            self.worker = worker
+
     def dense_step(self, sizes: Sequence[int],
                    itemsizes: Optional[Sequence[int]] = None) -> None:
         """Count a step that the adapter ran wholly on Horovod's allreduce, started while
@@ -385,7 +427,8 @@ class TopKSynchronizer:
         """Step 1: whether every rank's gradients are finite, the same answer on every rank.
 
         Collective: every rank calls it once per step, with ``len(names)`` when all its
-        gradients are finite.
+        gradients are finite, or :data:`JOINED` when it has joined (:meth:`joined_step`):
+        when every rank has, the answer is ``False`` and :attr:`everyone_joined` is set.
 
         1. one allgather of every rank's first bad position;
         2. ``True`` if no rank named one;
@@ -395,7 +438,10 @@ class TopKSynchronizer:
            routinely while its scale settles, and a line per step would bury the log.
         """
         everyone = [int(i) for i in allgather_int(self.comm, int(first_bad))]
-        worst = min(everyone)
+        self.everyone_joined = all(i == JOINED for i in everyone)
+        if self.everyone_joined:
+            return False  # nothing left to synchronize (joined_step)
+        worst = min([i for i in everyone if i != JOINED], default=len(self.names))
         if worst >= len(self.names):
             return True
         if self.rank == 0 and not self._reported_nonfinite:

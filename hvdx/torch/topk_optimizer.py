@@ -334,6 +334,18 @@ class _TopKOptimizer:
                 n: v.detach().to(params[n].device, params[n].dtype).clone()
                 for n, v in topk.get("velocity", {}).items() if n in params}
 
+    def _hvdx_joined_round(self):
+        """One step of the other ranks, taken by this rank after ``hvd.join()``
+        (:meth:`~hvdx.mpi.topk_sync.TopKSynchronizer.joined_step`): ``True`` once every
+        rank has joined, ``False`` after a step of the others, ``None`` when hvdx runs no
+        collective of its own (autotune chose dense: Horovod's join answers everything).
+        Gradients, velocities and parameters are left alone."""
+        sync = self._hvdx_sync
+        if sync.overlaps_dense():
+            return None
+        return sync.joined_step([p.numel() for _, p in self._hvdx_entries],
+                                agree_first=sync.compression.momentum_correction)
+
     def _hvdx_broadcast_shared(self, root_rank):
         """Give every rank ``root_rank``'s share of hvdx's state that the ranks must hold
         alike (:meth:`~hvdx.mpi.topk_sync.TopKSynchronizer.shared_state`); collective.

@@ -9,7 +9,8 @@ diverges silently.
   error within the timeout, not a hang;
 - ``process_set=``: TopK runs inside the set, the ranks outside step alone (as Horovod's
   optimizer does); the parameter-mixing strategies refuse it;
-- ``hvd.join()``: refused while a strategy trains.
+- ``hvd.join()``: under TopK the joined ranks count as zeros, as under Horovod's join;
+  refused while a parameter-mixing strategy trains.
 
 This job runs with dynamic process sets (DS-Sync's groups need them, and the process
 set recipe registers sets of its own).
@@ -188,12 +189,77 @@ def test_parameter_mixing_refuses_a_process_set_on_every_rank(strategy):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("strategy", ["topk", "dssync", "decentralized"])
-def test_join_is_refused_while_a_strategy_trains(strategy):
+@pytest.mark.parametrize("strategy", ["dssync", "decentralized"])
+def test_join_is_refused_while_a_parameter_mixing_strategy_trains(strategy):
     model, opt = build(strategy)
     train(model, opt, range(1))
     with pytest.raises(ValueError, match=r"hvd.join\(\): not supported .*DistributedSampler"):
         hvd.join()
+
+
+def uneven(strategy_kwargs, steps_then):
+    """Rank r takes ``4 - r % 3`` steps on its own data, then joins; then every rank
+    takes ``steps_then`` more steps. Returns the parameters after the join and at the
+    end, and what ``join`` returned."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 40), nn.Tanh(), nn.Linear(40, 2))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
+                                   named_parameters=model.named_parameters(),
+                                   **strategy_kwargs)
+    mine = 4 - hvd.rank() % 3
+    train(model, opt, range(mine))
+    last = hvd.join()
+    joined = flat(model)
+    train(model, opt, range(10, 10 + steps_then))
+    return joined, flat(model), last, opt
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("mode", ["gathered", "sharded", "autotune"])
+def test_join_under_topk_at_ratio_1_is_horovods_join(mode):
+    """The ranks that ran out of data count as zeros in the others' averages, as under
+    Horovod's join, and all ranks go on training together afterwards (``autotune``:
+    the join falls into its dense tuning steps and its decision)."""
+    options = {"autotune_steps": 2} if mode == "autotune" else {"mode": mode}
+    ours = uneven({"compression": hvd.Compression.topk(1.0, 1.0, min_size=0, **options)}, 2)
+    theirs = uneven({}, 2)
+    for a, b in zip(ours[:2], theirs[:2]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    # The rank that joined last is one of those with the most steps (which one of them
+    # is a race), and every rank is told the same.
+    assert 4 - ours[2] % 3 == 4 and same_everywhere(ours[2], f"join.last.{mode}")
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("compression", ["layerwise", "global", "fast"])
+def test_join_under_topk_leaves_the_joined_ranks_residuals_and_keeps_one_schedule(
+        compression):
+    spec = {"layerwise": lambda: hvd.Compression.topk(0.1, 0.05, min_size=0),
+            "global": lambda: hvd.Compression.topk(0.1, 0.05, min_size=0,
+                                                   selection="global"),
+            "fast": lambda: hvd.Compression.topk(preset="fast")}[compression]()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 40), nn.Tanh(), nn.Linear(40, 2))
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9),
+        named_parameters=model.named_parameters(), compression=spec)
+    train(model, opt, range(4 - hvd.rank() % 3))
+    before = opt.state_dict()
+    params = flat(model)
+    hvd.join()
+    after = opt.state_dict()
+    # The joined rank's parameters, residuals and velocities sat the others' steps out;
+    # its step counter went on with theirs.
+    assert torch.equal(flat(model), params)
+    for side in ("worker",) + (("velocity",) if "velocity" in before["hvdx_topk"] else ()):
+        mine, now = before["hvdx_topk"][side], after["hvdx_topk"][side]
+        assert mine.keys() == now.keys()
+        assert all(torch.equal(mine[k], now[k]) for k in mine)
+    assert same_everywhere(after["hvdx_topk"]["step"], f"join.step.{compression}")
+    train(model, opt, range(10, 12))  # every rank trains on together
+    step = opt.state_dict()["hvdx_topk"]["step"]
+    assert step == after["hvdx_topk"]["step"] + 2
+    assert same_everywhere(step, f"join.after.{compression}")
 
 
 @pytest.mark.mpi(min_size=1)
