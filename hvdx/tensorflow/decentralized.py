@@ -170,8 +170,10 @@ def make_decentralized_tape(gradtape, sync: Decentralized, compression, process_
 
 
 def make_decentralized_keras_optimizer(optimizer, sync: Decentralized, compression,
-                                       process_set, non_trainable_variables=None):
+                                       process_set, non_trainable_variables=None,
+                                       **aggregation):
     """A Keras optimizer whose ``apply_gradients`` steps locally and mixes with the
-    graph's neighbours, in ``sync.order`` (collective)."""
+    graph's neighbours, in ``sync.order`` (collective); ``aggregation``: Horovod's
+    ``backward_passes_per_step`` and its companions."""
     return mixing_keras_optimizer(DecentralizedState, optimizer, sync, compression,
-                                  process_set, non_trainable_variables)
+                                  process_set, non_trainable_variables, **aggregation)

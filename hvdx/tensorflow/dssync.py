@@ -156,8 +156,9 @@ def make_dssync_tape(gradtape, sync: DSSync, compression, process_set,
 
 
 def make_dssync_keras_optimizer(optimizer, sync: DSSync, compression, process_set,
-                                non_trainable_variables=None):
+                                non_trainable_variables=None, **aggregation):
     """A Keras optimizer whose ``apply_gradients`` steps locally, then averages in the
-    step's group (collective; :func:`hvdx.tensorflow.mixing.mixing_keras_optimizer`)."""
+    step's group (collective; :func:`hvdx.tensorflow.mixing.mixing_keras_optimizer`);
+    ``aggregation``: Horovod's ``backward_passes_per_step`` and its companions."""
     return mixing_keras_optimizer(DSSyncState, optimizer, sync, compression, process_set,
-                                  non_trainable_variables)
+                                  non_trainable_variables, **aggregation)

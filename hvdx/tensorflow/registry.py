@@ -30,6 +30,19 @@ class GradientArguments(NamedTuple):
     #: ``non_trainable_variables=``: what parameter mixing averages besides the trained
     #: variables (BatchNorm moving statistics).
     non_trainable_variables: Any = None
+    #: Keras only: Horovod's local aggregation of several backward passes per step,
+    #: which parameter mixing honours too (one local step and one mix every N passes).
+    backward_passes_per_step: int = 1
+    average_aggregated_gradients: bool = False
+    sparse_as_dense: bool = False
+    scale_local_gradients: bool = True
+
+    def aggregation(self) -> Dict[str, Any]:
+        """The Keras aggregation arguments, as keywords."""
+        return dict(backward_passes_per_step=self.backward_passes_per_step,
+                    average_aggregated_gradients=self.average_aggregated_gradients,
+                    sparse_as_dense=self.sparse_as_dense,
+                    scale_local_gradients=self.scale_local_gradients)
 
 
 def _topk_tape(horovod: Callable, strategy, args: GradientArguments, user):
@@ -58,7 +71,7 @@ def _dssync_keras(horovod: Callable, strategy, args: GradientArguments, user):
     from hvdx.tensorflow.dssync import make_dssync_keras_optimizer
 
     return make_dssync_keras_optimizer(user, strategy, args.compression, args.process_set,
-                                       args.non_trainable_variables)
+                                       args.non_trainable_variables, **args.aggregation())
 
 
 def _decentralized_tape(horovod: Callable, strategy, args: GradientArguments, user):
@@ -73,7 +86,8 @@ def _decentralized_keras(horovod: Callable, strategy, args: GradientArguments, u
 
     return make_decentralized_keras_optimizer(user, strategy, args.compression,
                                               args.process_set,
-                                              args.non_trainable_variables)
+                                              args.non_trainable_variables,
+                                              **args.aggregation())
 
 
 #: Strategy name -> ``adapter(horovod, strategy, arguments, user_object)``.

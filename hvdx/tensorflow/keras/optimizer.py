@@ -29,9 +29,15 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
 
     ``sync=hvdx.DSSync(...)``: ``apply_gradients`` applies the local gradients, then
     averages the variables in the step's group (see :mod:`hvdx.tensorflow.dssync`);
-    ``compression`` and ``process_set`` must keep their defaults, the other gradient
-    arguments are unused. ``sync=hvdx.Decentralized(...)``: the local step and the mix
-    with the graph's neighbours, in either order (see :mod:`hvdx.tensorflow.decentralized`).
+    ``compression`` and ``process_set`` must keep their defaults; ``op``,
+    ``gradient_predivide_factor``, ``groups`` and the devices are unused (no gradient
+    is sent). ``sync=hvdx.Decentralized(...)``: the local step and the mix with the
+    graph's neighbours, in either order (see :mod:`hvdx.tensorflow.decentralized`).
+    Both keep Horovod's Keras optimizer API: ``backward_passes_per_step=N`` sums N
+    passes' gradients locally (``average_aggregated_gradients``, ``sparse_as_dense``
+    as in Horovod), then takes one local step and one mix; ``register_local_var(v)``
+    keeps ``v`` out of the mix, its gradient scaled as Horovod scales it
+    (``scale_local_gradients``); see :class:`hvdx.tensorflow.mixing._KerasMixing`.
     ``non_trainable_variables=model.non_trainable_variables`` (hvdx's; a list or a
     callable returning one): with ``sync=``, also mix these (BatchNorm moving
     statistics). Ignored otherwise.
@@ -62,8 +68,10 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
             num_groups=num_groups, groups=groups, process_set=process_set,
             scale_local_gradients=scale_local_gradients)
 
-    arguments = registry.GradientArguments(compression, op, gradient_predivide_factor,
-                                           process_set, non_trainable_variables)
+    arguments = registry.GradientArguments(
+        compression, op, gradient_predivide_factor, process_set, non_trainable_variables,
+        backward_passes_per_step, average_aggregated_gradients, sparse_as_dense,
+        scale_local_gradients)
     # The stand-in for a rank whose arguments were refused only carries the check (it
     # raises before synchronizing): Horovod's defaults, which its constructor accepts.
     opt, error = registry.with_deferred_error(
