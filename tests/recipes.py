@@ -214,6 +214,46 @@ RECIPES += [
 ]
 
 
+KERAS_API = "tests/mpi/tensorflow_mixing/test_tf_keras_horovod_api.py"
+
+RECIPES += [
+    Recipe("Keras", "`backward_passes_per_step=N` (`average_aggregated_gradients`)", {
+        "horovod": cell("works", "Horovod's own optimizer, bit for bit", f"{TF_DROPIN}::"
+                        "test_keras_fit_twenty_steps_bitwise_identical_to_horovod"),
+        "topk": cell("works", "TopK compresses the sum of the N passes", f"{TOPK_TF}::"
+                     "test_training_reduces_the_loss_and_keeps_ranks_identical"),
+        **{c: cell("changed", "the N passes' gradients are summed locally, then one local "
+                   "step and one mix (parameters, not gradients, are averaged)",
+                   f"{KERAS_API}::test_backward_passes_per_step_steps_and_mixes_once_every_"
+                   "n_passes", f"{KERAS_API}::test_keras_fit_with_two_passes_per_step_"
+                   "mixes_every_second_batch", f"{KERAS_API}::test_a_different_backward_"
+                   "passes_per_step_on_one_rank_fails_on_every_rank")
+           for c in ("dssync", "decentralized")},
+    }),
+    Recipe("Keras", "`optimizer.register_local_var(v)`", {
+        "horovod": cell("untested"),
+        "topk": cell("untested"),
+        **{c: cell("works", "`v` and its optimizer slots are never mixed; register on "
+                   "every rank before the first step, else refused",
+                   f"{KERAS_API}::test_a_local_variable_and_its_momentum_stay_out_of_the_mix",
+                   f"{KERAS_API}::test_registering_a_local_variable_after_the_first_step_"
+                   "is_refused", f"{KERAS_API}::test_ranks_that_register_different_local_"
+                   "variables_fail_on_every_rank")
+           for c in ("dssync", "decentralized")},
+    }),
+    Recipe("Keras", "legacy optimizers (`tf.keras.optimizers.legacy`)", {
+        "horovod": cell("untested"),
+        "topk": cell("works", "", f"{TOPK_TF}::"
+                     "test_legacy_keras_optimizers_run_topk_and_save_its_residuals"),
+        "dssync": cell("works", "", f"{KERAS_API}::test_a_legacy_optimizer_saves_the_"
+                       "mixing_state", f"{KERAS_API}::test_backward_passes_per_step_steps_"
+                       "and_mixes_once_every_n_passes"),
+        "decentralized": cell("works", "", f"{KERAS_API}::test_backward_passes_per_step_"
+                              "steps_and_mixes_once_every_n_passes"),
+    }),
+]
+
+
 def render() -> str:
     """The Markdown tables of ``docs/compatibility.md`` (one per framework); each cell's
     note is a numbered footnote under its table."""
