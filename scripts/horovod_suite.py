@@ -188,9 +188,11 @@ def decide(order: Sequence[str], logs: Sequence[RankLog], ended_by: Optional[str
 def differing(results: Dict[str, Dict[str, str]], modes: Sequence[str],
               baseline: str) -> List[str]:
     """The tests (keys of ``results``: test -> mode -> outcome) whose outcome in some
-    mode differs from the baseline mode's."""
+    mode differs from the baseline mode's; a test a mode did not reach (an interrupted
+    run) is no difference."""
     return [test for test, by_mode in results.items()
-            if any(by_mode.get(m, NOT_RUN) != by_mode.get(baseline, NOT_RUN) for m in modes)]
+            if any(by_mode.get(m, NOT_RUN) not in (NOT_RUN, by_mode.get(baseline, NOT_RUN))
+                   for m in modes)]
 
 
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
