@@ -16,7 +16,7 @@ except the ones hvdx extends without changing their behaviour:
   local parameters and momenta, step counters) in one file on rank 0, written
   atomically (:mod:`hvdx.torch.checkpoint`);
 - :func:`broadcast_optimizer_state` also handles hvdx's optimizers, for Horovod's
-  rank-0 resume recipe (:mod:`hvdx.torch.broadcast`);
+  rank-0 resume recipe (:mod:`hvdx.torch.optimizer_state`);
 - :func:`join` refuses, with what to do instead, while an hvdx strategy trains
   (:mod:`hvdx.torch.join`).
 
@@ -36,7 +36,7 @@ from hvdx.torch.runtime import init  # noqa: E402,F401
 from hvdx.torch.optimizer import DistributedOptimizer  # noqa: E402,F401
 from hvdx.torch.dssync_optimizer import dssync_process_sets  # noqa: E402,F401
 from hvdx.torch.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402,F401
-from hvdx.torch.broadcast import broadcast_optimizer_state  # noqa: E402,F401
+from hvdx.torch.optimizer_state import broadcast_optimizer_state  # noqa: E402,F401
 from hvdx.torch.join import join  # noqa: E402,F401
 from hvdx.torch.stanza import Stanza  # noqa: E402,F401
 from hvdx.decentralized import Decentralized  # noqa: E402,F401

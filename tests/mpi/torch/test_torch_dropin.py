@@ -18,6 +18,12 @@ def test_every_public_horovod_torch_name_is_exported():
               and not isinstance(getattr(horovod.torch, n), types.ModuleType)}
     assert not sorted(n for n in public if not hasattr(hvd, n))
     assert hvd.elastic is horovod.torch.elastic
+    # Every other name is Horovod's own object: an hvdx module of the same name (say
+    # hvdx/torch/broadcast.py) would shadow Horovod's function of that name.
+    extended = {"Compression", "DistributedOptimizer", "broadcast_optimizer_state", "init",
+                "join"}
+    assert sorted(n for n in public if getattr(hvd, n) is not getattr(horovod.torch, n)) \
+        == sorted(extended)
 
 
 def test_same_signature_as_horovod_plus_sync_and_named_buffers():
