@@ -176,8 +176,7 @@ RECIPES += [
            "`LearningRateScheduleCallback`",
            every("works", "", f"{KERAS}::test_fit_with_horovods_callbacks_under_each_strategy")),
     Recipe("Keras", "rank 0 alone `hvd.load_model`, then `BroadcastGlobalVariablesCallback`",
-           every("works", "hvdx's `load_model` wraps the optimizer with hvdx's",
-                 f"{KERAS}::test_rank0_loads_the_model_and_the_callback_broadcasts_it")),
+           every("untested", "open: it ran, but a later `fit` in the same job hung")),
     Recipe("Keras", "`LossScaleOptimizer`, `mixed_float16`", {
         "horovod": cell("untested"),
         "topk": cell("works", "an overflow on any rank makes every rank's gradients NaN",
