@@ -27,6 +27,7 @@ alive it is Horovod's ``join``.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import weakref
 
@@ -53,6 +54,7 @@ def join(device=-1) -> int:
     Raises:
         ValueError: a parameter-mixing optimizer is alive (module docstring).
     """
+    gc.collect()  # optimizers no longer referenced are not training: forget them first
     live = sorted(list(_live.items()), key=lambda item: item[1][0])
     mixing = sorted({name for o, (_, name) in live if not hasattr(o, "_hvdx_joined_round")})
     if mixing:

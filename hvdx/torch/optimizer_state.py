@@ -16,9 +16,9 @@ for hvdx's optimizers that is a collective step which rank 0, whose state is loa
 never joins, and the job hangs. This module's version, for an hvdx optimizer:
 
 1. an empty state is created by the wrapped optimizer's own step on zero gradients,
-   with no communication, and the parameters and gradients are put back as they were
-   (Horovod's zero-gradient step would move the parameters by weight decay after
-   ``broadcast_parameters``);
+   with no communication; the zero gradients stay, as Horovod leaves them, and the
+   parameters are put back as they were (Horovod's zero-gradient step would move them by
+   weight decay after ``broadcast_parameters``);
 2. Horovod's ``broadcast_optimizer_state`` then broadcasts the wrapped optimizer's state
    and options (its state is no longer empty, so it steps nothing);
 3. the part of hvdx's own state that every rank must hold alike (the schedule's step,
@@ -56,7 +56,7 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
 
 def _create_state(optimizer, model) -> None:
     """Step 1: the wrapped optimizer's step on zero gradients (Horovod's, sparse
-    gradients included), the parameters and gradients restored afterwards."""
+    gradients included), the parameters restored afterwards."""
     sparse = set()
     if model is not None:
         for m in model.modules():
@@ -68,7 +68,7 @@ def _create_state(optimizer, model) -> None:
             for p in group["params"]:
                 if not p.requires_grad:
                     continue
-                kept.append((p, p.detach().clone(), p.grad))
+                kept.append((p, p.detach().clone()))
                 zero = torch.zeros_like(p)
                 if isinstance(optimizer, torch.optim.SparseAdam) or \
                         (isinstance(optimizer, torch.optim.SGD) and id(p) in sparse):
@@ -77,6 +77,5 @@ def _create_state(optimizer, model) -> None:
         try:
             optimizer._hvdx_local_step()
         finally:
-            for p, value, grad in kept:
+            for p, value in kept:
                 p.copy_(value)
-                p.grad = grad
