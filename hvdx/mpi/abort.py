@@ -14,7 +14,6 @@ import sys
 import time
 import traceback
 
-from hvdx.mpi.finalize import finalize_at_exit
 from hvdx.mpi.init_environment import init_arguments
 
 __all__ = ["install_abort_on_error", "wrap_init"]
@@ -61,16 +60,11 @@ def install_abort_on_error() -> None:
 def wrap_init(horovod_init):
     """Horovod's ``init`` (same arguments), after the ranks compared ``HVDX_COMPRESSION``
     and ``HVDX_SYNC`` (dynamic process sets where DS-Sync is asked for:
-    :mod:`hvdx.mpi.init_environment`), then abort-on-uncaught-exception for the job;
-    MPI is finalised at exit by :func:`hvdx.mpi.finalize.finalize`."""
+    :mod:`hvdx.mpi.init_environment`), then abort-on-uncaught-exception for the job."""
 
     @functools.wraps(horovod_init)
     def init(*args, **kwargs):
         args, kwargs = init_arguments(args, kwargs)
-        # Before Horovod's init, which registers its shutdown with atexit: last in,
-        # first out, so MPI is finalised after Horovod stopped communicating, in the
-        # way that keeps MPICH's finalize from deadlocking over TCP.
-        finalize_at_exit()
         result = horovod_init(*args, **kwargs)
         install_abort_on_error()
         return result
