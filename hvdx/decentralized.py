@@ -8,7 +8,7 @@ still reaches every rank in ``log2 n`` steps (Ying, Yuan, Chen, Hu, Pan and Yin,
 "Exponential Graph is Provably Efficient for Decentralized Deep Training", NeurIPS 2021,
 arXiv 2110.13363; the graphs follow BlueFog's ``topology_util.py``).
 
-At step ``t`` on every rank ``i`` (``W_t`` the graph's mixing matrix,
+At step ``t`` on every rank ``i`` (``W_t`` the graph's mixing matrix at this mix,
 :mod:`hvdx.core.mixing_graphs`; the numpy reference is
 :func:`hvdx.core.decentralized.simulate_decentralized`):
 
@@ -19,15 +19,17 @@ At step ``t`` on every rank ``i`` (``W_t`` the graph's mixing matrix,
    ``x_i``: the parameters are sent when the previous step ends, so the exchange runs
    during this step's forward and backward pass;
 3. with ``mix_every=J``, only the steps ``t`` with ``(t + 1) % J == 0`` mix; the others
-   are local steps;
+   are local steps. The graph follows the mixes, not the steps: the mix at step ``t``
+   is mix ``m = t // J`` and uses ``W_m`` (:func:`hvdx.core.mixing_graphs.mix_index`),
+   so a one-peer graph takes every shift in turn whatever ``J`` is;
 4. the options of every mixing strategy (:class:`hvdx.strategy.MixingStrategy`):
    ``global_every``, the SWA merge, ``average_optimizer_state``.
 
 The optimizer's momentum stays local (DmSGD): mixing it too is
 ``average_optimizer_state=True``.
 
-Exactness: for ``n`` a power of two, ``log2 n`` consecutive one-peer steps average
-exactly (every rank holds the global mean when lr = 0). For other ``n`` they do not
+Exactness: for ``n`` a power of two, ``log2 n`` consecutive one-peer mixes average
+exactly (every rank holds the global mean when lr = 0), ``log2 n * mix_every`` steps. For other ``n`` they do not
 (about 0.2 contraction per period); hvdx warns on rank 0 when a one-peer graph is chosen
 there, and the static exponential graph is the better choice.
 
@@ -106,7 +108,7 @@ class Decentralized(MixingStrategy):
     def prepare(self, job: Job) -> "MixingGraph":
         """Check the arguments against the job and return this rank's graph."""
         self.check_gradient_arguments(job, "decentralized SGD")
-        graph = MixingGraph(self.topology, job.size, job.rank)
+        graph = MixingGraph(self.topology, job.size, job.rank, self.mix_every)
         if job.rank == 0 and isinstance(self.topology, str) and \
                 self.topology.startswith("one-peer") and not graph.exact:
             warnings.warn(
@@ -142,24 +144,29 @@ class Decentralized(MixingStrategy):
 
 
 class MixingGraph:
-    """One rank's view of the graph: its neighbours and weights at every step.
+    """One rank's view of the graph: its neighbours and weights at every mixing step.
 
-    The sequence repeats with :attr:`period`; each step's neighbours are computed once.
+    The one place where a training step becomes a graph index: the mix at step ``t`` is
+    mix ``t // mix_every`` (:func:`hvdx.core.mixing_graphs.mix_index`), so the index
+    follows from the step counter a checkpoint holds. The sequence repeats with
+    :attr:`period` mixes; each mix's neighbours are computed once.
     """
 
-    def __init__(self, topology, n: int, rank: int):
+    def __init__(self, topology, n: int, rank: int, mix_every: int = 1):
         if not isinstance(topology, str):
             topology = mixing_graphs.check_mixing_matrix(topology, n, name="topology")
         self.topology = topology
         self.n = n
         self.rank = rank
+        self.mix_every = mix_every
         self.period = mixing_graphs.period(topology, n)
         self.exact = mixing_graphs.is_exact(topology, n)
         self._cache: Dict[int, mixing_graphs.Neighbors] = {}
 
     def neighbors(self, step: int) -> "mixing_graphs.Neighbors":
-        """Send-to and receive-from ranks with the weights of step ``step``."""
-        key = step % self.period
+        """Send-to and receive-from ranks with the weights of the mix at training step
+        ``step`` (0-based, one that mixes)."""
+        key = mixing_graphs.mix_index(step, self.mix_every) % self.period
         if key not in self._cache:
             self._cache[key] = mixing_graphs.neighbors(self.topology, self.n, self.rank, key)
         return self._cache[key]

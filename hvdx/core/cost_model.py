@@ -769,7 +769,7 @@ _ORDERS = ("adapt_then_combine", "combine_then_adapt")
 
 
 def _graph_step_flows(topology: str, n: int, step: int, nbytes: float) -> Tuple[List[Flow], str]:
-    """Step ``step``'s flows: rank ``j`` sends ``nbytes`` to every ``i`` with
+    """Mix ``step``'s flows: rank ``j`` sends ``nbytes`` to every ``i`` with
     ``W[i, j] > 0``, ``i != j``; and a name (the shifts, for a circulant graph)."""
     from hvdx.core import mixing_graphs
 
@@ -795,10 +795,12 @@ def _decentralized(c: Cluster, w: Workload, topology: str = "one-peer-exp",
     """Decentralized SGD over a graph (Ying et al., "Exponential Graph is Provably
     Efficient for Decentralized Deep Training", NeurIPS 2021), as ``hvdx.Decentralized``.
 
-    1. for each step ``t`` of the graph's period, every rank sends its model to its
+    1. for each mix ``m`` of the graph's period, every rank sends its model to its
        out-neighbours at once (non-blocking point-to-point, one message each);
-    2. the step's phase is weighted ``1 / (period * mix_every)``: the mean over the
-       period, and local steps in between with ``mix_every > 1``;
+    2. the mix's phase is weighted ``1 / (period * mix_every)``: the graph follows the
+       mixes, not the steps (:func:`hvdx.core.mixing_graphs.mix_index`), so every
+       ``period * mix_every`` training steps hold each of the ``period`` mixes once,
+       and local steps in between with ``mix_every > 1``;
     3. combine-then-adapt overlaps the exchange with the next forward and backward pass.
     """
     from hvdx.core import mixing_graphs

@@ -11,7 +11,10 @@ parameters with its neighbours in a mixing graph (:mod:`hvdx.core.mixing_graphs`
    so ``m_i = g_i`` on the first step as in PyTorch's SGD (dampening 0, no Nesterov);
    the direction is ``d_i = m_i`` (``g_i`` when ``momentum = 0``);
 3. the step mixes when ``(t + 1) % mix_every == 0``, with ``W_t = mixing_matrix(topology,
-   n, t)``; the other steps are local SGD steps ``x_i <- x_i - lr d_i``;
+   n, m)`` and ``m = t // mix_every`` the number of mixes before it
+   (:func:`hvdx.core.mixing_graphs.mix_index`: the graph follows the mixes, so a
+   one-peer graph takes every shift in turn); the other steps are local SGD steps
+   ``x_i <- x_i - lr d_i``;
 4. adapt-then-combine (ATC, the optimizers' order): ``x_i <- sum_j W_t[i, j] (x_j - lr
    d_j)``; combine-then-adapt (CTA, D-PSGD's order, used to overlap the exchange with
    the backward pass): ``x_i <- sum_j W_t[i, j] x_j - lr d_i``, ``d_i`` taken at ``x_i``.
@@ -52,7 +55,8 @@ def mix(values, topology, step: int = 0) -> np.ndarray:
     Args:
         values: values per rank, shape ``(n, ...)``, floating point.
         topology: a name of :data:`hvdx.core.mixing_graphs.TOPOLOGIES` or a mixing matrix.
-        step: the step's index (the one-peer graphs depend on it).
+        step: the mix index, the number of mixes before this one (the one-peer graphs
+            depend on it).
 
     Returns:
         The mixed values, same shape and dtype, computed as the module docstring says.
@@ -105,8 +109,8 @@ def simulate_decentralized(initial, grads_fn: Callable[[np.ndarray, int], np.nda
         topology: a name of :data:`hvdx.core.mixing_graphs.TOPOLOGIES` or an ``n x n``
             doubly stochastic mixing matrix.
         steps: number of steps, at least 0.
-        start: the first step's index (the one-peer graphs and ``mix_every`` depend
-            on it).
+        start: the first step's index (``mix_every`` and, through the number of mixes
+            before it, the one-peer graphs depend on it).
         order: :data:`~hvdx.core.group_averaging.ADAPT_THEN_COMBINE` or
             :data:`~hvdx.core.group_averaging.COMBINE_THEN_ADAPT`.
         momentum: the local SGD momentum (DmSGD), at least 0; 0: plain DSGD.
@@ -147,14 +151,15 @@ def simulate_decentralized(initial, grads_fn: Callable[[np.ndarray, int], np.nda
                              f"return every rank's gradient, shape {values.shape}")
         buffers = momentum * buffers + grads if momentum else grads.copy()
         mixes = (step + 1) % mix_every == 0
-        if mixes and step % period not in graphs:
-            graphs[step % period] = _graph(topology, n, step % period)
+        key = mixing_graphs.mix_index(step, mix_every) % period
+        if mixes and key not in graphs:
+            graphs[key] = _graph(topology, n, key)
         if order == ADAPT_THEN_COMBINE:
             values = values - lr * buffers
             if mixes:
-                values = _mix(values, graphs[step % period])
+                values = _mix(values, graphs[key])
         else:
-            mixed = _mix(values, graphs[step % period]) if mixes else values
+            mixed = _mix(values, graphs[key]) if mixes else values
             values = mixed - lr * buffers
     return (values, buffers) if return_momentum else values
 

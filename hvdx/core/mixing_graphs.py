@@ -1,39 +1,59 @@
-"""Mixing graphs of decentralized SGD, as pure functions of (topology, n, rank, step).
+"""Mixing graphs of decentralized SGD, as pure functions of (topology, n, rank, mix).
 
 Ying, Yuan, Chen, Hu, Pan and Yin, "Exponential Graph is Provably Efficient for
 Decentralized Deep Training", NeurIPS 2021, arXiv 2110.13363; the reference
 implementation is BlueFog's ``bluefog/common/topology_util.py`` (``ExponentialTwoGraph``,
-``GetDynamicOnePeerSendRecvRanks``).
+``GetDynamicOnePeerSendRecvRanks``, ``RingGraph``, ``MeshGrid2DGraph``).
 
 Convention: a mixing matrix ``W`` is ``n x n`` float64 and one mixing step is
 ``x_new[i] = sum_j W[i, j] x[j]``: rank ``i`` RECEIVES from ``j != i`` where
-``W[i, j] != 0`` and SENDS to ``k != i`` where ``W[k, i] != 0``. With
-``tau = ceil(log2 n)`` (0 for ``n = 1``), the named graphs are:
+``W[i, j] != 0`` and SENDS to ``k != i`` where ``W[k, i] != 0``.
+
+The graphs are indexed by the MIX INDEX ``m``, the number of mixes before this one, not
+by the training step: with ``mix_every=J`` only the training steps ``t`` with
+``(t + 1) % J == 0`` mix, and the one at ``t`` is mix ``m = t // J`` (:func:`mix_index`).
+Indexing by ``t`` would skip shifts whenever ``J`` and ``tau`` share a factor (4 ranks,
+``J = 2``: ``t = 1, 3, 5, ...`` would all take shift 2, and rank 0 would only ever mix
+with rank 2). ``m`` is a function of the training step counter, so a checkpoint that
+holds the step resumes the same sequence.
+
+With ``tau = ceil(log2 n)`` (0 for ``n = 1``), the named graphs are:
 
 1. ``static-exp``: ``i`` sends to ``i + 2^k mod n`` for ``k = 0 .. tau-1`` and receives
    from ``i - 2^k mod n``; weight ``1/(tau+1)`` on itself and on each in-neighbour. Its
    spectral gap is ``2/(1+tau)`` for even ``n`` (0.2857 at 64 ranks), larger for odd ``n``;
-2. ``one-peer-exp``: at step ``t``, with ``k = t mod tau``, ``i`` sends to ``i + 2^k`` and
-   receives from ``i - 2^k`` (mod ``n``), weights 1/2 and 1/2. For ``n = 2^m`` the
-   product of ``tau`` consecutive matrices, from any step, is exactly ``11^T/n``;
-3. ``one-peer-hypercube``: partner ``i XOR 2^(t mod tau)``, weights 1/2 (one symmetric
-   pairwise exchange per step, also exact over ``tau`` steps for ``n = 2^m``). A rank
-   whose partner does not exist (``n`` not a power of two) keeps its value that step;
-4. ``ring``: ``(I + S + S^T)/3`` with ``S`` the cyclic shift (for ``n = 2`` both
-   neighbours are the other rank: ``[[1/3, 2/3], [2/3, 1/3]]``);
+2. ``one-peer-exp``: at mix ``m``, with ``k = m mod tau``, ``i`` sends to ``i + 2^k`` and
+   receives from ``i - 2^k`` (mod ``n``), weights 1/2 and 1/2. For ``n = 2^p`` the
+   product of ``tau`` consecutive matrices, from any mix, is exactly ``11^T/n``;
+3. ``one-peer-hypercube``: partner ``i XOR 2^(m mod tau)``, weights 1/2 (one symmetric
+   pairwise exchange per mix, also exact over ``tau`` mixes for ``n = 2^p``). A rank
+   whose partner does not exist (``n`` not a power of two) keeps its value that mix;
+4. ``ring``: ``(I + S + S^T)/3`` with ``S`` the cyclic shift, for ``n >= 3``; for
+   ``n = 2`` the two neighbours are one rank, weighed once: ``[[1/2, 1/2], [1/2, 1/2]]``
+   (BlueFog's ``RingGraph``);
 5. ``torus``: the ranks on a ``rows x cols`` grid, row-major, with ``rows`` the largest
-   divisor of ``n`` not above ``sqrt n``; ``(I + up + down + left + right)/5``, a sum of
-   permutation matrices in which coinciding neighbours add up. For a prime ``n`` the
-   grid is ``1 x n``: up and down are the rank itself, ``W = (3I + S + S^T)/5``, a lazy
-   ring; every case stays doubly stochastic. 64 ranks: an 8 x 8 torus, gap 0.117;
+   divisor of ``n`` not above ``sqrt n``, wrapping around in both dimensions. Rank ``i``
+   receives from its DISTINCT grid neighbours (up, down, left, right): a dimension of
+   size 1 gives none, of size 2 one (up and down are the same rank), of 3 or more two.
+   Every rank has the same number ``d`` of them, and every weight, its own included,
+   is ``1/(d + 1)``. This is BlueFog's convention for distinct neighbours: its
+   ``MeshGrid2DGraph`` (a grid WITHOUT wrap-around, so ranks on its edge have fewer
+   neighbours) weighs an edge ``1/max(d_i + 1, d_j + 1)`` (Metropolis-Hastings) and
+   gives the rank itself the rest, which is the uniform ``1/(d + 1)`` when every rank
+   has ``d`` distinct neighbours, as here; the two grids are the same matrix when no
+   dimension exceeds 2. Its ``RingGraph`` is the ``1 x n`` case, 2 ranks included. So
+   a prime ``n`` (a ``1 x n`` grid) is the ring, 4 ranks (2 x 2) weigh 1/3 on the rank
+   itself and on its row and column partners, and 64 ranks (8 x 8, ``d = 4``)
+   ``(I + up + down + left + right)/5``, gap 0.117;
 6. ``complete``: every entry ``1/n`` (the exact average in one step);
-7. a user's matrix (anything :func:`check_mixing_matrix` accepts), the same at every step.
+7. a user's matrix (anything :func:`check_mixing_matrix` accepts), the same at every mix.
 
 For ``n = 1`` every graph is the identity. Every named graph is a sum of permutation
 matrices divided by a common denominator: rank ``i``'s row lists its sources with
-multiplicity (:func:`_sources`), so :func:`mixing_matrix` and :func:`neighbors` compute
-each weight as the same ``count / denominator`` and agree bit for bit, and
-:func:`neighbors` needs no ``n x n`` matrix for a named graph.
+multiplicity (:func:`_sources`; only the hypercube's missing partners repeat a rank),
+so :func:`mixing_matrix` and :func:`neighbors` compute each weight as the same
+``count / denominator`` and agree bit for bit, and :func:`neighbors` needs no ``n x n``
+matrix for a named graph.
 """
 
 from __future__ import annotations
@@ -49,14 +69,14 @@ import numpy as np
 
 from hvdx.core.validation import integer as _integer
 
-__all__ = ["Neighbors", "TOPOLOGIES", "check_mixing_matrix", "is_exact", "mixing_matrix",
-           "neighbors", "period", "spectral_gap", "topology_name"]
+__all__ = ["Neighbors", "TOPOLOGIES", "check_mixing_matrix", "is_exact", "mix_index",
+           "mixing_matrix", "neighbors", "period", "spectral_gap", "topology_name"]
 
 #: The named graphs, in the order the documentation lists them.
 TOPOLOGIES = ("one-peer-exp", "static-exp", "one-peer-hypercube", "ring", "torus",
               "complete")
 
-#: Graphs whose step-``t`` matrix depends on ``t``.
+#: Graphs whose matrix depends on the mix index.
 _DYNAMIC = ("one-peer-exp", "one-peer-hypercube")
 
 
@@ -108,10 +128,35 @@ def _name(topology) -> Optional[str]:
     return None
 
 
+def _offsets(size: int) -> Tuple[int, ...]:
+    """The distinct neighbour offsets along a cyclic dimension of ``size`` ranks: none
+    for 1, one for 2 (``-1`` and ``+1`` are the same rank, weighed once), two beyond."""
+    return () if size == 1 else (1,) if size == 2 else (-1, 1)
+
+
+def mix_index(step: int, mix_every: int = 1) -> int:
+    """The graph index of training step ``step``: the number of mixes before it.
+
+    1. with ``mix_every=J`` the training steps ``t`` with ``(t + 1) % J == 0`` mix;
+    2. those before ``step`` are ``t = J - 1, 2J - 1, ...`` below ``step``: ``step // J``
+       of them;
+    3. so the mix at a mixing step ``t`` is mix number ``t // J = (t + 1) // J - 1``, and
+       consecutive mixes take consecutive graphs whatever ``J`` is.
+
+    A ``global_every`` step that replaces a mix still counts: the index depends on the
+    step counter alone, which every checkpoint holds.
+
+    Raises:
+        ValueError: a negative ``step`` or a ``mix_every`` below 1.
+    """
+    return _integer("step", step, 0) // _integer("mix_every", mix_every, 1)
+
+
 def _sources(name: str, n: int, i, step: int) -> Tuple[List[np.ndarray], int]:
     """Row ``i`` of a named graph (``i`` an int array): the columns of its non-zero
     entries, one array per permutation matrix of the sum (so with multiplicity, the
-    rank itself included), and the common denominator: ``W[i, j] = count(j) / den``."""
+    rank itself included), and the common denominator: ``W[i, j] = count(j) / den``;
+    ``step`` is the mix index (:func:`mix_index`)."""
     if n == 1:
         return [i], 1
     tau = _tau(n)
@@ -122,13 +167,12 @@ def _sources(name: str, n: int, i, step: int) -> Tuple[List[np.ndarray], int]:
     if name == "one-peer-hypercube":
         partner = i ^ 2 ** (step % tau)
         return [i, np.where(partner < n, partner, i)], 2
-    if name == "ring":
-        return [i, (i - 1) % n, (i + 1) % n], 3
-    if name == "torus":
-        rows, cols = _torus_shape(n)
+    if name in ("ring", "torus"):
+        rows, cols = (1, n) if name == "ring" else _torus_shape(n)
         r, c = np.divmod(i, cols)
-        return [i, (r - 1) % rows * cols + c, (r + 1) % rows * cols + c,
-                r * cols + (c - 1) % cols, r * cols + (c + 1) % cols], 5
+        sources = [i] + [(r + d) % rows * cols + c for d in _offsets(rows)] + \
+            [r * cols + (c + d) % cols for d in _offsets(cols)]
+        return sources, len(sources)
     assert name == "complete", name
     return [np.full_like(i, j) for j in range(n)], n
 
@@ -198,12 +242,14 @@ def check_mixing_matrix(w, n=None, name: str = "topology") -> np.ndarray:
 
 
 def mixing_matrix(topology, n: int, step: int = 0) -> np.ndarray:
-    """The ``n x n`` float64 mixing matrix of ``topology`` at step ``step``.
+    """The ``n x n`` float64 mixing matrix of ``topology`` at mix ``step``.
 
     Args:
         topology: a name of :data:`TOPOLOGIES` (module docstring) or a mixing matrix.
         n: number of ranks, at least 1.
-        step: the step's index, at least 0 (only the one-peer graphs depend on it).
+        step: the mix index ``m``, at least 0: the number of mixes before this one
+            (:func:`mix_index` of the training step); only the one-peer graphs depend
+            on it.
 
     Returns:
         A new array ``W``: one mixing step is ``x_new[i] = sum_j W[i, j] x[j]``.
@@ -228,7 +274,7 @@ def mixing_matrix(topology, n: int, step: int = 0) -> np.ndarray:
 
 
 def neighbors(topology, n: int, rank: int, step: int = 0) -> Neighbors:
-    """Rank ``rank``'s send-to and receive-from ranks and weights at step ``step``.
+    """Rank ``rank``'s send-to and receive-from ranks and weights at mix ``step``.
 
     A named graph is computed from its definition, in ``O(degree)`` for all but
     ``complete`` and ``torus`` (``O(n)`` and ``O(sqrt n)``); a matrix from its row and
@@ -238,7 +284,7 @@ def neighbors(topology, n: int, rank: int, step: int = 0) -> Neighbors:
         topology: a name of :data:`TOPOLOGIES` or a mixing matrix.
         n: number of ranks, at least 1.
         rank: this rank, ``0 .. n-1``.
-        step: the step's index, at least 0.
+        step: the mix index, at least 0 (:func:`mixing_matrix`).
 
     Raises:
         ValueError: as :func:`mixing_matrix`, or a ``rank`` outside ``0 .. n-1``.
@@ -262,7 +308,7 @@ def neighbors(topology, n: int, rank: int, step: int = 0) -> Neighbors:
 
 
 def period(topology, n: int) -> int:
-    """The number of distinct steps before the sequence of matrices repeats.
+    """The number of distinct mixes before the sequence of matrices repeats.
 
     ``tau = ceil(log2 n)`` for the one-peer graphs with ``n > 1``, else 1 (a static graph
     or a user's matrix).
@@ -281,8 +327,8 @@ def is_exact(topology, n: int) -> bool:
     True for ``n = 1``; ``complete``; the one-peer graphs when ``n`` is a power of two
     (Ying et al.); and the small cases where a static graph is already the
     complete one: ``static-exp`` on 2 or 3 ranks (its ``tau + 1`` shifts are all of
-    ``0 .. n-1``) and ``ring`` on 3. A user's matrix: whether it is ``11^T/n`` within
-    ``1e-12``.
+    ``0 .. n-1``), ``ring`` and ``torus`` on 2 or 3 (every other rank a distinct
+    neighbour). A user's matrix: whether it is ``11^T/n`` within ``1e-12``.
     """
     n = _check_n(n)
     name = _name(topology)
@@ -293,13 +339,10 @@ def is_exact(topology, n: int) -> bool:
         return True
     if name in _DYNAMIC:
         return _power_of_two(n)
-    if name == "static-exp":
-        return n <= 3
-    if name == "ring":
-        return n == 3
-    # torus: the rank itself weighs at least 1/5, which is 1/n only for n = 5, a 1 x 5
-    # grid where it weighs 3/5.
-    return False
+    # static-exp, ring, torus: one matrix, exact only if it is 11^T/n, i.e. every other
+    # rank is a distinct in-neighbour. The torus has at most 4 of them, and from 4 ranks
+    # on its grid leaves some out (2 x 2: the diagonal; 1 x 5: the ring).
+    return n <= 3
 
 
 def spectral_gap(w) -> float:

@@ -276,6 +276,15 @@ def test_mixing_every_other_step_halves_the_exchange():
     assert other.comm_s == pytest.approx(every.comm_s / 2)
 
 
+def test_mixing_every_other_step_prices_each_mix_of_the_period_once():
+    # The graph follows the mixes: on 8 ranks with mix_every = 2, the 6 steps of a
+    # period hold the mixes with hops 1, 2 and 4, one each, so each weighs 1/6.
+    p = predict("decentralized", cluster(2, 4), VGG16, mix_every=2)
+    weights = {x.name: x.weight for x in p.phases}
+    assert weights == pytest.approx({"send model to i+1": 1 / 6, "send model to i+2": 1 / 6,
+                                     "send model to i+4": 1 / 6})
+
+
 def test_one_rank_exchanges_nothing():
     p = predict("decentralized", cluster(1, 1), VGG16)
     assert p.comm_s == 0 and p.bytes_per_rank == 0

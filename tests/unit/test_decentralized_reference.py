@@ -1,21 +1,27 @@
 """The numpy reference of decentralized SGD (Ying et al., arXiv 2110.13363): one-peer
-graphs reach consensus in log2 n steps from any step, mixing keeps the global mean, the
-static graph contracts like its spectral gap, the complete graph is synchronous SGD (with
-momentum: DmSGD is SGD with momentum), ``mix_every`` leaves local SGD in between, and the
-momentum buffers stay local.
+graphs reach consensus in log2 n mixes from any step and for any ``mix_every``, mixing
+keeps the global mean, the static graph contracts like its spectral gap, the complete
+graph is synchronous SGD (with momentum: DmSGD is SGD with momentum), ``mix_every``
+leaves local SGD in between, and the momentum buffers stay local.
 
 Expected values come from plain loops and explicit matrices written here, never from
-hvdx.core.mixing_graphs or hvdx.core.decentralized.
+hvdx.core.mixing_graphs, hvdx.core.decentralized or hvdx.core.group_averaging.
 """
 
 import numpy as np
 import pytest
 
-from explicit_graphs import explicit, explicit_one_peer_exp, explicit_static_exp, tau
+from explicit_graphs import (explicit, explicit_one_peer_exp, explicit_static_exp,
+                             mixes_before, tau)
 from hvdx.core.decentralized import mix, simulate_decentralized
-from hvdx.core.group_averaging import ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT, consensus_distance
+from hvdx.core.group_averaging import ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT
 
 ORDERS = (ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT)
+
+
+def spread(x):
+    """sqrt(mean_i ||x_i - mean_j x_j||^2): how far the ranks are from their mean."""
+    return float(np.sqrt(np.mean(np.sum((x - x.mean(axis=0)) ** 2, axis=1))))
 
 
 def values(n, d=5, seed=0):
@@ -43,16 +49,64 @@ def quadratic(n, d, seed=0, same_on_every_rank=False):
 
 # --- consensus without learning ---------------------------------------------------------
 
-@pytest.mark.parametrize("topology", ["one-peer-exp", "one-peer-hypercube"])
+def one_peer_mixes(n, mixes, first=0):
+    """The product of the one-peer matrices of mixes first .. first+mixes-1, written out:
+    at mix m rank i averages with i - 2^(m mod log2 n)."""
+    k = int(np.log2(n))
+    product = np.eye(n)
+    for m in range(first, first + mixes):
+        w = 0.5 * np.eye(n)
+        w[np.arange(n), (np.arange(n) - 2 ** (m % k)) % n] += 0.5
+        product = w @ product
+    return product
+
+
 @pytest.mark.parametrize("n", [2, 4, 8, 16])
+@pytest.mark.parametrize("mix_every", [1, 2, 3, 4])
 @pytest.mark.parametrize("order", ORDERS)
-def test_one_peer_graphs_reach_consensus_in_log2_n_steps_from_any_step(topology, n, order):
+def test_pure_mixing_reaches_exact_consensus_after_log2_n_mixes_whatever_mix_every(
+        n, mix_every, order):
+    # lr = 0: only the mixes move the values. log2 n mixes take log2 n * mix_every steps,
+    # and their product is the average, so every rank ends at the mean of the start.
     x = values(n, seed=n)
     mean = x.mean(axis=0)
-    for start in range(2 * tau(n) + 1):
-        y = simulate_decentralized(x, zero_grads, 0.0, topology, tau(n), start=start,
-                                   order=order)
-        assert consensus_distance(y) <= 1e-12
+    steps = int(np.log2(n)) * mix_every
+    y = simulate_decentralized(x, zero_grads, 0.0, "one-peer-exp", steps, order=order,
+                               mix_every=mix_every)
+    product = one_peer_mixes(n, int(np.log2(n)))
+    np.testing.assert_allclose(product, np.full((n, n), 1 / n), rtol=0, atol=1e-15)
+    np.testing.assert_allclose(y, product @ x, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(y, np.broadcast_to(mean, y.shape), rtol=0, atol=1e-12)
+    # One mix short, they are not there yet: every mix of the cycle is needed.
+    if n > 2:
+        z = simulate_decentralized(x, zero_grads, 0.0, "one-peer-exp", steps - mix_every,
+                                   order=order, mix_every=mix_every)
+        assert spread(z) > 1e-3 * spread(x)
+
+
+def test_four_ranks_mixing_every_other_step_meet_both_partners():
+    # lr = 0, 4 ranks, mix_every = 2: the mixes at steps 1 and 3 are mixes 0 and 1, so
+    # rank 0 takes rank 3's value (shift 1), then rank 2's (shift 2), not rank 2's twice.
+    x = np.array([[1.0], [2.0], [4.0], [8.0]])
+    after_one = simulate_decentralized(x, zero_grads, 0.0, "one-peer-exp", 2, mix_every=2)
+    np.testing.assert_array_equal(after_one, [[4.5], [1.5], [3.0], [6.0]])
+    after_two = simulate_decentralized(x, zero_grads, 0.0, "one-peer-exp", 4, mix_every=2)
+    np.testing.assert_array_equal(after_two, np.full((4, 1), 3.75))
+
+
+@pytest.mark.parametrize("topology", ["one-peer-exp", "one-peer-hypercube"])
+@pytest.mark.parametrize("n", [2, 4, 8, 16])
+@pytest.mark.parametrize("mix_every", [1, 3])
+@pytest.mark.parametrize("order", ORDERS)
+def test_one_peer_graphs_reach_consensus_in_any_window_of_log2_n_mixes(topology, n,
+                                                                     mix_every, order):
+    # Any log2 n * mix_every consecutive steps hold log2 n consecutive mixes.
+    x = values(n, seed=n)
+    mean = x.mean(axis=0)
+    for start in range(2 * tau(n) * mix_every + 1):
+        y = simulate_decentralized(x, zero_grads, 0.0, topology, tau(n) * mix_every,
+                                   start=start, order=order, mix_every=mix_every)
+        assert spread(y) <= 1e-12
         np.testing.assert_allclose(y, np.broadcast_to(mean, y.shape), rtol=0, atol=1e-12)
         np.testing.assert_allclose(y.mean(axis=0), mean, rtol=0, atol=1e-12)
 
@@ -61,7 +115,7 @@ def test_one_peer_graphs_reach_consensus_in_log2_n_steps_from_any_step(topology,
 def test_one_peer_exponential_graph_is_not_exact_at_other_sizes(n):
     x = values(n, seed=n)
     y = simulate_decentralized(x, zero_grads, 0.0, "one-peer-exp", tau(n))
-    assert consensus_distance(y) > 1e-3 * consensus_distance(x)
+    assert spread(y) > 1e-3 * spread(x)
     np.testing.assert_allclose(y.mean(axis=0), x.mean(axis=0), rtol=0, atol=1e-12)
 
 
@@ -69,10 +123,10 @@ def test_one_peer_exponential_graph_is_not_exact_at_other_sizes(n):
 def test_static_graph_consensus_decays_at_least_like_one_minus_gap(n):
     rho = np.linalg.svd(explicit_static_exp(n), compute_uv=False)[1]
     x = values(n, d=3, seed=n)
-    initial = consensus_distance(x)
+    initial = spread(x)
     for t in range(1, 10):
         y = simulate_decentralized(x, zero_grads, 0.0, "static-exp", t)
-        assert consensus_distance(y) <= rho ** t * initial + 1e-12
+        assert spread(y) <= rho ** t * initial + 1e-12
         np.testing.assert_allclose(y.mean(axis=0), x.mean(axis=0), rtol=0, atol=1e-12)
 
 
@@ -157,10 +211,11 @@ def test_between_mixing_steps_every_rank_runs_local_sgd(mix_every, order):
 
 
 @pytest.mark.parametrize("topology, n", [("one-peer-exp", 4), ("one-peer-exp", 6),
+                                         ("one-peer-exp", 8), ("one-peer-hypercube", 8),
                                          ("static-exp", 5), ("complete", 3)])
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
-@pytest.mark.parametrize("mix_every, start", [(1, 0), (1, 3), (3, 0), (2, 5)])
+@pytest.mark.parametrize("mix_every, start", [(1, 0), (1, 3), (3, 0), (2, 5), (3, 4)])
 def test_the_reference_is_the_algorithm_written_as_a_loop(topology, n, order, momentum,
                                                           mix_every, start):
     d, lr, steps = 3, 0.05, 9
@@ -173,7 +228,9 @@ def test_the_reference_is_the_algorithm_written_as_a_loop(topology, n, order, mo
     for t in range(start, start + steps):
         g = grads(x, t)
         m = momentum * m + g  # local: each row sees only its own rank's gradients
-        w = explicit(topology, n, t) if (t + 1) % mix_every == 0 else np.eye(n)
+        # The graph follows the mixes: this one is number mixes_before(t) of the run.
+        w = explicit(topology, n, mixes_before(t, mix_every)) \
+            if (t + 1) % mix_every == 0 else np.eye(n)
         x = w @ (x - lr * m) if order == ADAPT_THEN_COMBINE else w @ x - lr * m
     np.testing.assert_allclose(got, x, rtol=0, atol=1e-12)
     np.testing.assert_allclose(buffers, m, rtol=0, atol=1e-12)

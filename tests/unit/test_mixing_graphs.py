@@ -10,10 +10,12 @@ import math
 import numpy as np
 import pytest
 
-from explicit_graphs import explicit, explicit_static_exp, explicit_torus, receive_from, tau
+from explicit_graphs import (explicit, explicit_static_exp, explicit_torus, mixes_before,
+                             receive_from, tau)
 from hvdx.core.mixing_graphs import (TOPOLOGIES, Neighbors, check_mixing_matrix, is_exact,
-                                     mixing_matrix, neighbors, period, spectral_gap,
-                                     topology_name)
+                                     mix_index, mixing_matrix, neighbors, period,
+                                     spectral_gap, topology_name)
+from hvdx.decentralized import MixingGraph
 
 
 def explicit_period(topology, n):
@@ -57,12 +59,24 @@ def test_static_exponential_graph_on_eight_ranks_sends_to_i_plus_1_2_4():
 
 
 def test_small_ring_torus_and_hypercube_cases_written_out():
-    np.testing.assert_allclose(mixing_matrix("ring", 2), [[1 / 3, 2 / 3], [2 / 3, 1 / 3]])
+    # Two ranks: the left and the right neighbour are one rank, weighed once (BlueFog).
+    np.testing.assert_array_equal(mixing_matrix("ring", 2), [[0.5, 0.5], [0.5, 0.5]])
+    np.testing.assert_array_equal(mixing_matrix("torus", 2), [[0.5, 0.5], [0.5, 0.5]])
     np.testing.assert_array_equal(mixing_matrix("ring", 1), [[1.0]])
-    # A prime number of ranks is a 1 x n grid: up and down are the rank itself.
-    np.testing.assert_allclose(mixing_matrix("torus", 2), [[0.6, 0.4], [0.4, 0.6]])
-    lazy_ring = (3 * np.eye(7) + receive_from(7, 1) + receive_from(7, -1)) / 5
-    np.testing.assert_allclose(mixing_matrix("torus", 7), lazy_ring, rtol=0, atol=1e-15)
+    third = 1 / 3
+    np.testing.assert_allclose(mixing_matrix("ring", 3), np.full((3, 3), third))
+    # A prime number of ranks is a 1 x n grid: no up or down, so the ring itself.
+    ring = (np.eye(7) + receive_from(7, 1) + receive_from(7, -1)) / 3
+    np.testing.assert_allclose(mixing_matrix("torus", 7), ring, rtol=0, atol=1e-15)
+    np.testing.assert_allclose(mixing_matrix("ring", 7), ring, rtol=0, atol=1e-15)
+    # 2 x 2: up = down and left = right, so two distinct neighbours, never the diagonal.
+    np.testing.assert_allclose(mixing_matrix("torus", 4),
+                               [[third, third, third, 0], [third, third, 0, third],
+                                [third, 0, third, third], [0, third, third, third]],
+                               rtol=0, atol=1e-15)
+    # 2 x 3: one neighbour in the other row, two in the own: four weights of 1/4.
+    np.testing.assert_allclose(mixing_matrix("torus", 6)[0], [0.25, 0.25, 0.25, 0.25, 0, 0],
+                               rtol=0, atol=1e-15)
     # 6 ranks at step 2 (bit 4): 0-4 and 1-5 exchange; 2 and 3 have no partner.
     w = mixing_matrix("one-peer-hypercube", 6, 2)
     want = np.eye(6)
@@ -146,6 +160,29 @@ def test_one_peer_graphs_average_exactly_over_tau_steps_from_any_step(topology, 
         for step in range(first, first + tau(n)):
             product = mixing_matrix(topology, n, step) @ product
         np.testing.assert_allclose(product, np.full((n, n), 1 / n), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("mix_every", [1, 2, 3, 4, 5])
+def test_the_mix_index_counts_the_mixing_steps_before_a_step(mix_every):
+    for t in range(40):
+        assert mix_index(t, mix_every) == mixes_before(t, mix_every)
+    with pytest.raises(ValueError, match=r"mix_every=0"):
+        mix_index(3, 0)
+    with pytest.raises(ValueError, match=r"step=-1"):
+        mix_index(-1, 2)
+
+
+@pytest.mark.parametrize("mix_every", [1, 2, 3, 4])
+def test_a_rank_meets_every_one_peer_partner_in_turn_whatever_mix_every_is(mix_every):
+    # 8 ranks: rank 0 sends to 1, 2, 4, 1, 2, 4, ... at its successive mixes. Indexed by
+    # the training step, mix_every = 2 would give 2, 1, 2, 1, ... (never 4) and
+    # mix_every = 3 would give 4, 4, 4, ...
+    graph = MixingGraph("one-peer-exp", 8, 0, mix_every)
+    mixing_steps = [t for t in range(9 * mix_every) if (t + 1) % mix_every == 0]
+    assert [graph.neighbors(t).send_to for t in mixing_steps] == [(1,), (2,), (4,)] * 3
+    assert [graph.neighbors(t).recv_from for t in mixing_steps] == [(7,), (6,), (4,)] * 3
+    cube = MixingGraph("one-peer-hypercube", 4, 1, mix_every)
+    assert [cube.neighbors(t).send_to for t in mixing_steps[:4]] == [(0,), (3,)] * 2
 
 
 @pytest.mark.parametrize("topology", ["one-peer-exp", "one-peer-hypercube"])
