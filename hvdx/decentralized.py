@@ -8,7 +8,7 @@ still reaches every rank in ``log2 n`` steps (Ying, Yuan, Chen, Hu, Pan and Yin,
 "Exponential Graph is Provably Efficient for Decentralized Deep Training", NeurIPS 2021,
 arXiv 2110.13363; the graphs follow BlueFog's ``topology_util.py``).
 
-At step ``t`` on every rank ``i`` (``W_t`` the graph's mixing matrix at this mix,
+At step ``t`` on every rank ``i`` (``W_t`` the graph's mixing matrix for the mix at step ``t``, item 3;
 :mod:`hvdx.core.mixing_graphs`; the numpy reference is
 :func:`hvdx.core.decentralized.simulate_decentralized`):
 
@@ -20,18 +20,20 @@ At step ``t`` on every rank ``i`` (``W_t`` the graph's mixing matrix at this mix
    during this step's forward and backward pass;
 3. with ``mix_every=J``, only the steps ``t`` with ``(t + 1) % J == 0`` mix; the others
    are local steps. The graph follows the mixes, not the steps: the mix at step ``t``
-   is mix ``m = t // J`` and uses ``W_m`` (:func:`hvdx.core.mixing_graphs.mix_index`),
-   so a one-peer graph takes every shift in turn whatever ``J`` is;
+   is mix ``m = t // J`` (:func:`hvdx.core.mixing_graphs.mix_index`) and ``W_t`` is the
+   graph's matrix ``m``, so a one-peer graph takes every shift in turn whatever ``J``
+   is;
 4. the options of every mixing strategy (:class:`hvdx.strategy.MixingStrategy`):
    ``global_every``, the SWA merge, ``average_optimizer_state``.
 
 The optimizer's momentum stays local (DmSGD): mixing it too is
 ``average_optimizer_state=True``.
 
-Exactness: for ``n`` a power of two, ``log2 n`` consecutive one-peer mixes average
-exactly (every rank holds the global mean when lr = 0), ``log2 n * mix_every`` steps. For other ``n`` they do not
-(about 0.2 contraction per period); hvdx warns on rank 0 when a one-peer graph is chosen
-there, and the static exponential graph is the better choice.
+Exactness: for ``n`` a power of two, ``log2 n`` consecutive one-peer mixes
+(``log2 n * mix_every`` steps) average exactly: every rank holds the global mean when
+lr = 0. For other ``n`` they do not (about 0.2 contraction per period); hvdx warns on
+rank 0 when a one-peer graph is chosen there, and the static exponential graph is the
+better choice.
 
 Example::
 
