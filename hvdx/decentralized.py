@@ -8,8 +8,8 @@ still reaches every rank in ``log2 n`` steps (Ying, Yuan, Chen, Hu, Pan and Yin,
 "Exponential Graph is Provably Efficient for Decentralized Deep Training", NeurIPS 2021,
 arXiv 2110.13363; the graphs follow BlueFog's ``topology_util.py``).
 
-At step ``t`` on every rank ``i`` (``W_t`` the graph's mixing matrix for the mix at step ``t``, item 3;
-:mod:`hvdx.core.mixing_graphs`; the numpy reference is
+At step ``t`` on every rank ``i`` (``W_t`` the graph's mixing matrix for the mix at
+step ``t``, item 3, :mod:`hvdx.core.mixing_graphs`; the numpy reference is
 :func:`hvdx.core.decentralized.simulate_decentralized`):
 
 1. adapt-then-combine (the default): the local optimizer step, ``x_i - lr d_i``, then
