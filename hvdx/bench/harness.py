@@ -43,9 +43,10 @@ __all__ = ["Summary", "fastest_lines", "mean_step", "placement_hosts", "render_t
 FLOOR = "floor"
 #: Interface bytes per rank against hvdx's count: within this, the counts agree.
 BYTES_TOLERANCE = 0.10
-#: Seconds a job may take to exit after its result is written. MPICH's MPI_Finalize
-#: over UCX's TCP transport was seen to spin forever on one rank (rarely); the result
-#: is complete by then, so the job is killed instead of waited for.
+#: Seconds a job may take to exit after its result is written. Its ranks finalize MPI
+#: through :func:`hvdx.mpi.finalize.finalize`, which removed the known cause of jobs that
+#: never exited (MPICH's own MPI_Finalize deadlocking over UCX's TCP transport); should
+#: one still hang, the result is complete by then, so it is killed, and said.
 EXIT_GRACE_S = 30.0
 #: Steps left out of the mean step (connections are set up and buffers allocated then).
 WARMUP_STEPS = 2
@@ -336,7 +337,7 @@ def run_one(cluster, workload: str, strategy: str, steps: int, eval_every: int,
             if not done:
                 raise RuntimeError(f"{workload}/{strategy} ran past {timeout:.0f} s; see {log}")
             say(f"  {workload} / {strategy}: the job did not exit {EXIT_GRACE_S:.0f} s after "
-                "writing its result (MPI_Finalize); killed it")
+                "writing its result; killed it")
             return _load(out, contention.log)
     if done and proc.returncode != 0 and os.path.exists(out):
         # Every rank passed the final barrier and rank 0 wrote the result: a failure now
@@ -698,7 +699,7 @@ def _calibration_job(cluster, ranks_per_host: int, path: str, options: List[str]
                 break
         proc.wait(timeout=5.0)
     except subprocess.TimeoutExpired:
-        proc.kill()  # the file is complete (written atomically); MPI_Finalize lingers
+        proc.kill()  # the file is complete (written atomically); the job did not exit
         proc.wait()
     finally:
         deadline.cancel()

@@ -74,15 +74,21 @@ def report(result: Dict) -> None:
     """Print ``result`` as one JSON line on rank 0 of ``MPI.COMM_WORLD``, then end the
     process on every rank.
 
-    The ranks leave through a barrier and ``os._exit``, not ``MPI_Finalize``: MPICH's
-    finalize over UCX's TCP transport was seen to spin forever on the emulated hosts (as
-    :mod:`hvdx.bench.runner` found); nothing is in flight after the barrier.
+    The ranks shut Horovod down (hvdx.torch's, if the job started it) and finalize MPI
+    through :func:`hvdx.mpi.finalize.finalize`: MPICH's own ``MPI_Finalize`` over UCX's
+    TCP transport deadlocks when the ranks reach it apart, as on the emulated hosts.
+    Then ``os._exit``, which skips the interpreter's slow teardown.
     """
     from mpi4py import MPI
 
+    from hvdx.mpi.finalize import finalize
+
     if MPI.COMM_WORLD.Get_rank() == 0:
         print(json.dumps(result), flush=True)
-    MPI.COMM_WORLD.Barrier()
+    hvd = sys.modules.get("hvdx.torch")
+    if hvd is not None:
+        hvd.shutdown()  # its background thread communicates until it stops
+    finalize()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
@@ -110,11 +116,9 @@ def run_job(command: List[str], what: str, timeout: float = 900.0,
                            f"{proc.stderr[-2000:]}{proc.stdout[-1000:]}")
     if proc.returncode != 0:
         # Rank 0 prints the result only after the job's last collective, so the
-        # measurement is whole. What failed is the teardown: the ranks leave without
-        # MPI_Finalize (see :func:`report`), and Hydra kills (SIGKILL, exit 9) any rank
-        # still alive when the first one's PMI connection closes; on a loaded machine a
-        # rank descheduled between the final barrier and its exit is one. Kept, and said.
+        # measurement is whole. What failed is the teardown (before :func:`report`
+        # finalized MPI, ranks left without it and Hydra killed the stragglers, exit 9).
+        # Kept, and said.
         print(f"hvdx: {what} exited with code {proc.returncode} after rank 0 printed its "
-              "result (the launcher's teardown of ranks leaving without MPI_Finalize); "
-              "result kept", file=sys.stderr)
+              "result (the launcher's teardown); result kept", file=sys.stderr)
     return json.loads(lines[-1])

@@ -254,13 +254,14 @@ def main(argv=None):
             json.dump(result, f)
         os.replace(args.out + ".tmp", args.out)
         print(json.dumps({"event": "done"}), flush=True)
-    # MPICH's MPI_Finalize over UCX's TCP transport was seen to spin forever on one rank
-    # now and then. Nothing is in flight after this barrier, so the ranks leave without
-    # it (the harness still kills a job that lingers after its result is written).
+    # Horovod first (its background thread communicates until it stops), then MPI
+    # through hvdx.mpi.finalize: MPICH's own MPI_Finalize over UCX's TCP transport
+    # deadlocks when the ranks reach it apart. os._exit skips the interpreter's slow
+    # teardown; nothing is left to do.
     hvd.shutdown()
-    from mpi4py import MPI
+    from hvdx.mpi.finalize import finalize
 
-    MPI.COMM_WORLD.Barrier()
+    finalize()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

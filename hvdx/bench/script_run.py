@@ -150,9 +150,9 @@ def _add_speedups(rows: List[ScriptSummary]) -> None:
 
 class _Watchdog(threading.Thread):
     """Kills a job that runs past ``timeout``, or that lingers :data:`EXIT_GRACE_S`
-    after every rank wrote its step log (at exit: MPICH's MPI_Finalize over UCX's TCP
-    transport was seen to spin forever on one rank, see the harness); ``why`` says
-    which, ``None`` if neither."""
+    after every rank wrote its step log (the user's script leaves through MPICH's own
+    ``MPI_Finalize``, which can deadlock over UCX's TCP transport:
+    :mod:`hvdx.mpi.finalize`); ``why`` says which, ``None`` if neither."""
 
     def __init__(self, proc, timeout: float, prefix: str, ranks: int):
         super().__init__(daemon=True)

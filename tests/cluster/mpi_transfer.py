@@ -6,6 +6,10 @@ Usage: ``mpi_transfer.py MEGABYTES``. Rank 0 prints one JSON line with
   ``tx_bytes`` is what rank 0's data interface sent during that transfer;
 - ``hosts``: each rank's ``HVDX_CLUSTER_HOST``;
 - ``node_groups``: the sizes of the shared-memory groups MPI sees, per rank.
+
+The ranks leave through :func:`hvdx.mpi.finalize.finalize`: they leave the last gather
+at different times, which MPICH's own ``MPI_Finalize`` over TCP sometimes turned into a
+job that printed its result and never exited.
 """
 
 import json
@@ -14,6 +18,8 @@ import sys
 import time
 
 from mpi4py import MPI
+
+from hvdx.mpi.finalize import finalize
 
 
 def _tx_bytes() -> int:
@@ -57,6 +63,7 @@ def main() -> None:
     if rank == 0:
         print(json.dumps({"transfers": transfers, "hosts": hosts, "node_groups": groups}),
               flush=True)
+    finalize()
 
 
 if __name__ == "__main__":

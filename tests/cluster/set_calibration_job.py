@@ -16,6 +16,7 @@ from mpi4py import MPI
 
 from hvdx.mpi.calibrate import set_allreduce_times
 from hvdx.mpi.dssync_groups import registered_sets
+from hvdx.mpi.finalize import finalize
 from hvdx.mpi.topology import rack_labels
 
 
@@ -33,6 +34,9 @@ def main() -> None:
     if world.Get_rank() == 0:
         print(json.dumps({"times": times, "same": all(s == shapes[0] for s in shapes),
                           "left": left}), flush=True)
+    # After Horovod's shutdown, the last MPI call: MPICH's own MPI_Finalize over TCP can
+    # deadlock when ranks reach it apart (hvdx.mpi.finalize).
+    finalize()
 
 
 if __name__ == "__main__":

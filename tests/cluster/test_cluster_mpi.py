@@ -97,3 +97,13 @@ def test_without_tcp_only_the_bytes_would_skip_the_links(cluster):
                    process_env=child_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert cluster.interface_counters("h0")[0] - before < 10**6
+
+
+@pytest.mark.parametrize("order", ["busy", "late"])
+def test_the_ranks_exit_whatever_order_they_reach_finalize_in(cluster, order):
+    # Both orders deadlock MPICH 4.0's own MPI_Finalize over UCX's TCP transport every
+    # time (finalize_job.py, hvdx.mpi.finalize); through hvdx's finalize both ranks exit.
+    proc = run_mpi(cluster, [sys.executable, str(HERE / "finalize_job.py"), order, "1"],
+                   hosts=["h0", "h2"], timeout=60, process_env=child_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "finalized: True"

@@ -7,7 +7,6 @@ already holds DS-Sync's sets, it hung.)"""
 import json
 import subprocess
 import sys
-import threading
 
 import pytest
 
@@ -23,27 +22,13 @@ pytestmark = pytest.mark.skipif(_mpi_skip_reason() is not None,
 def report(cluster):
     pytest.importorskip("horovod.torch")
     command = mpiexec_command(cluster, [sys.executable, str(HERE / "set_calibration_job.py")])
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=child_env())
-    timer = threading.Timer(180, proc.kill)  # a hang fails the test, never the job
-    timer.start()
-    lines = []
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("{"):
-                break
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            # The report is complete; MPICH's MPI_Finalize over TCP sometimes lingers
-            # (hvdx bench kills such jobs too: harness.EXIT_GRACE_S).
-            proc.kill()
-            proc.wait()
-    finally:
-        timer.cancel()
-    assert lines and lines[-1].startswith("{"), "".join(lines)[-3000:]
-    return json.loads(lines[-1])
+    # A hang fails the test (subprocess.run kills the job at the timeout).
+    proc = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, env=child_env(), timeout=180)
+    reports = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert reports, proc.stdout[-3000:]
+    return json.loads(reports[-1])
 
 
 def test_two_racks_time_the_average_on_the_rack_sets_for_every_size(report):
