@@ -210,6 +210,15 @@ RECIPES += [
                               "test_steps_match_explicit_mixing_matrices", f"{TF_GRAPH}::"
                               "test_adapt_then_combine_on_the_tape_is_refused_naming_the_order"),
     }),
+    Recipe("TensorFlow", "`hvd.join()` with uneven data", {
+        "horovod": cell("works", "", f"{KERAS}::test_join_is_horovods_while_no_strategy_"
+                        "was_built"),
+        **{column: cell("refused", "the strategy's exchanges are not Horovod's allreduces: "
+                        "the others would wait for the joined rank or average its zeros; "
+                        "give every rank the same number of steps",
+                        f"{KERAS}::test_join_is_refused_once_a_strategy_was_built")
+           for column in ("topk", "dssync", "decentralized")},
+    }),
 ]
 
 

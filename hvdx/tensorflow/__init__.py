@@ -20,7 +20,9 @@ unchanged, except:
   state (checkpoint, ``synchronize_parameters``, ``consensus_distance``);
 - :func:`save_checkpoint` / :func:`load_checkpoint`: every rank's
   ``tf.train.Checkpoint`` in one file on rank 0, written atomically
-  (:mod:`hvdx.tensorflow.checkpoint`).
+  (:mod:`hvdx.tensorflow.checkpoint`);
+- :func:`join` refuses, with what to do instead, once a tape or Keras optimizer was
+  built with an hvdx strategy (:mod:`hvdx.tensorflow.join_guard`);
 - :class:`Stanza`: layer separation, conv workers train the features and FC workers
   the head (:mod:`hvdx.tensorflow.stanza`); a trainer, called on every rank each step.
 
@@ -42,6 +44,7 @@ from hvdx.tensorflow.topk import TopKState, topk_state  # noqa: E402,F401
 from hvdx.tensorflow.dssync import dssync_process_sets, dssync_state  # noqa: E402,F401
 from hvdx.tensorflow.decentralized import decentralized_state  # noqa: E402,F401
 from hvdx.tensorflow.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402,F401
+from hvdx.tensorflow.join_guard import join  # noqa: E402,F401
 from hvdx.tensorflow.stanza import Stanza  # noqa: E402,F401
 from hvdx.decentralized import Decentralized  # noqa: E402,F401
 from hvdx.dssync import DSSync  # noqa: E402,F401

@@ -101,7 +101,11 @@ def _build(table: Dict[str, Callable], what: str, horovod: Callable,
            strategy: Optional[Strategy], args: GradientArguments, user):
     if strategy is None:
         return horovod()
-    return adapter_for(table, strategy, what)(horovod, strategy, args, user)
+    built = adapter_for(table, strategy, what)(horovod, strategy, args, user)
+    from hvdx.tensorflow.join_guard import track
+
+    track(strategy)  # hvd.join() refuses from now on (hvdx.tensorflow.join_guard)
+    return built
 
 
 def with_deferred_error(build: Callable[[], Any], stand_in: Callable,

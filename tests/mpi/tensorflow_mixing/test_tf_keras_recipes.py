@@ -89,3 +89,27 @@ def test_fit_with_horovods_callbacks_under_each_strategy(strategy):
     assert same_on_every_rank(np.asarray(losses), atol=1e-6)
     if strategy in ("horovod", "topk"):  # gradient averaging keeps one model
         assert same_on_every_rank(weights(model), atol=1e-6)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_join_is_horovods_while_no_strategy_was_built(monkeypatch):
+    import hvdx.tensorflow.join_guard as join_module
+
+    monkeypatch.setattr(join_module, "_built", set())
+    # Every rank joins at once: Horovod's join returns the rank that joined last.
+    assert 0 <= int(hvd_tf.join()) < hvd_tf.size()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("strategy", ["topk", "dssync", "decentralized"])
+def test_join_is_refused_once_a_strategy_was_built(strategy, monkeypatch):
+    import hvdx.tensorflow.join_guard as join_module
+
+    monkeypatch.setattr(join_module, "_built", set())
+    with hvdx_variables(**ENVIRONMENT[strategy]):
+        compiled(seed=0)
+    # Every rank calls it here, so every rank sees the refusal; in a training loop the
+    # one rank that ran out of data raises, and hvdx's abort ends the job.
+    with pytest.raises(ValueError, match=rf"hvd.join\(\): not supported with hvdx's "
+                                         rf"{strategy} strategy.*dataset.shard"):
+        hvd_tf.join()
