@@ -20,7 +20,10 @@ counts every byte it hands to MPI (Horovod's timeline does not see mpi4py traffi
    gradient and the mean loss over its samples (8 bytes: ``control``);
 4. :meth:`allreduce_sum`: a role's gradients in one fused buffer per dtype, summed in
    place (``MPI_Iallreduce``) over the role communicator; nothing is sent when the role
-   has one rank. :meth:`global_batch` sums the FC workers' sample counts (8 bytes);
+   has one rank. The adapters end the first buffer with one presence flag per
+   parameter (:class:`hvdx.core.fused_layout.FusedLayout`), so the same sum tells every
+   rank which parameters no rank of the role had a gradient for (counted with the
+   gradients' bytes). :meth:`global_batch` sums the FC workers' sample counts (8 bytes);
 5. :meth:`first_error`: one small allgather over the world, so that an error found on
    one rank (a head that does not fit the activations) is raised on every rank with the
    same message instead of leaving the others waiting.

@@ -26,11 +26,17 @@ eagerly (the exchange is mpi4py, plain Python):
 5. the conv workers SUM their feature gradients, the FC workers SUM their head
    gradients (one fused host buffer per dtype family, ``MPI_Allreduce`` on a
    communicator per role). Both sums are then the gradient of the mean loss over the
-   global batch: averaging instead would give ``1 / S`` (``1 / F``) of it;
+   global batch: averaging instead would give ``1 / S`` (``1 / F``) of it. A variable
+   whose gradient is ``None`` on some ranks of the role (a branch not taken) is summed
+   as zeros there, as Horovod's allreduce does; one whose gradient is ``None`` on
+   EVERY rank of the role stays ``None`` on all of them. The ranks agree on which
+   through one presence flag per variable, summed in the same allreduce (no message
+   of its own);
 6. every rank's optimizer applies its role's gradients (``apply_gradients`` over that
-   role's trainable variables only). With ``loss_fn`` a mean over samples, the
-   variables equal single-process training on the concatenated global batch (up to
-   rounding).
+   role's trainable variables only, leaving out those whose gradient is ``None``, so
+   that momentum and weight decay leave them as they are, as in single-process
+   training). With ``loss_fn`` a mean over samples, the variables equal
+   single-process training on the concatenated global batch (up to rounding).
 
 Start: every rank must build the same model (checked, like ``DistributedGradientTape``:
 variables in order, shapes and dtypes; TensorFlow's variable names may differ between
@@ -253,8 +259,13 @@ class Stanza:
         """
         self.stats.begin_step()
         loss, gradients = self._conv_step(x, y) if self.role == CONV else self._fc_step()
-        variables = self._mine.trainable_variables
-        self.optimizer.apply_gradients(zip(gradients, variables))
+        # Variables without a gradient (step 5: no rank of the role had one) are left
+        # out, so that the optimizer does not move them; the same ones on every rank
+        # of the role, so its replicas stay equal.
+        pairs = [(g, v) for g, v in zip(gradients, self._mine.trainable_variables)
+                 if g is not None]
+        if pairs:
+            self.optimizer.apply_gradients(pairs)
         self.steps += 1
         self.stats.steps += 1
         return loss
@@ -405,24 +416,44 @@ class Stanza:
         self._samples = agreed
         self._input_shape = everyone[conv[0][0]][2] or self._input_shape
 
-    def _sum_gradients(self, gradients, variables, kind: str) -> List[tf.Tensor]:
-        """Step 5: this role's gradients summed over its ranks (one host buffer per
-        dtype family, reused; a variable without a gradient is summed as zeros)."""
-        gradients = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
-                     for g, v in zip(gradients, variables)]
+    def _sum_gradients(self, gradients, variables, kind: str) -> List[Optional[tf.Tensor]]:
+        """Step 5: this role's gradients summed over its ranks, in one host buffer per
+        dtype family (reused); ``None`` for a variable that no rank of the role had a
+        gradient for:
+
+        1. a variable without a gradient on this rank is packed as zeros, and its
+           presence flag (one element per variable at the end of the first family's
+           buffer, :class:`~hvdx.core.fused_layout.FusedLayout`) is 0, else 1;
+        2. the allreduce sums gradients and flags alike: each flag then counts the
+           role's ranks that had a gradient for the variable, the same on every rank;
+        3. a variable that some rank had a gradient for gets the sum on every rank of
+           the role (missing ones count as zeros, as in Horovod's allreduce); one that
+           no rank had gets ``None`` everywhere, and :meth:`step` leaves it out of
+           ``apply_gradients`` (momentum and weight decay leave it as it is), as
+           single-process training does.
+        """
+        gradients = [None if g is None else tf.convert_to_tensor(g) for g in gradients]
         if self._exchange.role_comm.Get_size() == 1:
-            return gradients
-        arrays = [g.numpy() for g in gradients]
+            return gradients  # None stays None: nothing to agree on
+        present = [g is not None for g in gradients]
+        arrays = [np.zeros(v.shape, v.dtype.as_numpy_dtype) if g is None else g.numpy()
+                  for g, v in zip(gradients, variables)]
         key = tuple((a.dtype.name, a.size) for a in arrays)
         if self._layout is None or key != self._layout.key:
-            self._layout = FusedLayout(key)
+            self._layout = FusedLayout(key, flags=True)
             self._buffers = {family: np.empty(count, family)
                              for family, count in self._layout.families.items()}
         self._layout.pack(arrays, out=self._buffers)
+        self._layout.set_flags(self._buffers, present)
         for buffer in self._buffers.values():
             self._exchange.allreduce_sum(buffer, kind)
-        summed = []
-        for v, value in zip(variables, self._layout.unpack(self._buffers, arrays)):
+        counts = self._layout.flag_counts(self._buffers)
+        summed: List[Optional[tf.Tensor]] = []
+        for v, value, count in zip(variables, self._layout.unpack(self._buffers, arrays),
+                                   counts):
+            if count == 0:
+                summed.append(None)
+                continue
             with tf.device(v.device):
                 summed.append(tf.convert_to_tensor(value))
         return summed

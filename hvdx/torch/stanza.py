@@ -22,10 +22,17 @@ head; head parameters and gradients never travel to a conv worker. Roles and sca
 5. the conv workers SUM their feature gradients, the FC workers SUM their head
    gradients (one fused host buffer per dtype, ``MPI_Allreduce`` on a communicator per
    role). Both sums are then the gradient of the mean loss over the global batch:
-   averaging instead would give ``1 / S`` (``1 / F``) of it;
-6. every rank's optimizer steps; the parameters of the other role have no gradient
-   and stay as they are. With ``loss_fn`` a mean over samples, the parameters equal
-   single-process training on the concatenated global batch (up to rounding).
+   averaging instead would give ``1 / S`` (``1 / F``) of it. A parameter that got no
+   gradient on some ranks of the role (``grad`` is ``None``: a branch not taken) is
+   summed as zeros there, as Horovod's allreduce does; one that got none on ANY rank
+   of the role keeps ``grad = None`` on every rank of it. The ranks agree on which
+   through one presence flag per parameter, summed in the same allreduce (no message
+   of its own);
+6. every rank's optimizer steps; parameters without a gradient (the other role's, and
+   those no rank of the role had one for) are skipped, so that momentum and weight
+   decay leave them as they are, as in single-process training. With ``loss_fn`` a
+   mean over samples, the parameters equal single-process training on the
+   concatenated global batch (up to rounding).
 
 Overlap: the FC workers' sum (step 5) runs while the conv workers run their backward
 pass (step 4). With ``micro_batches=m > 1`` a conv worker splits its batch into ``m``
@@ -403,30 +410,51 @@ class Stanza:
         self._samples = agreed
 
     def _sum_gradients(self, module: nn.Module, kind: str) -> None:
-        """Step 5: sum this role's gradients over its ranks (one host buffer per dtype
-        family, reused; a parameter without a gradient is summed as zeros)."""
+        """Step 5: sum this role's gradients over its ranks, in one host buffer per
+        dtype family (reused):
+
+        1. a parameter without a gradient on this rank is packed as zeros, and its
+           presence flag (one element per parameter at the end of the first family's
+           buffer, :class:`~hvdx.core.fused_layout.FusedLayout`) is 0, else 1;
+        2. the allreduce sums gradients and flags alike: each flag then counts the
+           role's ranks that had a gradient for the parameter, the same on every rank;
+        3. a parameter that some rank had a gradient for gets the sum on every rank of
+           the role (missing ones count as zeros, as in Horovod's allreduce); one that
+           no rank had keeps ``grad = None`` everywhere, so that the optimizer skips it
+           (momentum and weight decay leave it as it is), as single-process training
+           does.
+        """
         if self._exchange.role_comm.Get_size() == 1:
-            return
+            return  # grad None stays None: nothing to agree on
         params = _trainable(module)
         with torch.no_grad():
+            present = [p.grad is not None for p in params]
             for p in params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
             grads = [p.grad for p in params]
-            for buffer, slots in self._gradient_buffers(grads):
-                pack([grads[s.index] for s in slots], buffer)
-                self._exchange.allreduce_sum(buffer.numpy(), kind)
+            layout, buffers = self._gradient_buffers(grads)
+            views = {family: buffer.numpy() for family, buffer in buffers.items()}
+            layout.set_flags(views, present)
+            for family, slots in layout.slots.items():
+                buffer = buffers[family]
+                pack([grads[s.index] for s in slots], buffer[:layout.ends[family]])
+                self._exchange.allreduce_sum(views[family], kind)
                 unpack(buffer, grads, slots)
+            counts = layout.flag_counts(views)
+            for p, count in zip(params, counts):
+                if count == 0:
+                    p.grad = None
 
     def _gradient_buffers(self, grads: List[torch.Tensor]):
-        """``(host buffer, slots)`` per family (built once; rebuilt if the tensors change)."""
+        """``(layout, {family: host buffer})`` (built once; rebuilt if the tensors
+        change); the layout carries a presence flag per tensor."""
         key = tuple((str(g.dtype), g.numel()) for g in grads)
         if self._layout is None or key != self._layout.key:
-            self._layout = FusedLayout(key)
+            self._layout = FusedLayout(key, flags=True)
             self._buffers = {family: torch.empty(count, dtype=family_dtype(family))
                              for family, count in self._layout.families.items()}
-        return [(self._buffers[family], slots)
-                for family, slots in self._layout.slots.items()]
+        return self._layout, self._buffers
 
     # --- the whole model, checkpoints ---------------------------------------------------
 

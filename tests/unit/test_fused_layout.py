@@ -1,4 +1,5 @@
-"""The fused buffers of a neighbour exchange: families, offsets, and a lossless round trip."""
+"""The fused buffers of a neighbour exchange: families, offsets, a lossless round trip,
+and the presence flags that let Stanza's role sums agree which tensors no rank had."""
 
 import numpy as np
 import pytest
@@ -47,3 +48,45 @@ def test_pack_reuses_the_buffers_it_is_given():
 def test_a_wrong_number_of_values_is_refused():
     with pytest.raises(ValueError, match="holds 2 tensors, got 1"):
         FusedLayout([("float32", 1), ("float32", 1)]).pack([np.zeros(1)])
+
+
+def test_presence_flags_follow_the_first_familys_values_one_per_tensor():
+    layout = FusedLayout([("float64", 2), ("float32", 3), ("float64", 1)], flags=True)
+    assert layout.flag_family == np.dtype(np.float32)
+    assert layout.ends == {np.dtype(np.float32): 3, np.dtype(np.float64): 3}
+    assert layout.families == {np.dtype(np.float32): 3 + 3, np.dtype(np.float64): 3}
+    buffers = layout.pack([np.ones(2), np.ones(3, np.float32), np.ones(1)])
+    layout.set_flags(buffers, [True, False, True])
+    np.testing.assert_array_equal(buffers[np.dtype(np.float32)], [1, 1, 1, 1, 0, 1])
+    # The values are untouched by the flags and read back as before.
+    back = layout.unpack(buffers, [np.zeros(2), np.zeros(3, np.float32), np.zeros(1)])
+    assert all(np.array_equal(b, np.ones_like(b)) for b in back)
+
+
+def test_summed_buffers_count_per_tensor_the_ranks_that_had_it():
+    # What a summing allreduce over three ranks does to the flags: a tensor no rank
+    # had counts 0 on every rank, one that some had counts them.
+    layout = FusedLayout([("float64", 2), ("float64", 1), ("float64", 3)], flags=True)
+    had = [[True, False, False], [True, True, False], [True, False, False]]
+    total = None
+    for present in had:
+        buffers = layout.pack([np.full(2, 1.0), np.full(1, 2.0), np.zeros(3)])
+        layout.set_flags(buffers, present)
+        total = buffers if total is None else {f: total[f] + b for f, b in buffers.items()}
+    np.testing.assert_array_equal(layout.flag_counts(total), [3, 1, 0])
+
+
+def test_without_flags_the_buffers_hold_only_the_values():
+    layout = FusedLayout([("float32", 3)])
+    assert layout.flag_family is None and layout.families == layout.ends
+    with pytest.raises(ValueError, match="without flags"):
+        layout.set_flags(layout.pack([np.zeros(3)]), [True])
+    empty = FusedLayout([], flags=True)
+    assert empty.flag_family is None and empty.families == {}
+    assert empty.flag_counts({}).size == 0
+
+
+def test_a_wrong_number_of_flags_is_refused():
+    layout = FusedLayout([("float32", 1), ("float32", 1)], flags=True)
+    with pytest.raises(ValueError, match="holds 2 tensors, got 1 flags"):
+        layout.set_flags(layout.pack([np.zeros(1), np.zeros(1)]), [True])

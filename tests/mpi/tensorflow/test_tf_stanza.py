@@ -196,10 +196,155 @@ def test_replicas_of_each_role_are_identical_after_every_step(fc_workers):
                     assert np.array_equal(a, b), f"{role} variable {i}, step {step}"
 
 
+# --- variables without a gradient ----------------------------------------------------------
+
+class Gated(tf.keras.layers.Layer):
+    """``base(x)``, plus ``branch(x)`` on even steps only and ``rare(x)`` only for the
+    samples whose last input is positive (none, or one sample of the batch): variables
+    that get no gradient in some steps on every rank of a role, or on some of them."""
+
+    def __init__(self, units, seed, **kwargs):
+        super().__init__(dtype="float64", **kwargs)
+        self.base = dense(units, seed)
+        self.branch = dense(units, seed + 2)
+        self.rare = dense(units, seed + 4)
+        self.even = True
+
+    def build(self, input_shape):
+        for layer in (self.base, self.branch, self.rare):
+            layer.build(input_shape)
+        super().build(input_shape)
+
+    def call(self, x):
+        out = self.base(x)
+        if self.even:
+            out = out + self.branch(x)
+        marked = x[:, -1:] > 0
+        if tf.reduce_any(marked):  # untaken, the branch leaves its gradients None
+            out = out + tf.where(marked, self.rare(x), tf.zeros_like(out))
+        return out
+
+
+class GatedFeatures(tf.keras.layers.Layer):
+    def __init__(self, seed, **kwargs):
+        super().__init__(dtype="float64", **kwargs)
+        self.gated = Gated(ACTIVATION, seed)
+
+    def build(self, input_shape):
+        self.gated.build(input_shape)
+        super().build(input_shape)
+
+    def call(self, x):
+        # The mark travels on as the last activation, for the head's rare branch.
+        return tf.concat([tf.tanh(self.gated(x)), x[:, -1:]], axis=1)
+
+
+def gated_model(seed=0):
+    features, head = GatedFeatures(20 * seed), Gated(CLASSES, 20 * seed + 10)
+    features.build((None, 5))
+    head.build((None, ACTIVATION + 1))
+    return features, head
+
+
+def gated_batch(step):
+    """``global_batch``, its last input marking the first sample on odd steps only (it
+    falls to conv worker 0, and to that worker's FC worker)."""
+    x, y = global_batch(step)
+    x[:, -1] = -1.0
+    if step % 2:
+        x[0, -1] = 1.0
+    return x, y
+
+
+def gated_share(step, fc_workers):
+    """This conv rank's part of ``gated_batch`` (as ``share``); ``(None, None)`` on an FC rank."""
+    if is_fc(fc_workers):
+        return None, None
+    (x, y), s, r = gated_batch(step), conv_workers(fc_workers), hvd.rank()
+    lo, hi = r * len(y) // s, (r + 1) * len(y) // s
+    return x[lo:hi], y[lo:hi]
+
+
+def take_branches(step, features, head):
+    features.gated.even = head.even = step % 2 == 0
+
+
+def gated_optimizer():
+    return tf.keras.optimizers.SGD(LR, momentum=0.9, weight_decay=1e-2)
+
+
+@functools.lru_cache(maxsize=None)
+def gated_reference(zero_missing=False):
+    """Plain Keras on the global batches, ``None`` gradients left out of
+    ``apply_gradients``; ``zero_missing``: the defect to catch, a zero gradient for
+    every variable that got none."""
+    features, head = gated_model()
+    variables = features.trainable_variables + head.trainable_variables
+    opt = gated_optimizer()
+    opt.build(variables)  # Keras' way when a step may update only some of them
+    history = []
+    for step in range(STEPS):
+        take_branches(step, features, head)
+        x, y = gated_batch(step)
+        with tf.GradientTape() as tape:
+            loss = LOSS(y, head(features(x)))
+        gradients = tape.gradient(loss, variables)
+        if zero_missing:
+            gradients = [tf.zeros_like(v) if g is None else g
+                         for g, v in zip(gradients, variables)]
+        opt.apply_gradients([(g, v) for g, v in zip(gradients, variables) if g is not None])
+        history.append((values(features), values(head)))
+    return history
+
+
+def relative_distance(a, b):
+    """``max |a - b| / max |b|`` over two lists of weights."""
+    return max(np.abs(u - v).max() / np.abs(v).max() for u, v in zip(a, b))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("fc_workers", [1, 2])
+def test_variables_without_a_gradient_are_left_out_on_their_role_and_not_moved(fc_workers):
+    # At 2 ranks each role has one rank; at 4 a role has several: three conv workers
+    # (F = 1), two of each (F = 2). Branch: no gradient on any rank on odd steps. Rare:
+    # on odd steps a gradient on conv worker 0 and its FC worker only, none anywhere on
+    # even ones.
+    if fc_workers > hvd.size() // 2:
+        pytest.skip(f"fc_workers={fc_workers} needs {2 * fc_workers} ranks")
+    expected, zeroed = gated_reference(), gated_reference(zero_missing=True)
+    for part in (0, 1):
+        # Zero gradients let momentum and weight decay move them: far outside tolerance.
+        assert relative_distance(zeroed[-1][part], expected[-1][part]) > 1000 * RTOL
+
+    features, head = gated_model(seed=hvd.rank())
+    trainer = hvd.Stanza(features, head, gated_optimizer(), fc_workers=fc_workers)
+    part, layer = mine(trainer, features, head)
+    for step in range(STEPS):
+        take_branches(step, features, head)
+        before = values(layer)
+        trainer.step(*gated_share(step, fc_workers))
+        assert_close(layer, expected[step][part])
+        gated = layer if part == 1 else layer.gated
+        untaken = gated.branch if step % 2 else gated.rare  # by no rank of either role
+        kept = {v.ref() for v in untaken.weights}
+        for v, old in zip(layer.weights, before):
+            # Bitwise: neither momentum nor weight decay touched it; all else moved.
+            assert np.array_equal(v.numpy(), old) == (v.ref() in kept), (v.name, step)
+        states = everyone((trainer.role, values(layer)))
+        replicas = [state for role, state in states if role == trainer.role]
+        for other in replicas[1:]:
+            assert all(np.array_equal(a, b) for a, b in zip(replicas[0], other)), step
+
+
 # --- what travels ------------------------------------------------------------------------
 
 def parameter_bytes(layer):
     return sum(int(v.shape.num_elements()) * v.dtype.size for v in layer.trainable_variables)
+
+
+def summed_bytes(layer):
+    """A role's allreduce: its gradients and one presence flag per variable (float64)."""
+    return parameter_bytes(layer) + 8 * len(layer.trainable_variables)
 
 
 @pytest.mark.mpi(min_size=2)
@@ -213,8 +358,8 @@ def test_only_activations_their_gradients_and_one_roles_gradients_travel(fc_work
     # Conv worker i's FC worker is the k-th FC rank with k * S // F <= i < (k + 1) * S // F.
     groups = [[i for i in range(s) if k * s // fc_workers <= i < (k + 1) * s // fc_workers]
               for k in range(fc_workers)]
-    conv_bytes, head_bytes = parameter_bytes(features), parameter_bytes(head)
-    assert conv_bytes == (5 * 8 + 8 + 8 * 6 + 6) * 8 and head_bytes == (6 * 3 + 3) * 8
+    conv_bytes, head_bytes = summed_bytes(features), summed_bytes(head)
+    assert conv_bytes == (5 * 8 + 8 + 8 * 6 + 6 + 4) * 8 and head_bytes == (6 * 3 + 3 + 2) * 8
     item = 8  # float64 activations, int64 labels
     for step in range(STEPS):
         train(trainer, [step], fc_workers)

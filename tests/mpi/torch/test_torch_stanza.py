@@ -212,10 +212,135 @@ def test_replicas_of_each_role_are_identical_after_every_step(fc_workers):
                     assert torch.equal(other[name], value), f"{role} {name}, step {step}"
 
 
+# --- parameters without a gradient ---------------------------------------------------------
+
+class Gated(nn.Module):
+    """``base(x)``, plus ``branch(x)`` on even steps only and ``rare(x)`` only for the
+    samples whose last input is positive (none, or one sample of the batch): parameters
+    that get no gradient in some steps on every rank of a role, or on some of them."""
+
+    def __init__(self, inputs, outputs):
+        super().__init__()
+        self.base = nn.Linear(inputs, outputs)
+        self.branch = nn.Linear(inputs, outputs)
+        self.rare = nn.Linear(inputs, outputs)
+        self.even = True
+
+    def forward(self, x):
+        out = self.base(x)
+        if self.even:
+            out = out + self.branch(x)
+        marked = x[:, -1:] > 0
+        if marked.any():  # untaken, the branch leaves grad None (not zeros)
+            out = out + torch.where(marked, self.rare(x), torch.zeros_like(out))
+        return out
+
+
+class GatedFeatures(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gated = Gated(5, ACTIVATION)
+
+    def forward(self, x):
+        # The mark travels on as the last activation, for the head's rare branch.
+        return torch.cat([torch.tanh(self.gated(x)), x[:, -1:]], dim=1)
+
+
+def gated_model(seed=0):
+    torch.manual_seed(seed)
+    return GatedFeatures().double(), Gated(ACTIVATION + 1, CLASSES).double()
+
+
+def gated_batch(step):
+    """``global_batch``, its last input marking the first sample on odd steps only (it
+    falls to conv worker 0, and to that worker's FC worker)."""
+    x, y = global_batch(step)
+    x = x.clone()
+    x[:, -1] = -1.0
+    if step % 2:
+        x[0, -1] = 1.0
+    return x, y
+
+
+def gated_share(step, fc_workers):
+    """This conv rank's part of ``gated_batch`` (as ``share``); ``(None, None)`` on an FC rank."""
+    if is_fc(fc_workers):
+        return None, None
+    (x, y), s, r = gated_batch(step), conv_workers(fc_workers), hvd.rank()
+    lo, hi = r * len(y) // s, (r + 1) * len(y) // s
+    return x[lo:hi], y[lo:hi]
+
+
+def take_branches(step, features, head):
+    features.gated.even = head.even = step % 2 == 0
+
+
+def gated_optimizer(parameters):
+    return torch.optim.SGD(parameters, lr=LR, momentum=0.9, weight_decay=1e-2)
+
+
+def gated_reference(steps=STEPS, zero_missing=False):
+    """Plain torch on the global batches; ``zero_missing``: the defect to catch, a zero
+    gradient for every parameter that got none."""
+    features, head = gated_model()
+    model = nn.Sequential(features, head)
+    opt = gated_optimizer(model.parameters())
+    history = []
+    for step in range(steps):
+        take_branches(step, features, head)
+        x, y = gated_batch(step)
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        if zero_missing:
+            for p in model.parameters():
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+        opt.step()
+        history.append((clone(features), clone(head)))
+    return history
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("fc_workers", [1, 2])
+def test_parameters_without_a_gradient_keep_none_on_their_role_and_are_not_moved(fc_workers):
+    # At 4 ranks a role has several ranks: three conv workers (F = 1), two of each
+    # (F = 2). Branch: no gradient on any rank on odd steps. Rare: on odd steps a
+    # gradient on conv worker 0 and its FC worker only, none anywhere on even ones.
+    if fc_workers > hvd.size() // 2:
+        pytest.skip(f"fc_workers={fc_workers} needs {2 * fc_workers} ranks")
+    expected, zeroed = gated_reference(), gated_reference(zero_missing=True)
+    for part in (0, 1):
+        # Zero gradients let momentum and weight decay move them: far outside tolerance.
+        assert relative_distance(zeroed[-1][part], expected[-1][part]) > 1000 * RTOL
+
+    features, head = gated_model(seed=hvd.rank())
+    opt = gated_optimizer(itertools.chain(features.parameters(), head.parameters()))
+    trainer = hvd.Stanza(features, head, opt, fc_workers=fc_workers)
+    part, module = mine(trainer, features, head)
+    for step in range(STEPS):
+        take_branches(step, features, head)
+        trainer.step(*gated_share(step, fc_workers))
+        assert_state_close(module, expected[step][part])
+        missing = {name for name, p in module.named_parameters() if p.grad is None}
+        branch = "branch" if step % 2 else "rare"  # the one no rank of a role takes
+        assert missing == {name for name, _ in module.named_parameters() if branch in name}
+        # Every rank of the role agrees, and holds the same summed gradients.
+        grads = {name: p.grad for name, p in module.named_parameters() if p.grad is not None}
+        replicas = [g for role, g in everyone((trainer.role, grads)) if role == trainer.role]
+        for other in replicas[1:]:
+            assert set(other) == set(grads)
+            assert all(torch.equal(other[name], grads[name]) for name in grads), step
+
+
 # --- what travels ------------------------------------------------------------------------
 
 def parameter_bytes(module):
     return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def summed_bytes(module):
+    """A role's allreduce: its gradients and one presence flag per parameter (float64)."""
+    return parameter_bytes(module) + 8 * len(list(module.parameters()))
 
 
 @pytest.mark.mpi(min_size=2)
@@ -229,8 +354,8 @@ def test_only_activations_their_gradients_and_one_roles_gradients_travel(fc_work
     # Conv worker i's FC worker is the k-th FC rank with k * S // F <= i < (k + 1) * S // F.
     groups = [[i for i in range(s) if k * s // fc_workers <= i < (k + 1) * s // fc_workers]
               for k in range(fc_workers)]
-    conv_bytes, head_bytes = parameter_bytes(features), parameter_bytes(head)
-    assert conv_bytes == (5 * 8 + 8 + 8 * 6 + 6) * 8 and head_bytes == (6 * 3 + 3) * 8
+    conv_bytes, head_bytes = summed_bytes(features), summed_bytes(head)
+    assert conv_bytes == (5 * 8 + 8 + 8 * 6 + 6 + 4) * 8 and head_bytes == (6 * 3 + 3 + 2) * 8
     item = 8  # float64 activations, int64 labels
     for step in range(STEPS):
         train(trainer, [step], fc_workers)
