@@ -197,7 +197,8 @@ def strategy_of(compression, sync) -> Optional[Strategy]:
 
     Raises:
         TypeError: ``sync=`` is neither ``None`` nor a synchronization strategy.
-        ValueError: ``compression=`` is hvdx's spec builder itself, not called
+        ValueError: ``sync=`` is a Stanza trainer (it replaces ``DistributedOptimizer``
+            rather than configuring it); or ``compression=`` is hvdx's spec builder itself, not called
             (``compression=hvd.Compression.topk``, as Horovod's ``Compression.fp16``
             is passed): Horovod would take the function for a compressor.
     """
@@ -207,6 +208,14 @@ def strategy_of(compression, sync) -> Optional[Strategy]:
             "compression=hvd.Compression.topk(ratio, downlink_ratio, ...) or "
             "hvd.Compression.topk(preset='fast')")
     if sync is not None:
+        if _is_stanza(sync):
+            raise ValueError(
+                "sync=Stanza: Stanza is a trainer, not a synchronization of "
+                "DistributedOptimizer: it runs each step itself (conv workers and FC "
+                "workers hold different parts of the model). Build it instead of "
+                "DistributedOptimizer, on every rank: trainer = hvd.Stanza(features, head, "
+                "optimizer, fc_workers=F), then loss = trainer.step(inputs, labels) each "
+                "step; or pass sync=hvdx.DSSync(...) / sync=hvdx.Decentralized(...).")
         if not isinstance(sync, Strategy) or sync.argument != "sync":
             raise TypeError(
                 f"sync={sync!r} is not a synchronization strategy this hvdx release "
@@ -216,6 +225,13 @@ def strategy_of(compression, sync) -> Optional[Strategy]:
     if isinstance(compression, Strategy) and compression.argument == "compression":
         return compression
     return None
+
+
+def _is_stanza(value) -> bool:
+    # Stanza's trainers (hvdx.torch.Stanza, hvdx.tensorflow.Stanza), an instance or the
+    # class itself, by name: importing them here would import a framework.
+    cls = value if isinstance(value, type) else type(value)
+    return cls.__name__ == "Stanza" and cls.__module__.startswith("hvdx.")
 
 
 def strategy_or_error(compression, sync) -> Tuple[Optional[Strategy], Optional[Exception]]:

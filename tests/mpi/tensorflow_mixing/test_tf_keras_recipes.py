@@ -113,3 +113,12 @@ def test_join_is_refused_once_a_strategy_was_built(strategy, monkeypatch):
     with pytest.raises(ValueError, match=rf"hvd.join\(\): not supported with hvdx's "
                                          rf"{strategy} strategy.*dataset.shard"):
         hvd_tf.join()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_stanza_as_sync_of_the_tape_is_refused_on_every_rank_naming_the_trainer():
+    w = tf.Variable([1.0, 2.0])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(w * w)
+    with pytest.raises(ValueError, match=r"sync=Stanza: Stanza is a trainer.*trainer.step"):
+        hvd_tf.DistributedGradientTape(tape, sync=hvd_tf.Stanza).gradient(loss, [w])

@@ -191,6 +191,18 @@ def test_parameter_mixing_refuses_a_process_set_on_every_rank(strategy):
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("stanza", [hvd.Stanza, "instance"], ids=["class", "instance"])
+def test_stanza_as_sync_is_refused_on_every_rank_naming_the_trainer(stanza):
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    if stanza == "instance":
+        stanza = hvd.Stanza(model, None, opt, split=1) if hvd.size() > 1 else hvd.Stanza
+    with pytest.raises(ValueError, match=r"sync=Stanza: Stanza is a trainer.*trainer.step"):
+        hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                 sync=stanza)
+
+
+@pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("strategy", ["dssync", "decentralized"])
 def test_join_is_refused_while_a_parameter_mixing_strategy_trains(strategy):
     model, opt = build(strategy)
