@@ -3,8 +3,10 @@
 
 Expectations come from explicit mixing matrices (tests/unit/explicit_graphs.py, loops
 and permutation matrices, never hvdx.core.mixing_graphs) applied in numpy, and from
-Horovod's own Keras optimizer. Most tests train one float64 variable on a per-rank
-quadratic f_r(x) = 0.5 |x - c_r|^2, whose gradient numpy knows exactly.
+Horovod's own Keras optimizer. The dynamic graphs are indexed by the mix, the number of
+mixes before this one, counted step by step in the test. Most tests train one float64
+variable on a per-rank quadratic f_r(x) = 0.5 |x - c_r|^2, whose gradient numpy knows
+exactly.
 """
 
 import pathlib
@@ -21,7 +23,7 @@ import hvdx.tensorflow as hvd
 import hvdx.tensorflow.keras as hvd_keras
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "unit"))
-from explicit_graphs import explicit, tau  # noqa: E402
+from explicit_graphs import explicit, mixes_before, tau  # noqa: E402
 import quadratic_steps  # noqa: E402
 
 LR = 0.25  # exact in float32, so Keras' learning-rate variable holds it exactly
@@ -65,7 +67,7 @@ def expected_run(topology, order, steps, lr=LR, mix_every=1, global_every=0, fir
         if global_every and (t + 1) % global_every == 0:
             w = np.full((n, n), 1.0 / n)
         elif (t + 1) % mix_every == 0:
-            w = explicit(topology, n, t)
+            w = explicit(topology, n, mixes_before(t, mix_every))
         else:
             w = np.eye(n)
         x = w @ local if order == ATC else w @ x - lr * (x - centres)
@@ -91,6 +93,33 @@ def test_steps_match_explicit_mixing_matrices(entry, order, topology):
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("mix_every", [2, 3, 4])
+@pytest.mark.parametrize("entry,order", [("keras-function", ATC), ("tape-function", CTA)])
+def test_pure_mixing_every_j_steps_matches_the_product_of_one_peer_mixes(entry, order,
+                                                                        mix_every):
+    # lr = 0: only the mixes move x. Mix m averages rank i with i - 2^(m mod log2 n),
+    # written out here; log2 n mixes average exactly for a power-of-two n. Indexed by
+    # the step instead, 4 ranks mixing every other step would only pair 0 with 2.
+    n, rank = hvd.size(), hvd.rank()
+    _, initial = quadratic(n)
+    x = tf.Variable(initial[rank])
+    sync = hvdx.Decentralized("one-peer-exp", order=order, mix_every=mix_every)
+    step, _ = trainer(entry, sync, x, np.zeros(4), lr=0.0)
+    mixes = max(tau(n), 1)
+    for _ in range(mixes * mix_every):
+        step()
+    product = np.eye(n)
+    for m in range(mixes if n > 1 else 0):
+        w = 0.5 * np.eye(n)
+        w[np.arange(n), (np.arange(n) - 2 ** (m % tau(n))) % n] += 0.5
+        product = w @ product
+    after = everyone(x.numpy())
+    np.testing.assert_allclose(after, product @ initial, rtol=0, atol=1e-12)
+    if power_of_two(n):
+        assert np.abs(after - initial.mean(axis=0)).max() <= 1e-12
+
+
+@pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("order", [ATC, CTA])
 def test_mix_every_and_global_every_match_explicit_matrices(order):
     n, rank = hvd.size(), hvd.rank()
@@ -106,17 +135,19 @@ def test_mix_every_and_global_every_match_explicit_matrices(order):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("first", [0, 1])
-def test_one_peer_reaches_exact_consensus_after_log2_n_steps_from_any_step(first):
+@pytest.mark.parametrize("first, mix_every", [(0, 1), (1, 1), (1, 2), (3, 3)])
+def test_one_peer_reaches_exact_consensus_after_log2_n_mixes_from_any_step(first,
+                                                                           mix_every):
+    # Any log2 n * mix_every consecutive steps hold log2 n consecutive mixes.
     n, rank = hvd.size(), hvd.rank()
     if not power_of_two(n):
         pytest.skip("exact averaging is promised for a power-of-two number of ranks")
     _, initial = quadratic(n)
     x = tf.Variable(initial[rank])
-    sync = hvdx.Decentralized("one-peer-exp", order=CTA)
+    sync = hvdx.Decentralized("one-peer-exp", order=CTA, mix_every=mix_every)
     step, state = trainer("tape-function", sync, x, np.zeros(4), lr=0.0)
     state().step.assign(first)
-    for _ in range(max(tau(n), 1)):
+    for _ in range(max(tau(n), 1) * mix_every):
         step()
     after = everyone(x.numpy())
     assert np.abs(after - initial.mean(axis=0)).max() <= 1e-12
@@ -214,15 +245,21 @@ def test_one_peer_sends_one_model_per_step_in_one_message():
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("entry,order", [("tape-function", CTA), ("keras-function", ATC)])
-def test_resumed_run_continues_the_same_peer_sequence_bitwise(entry, order, tmp_path):
+@pytest.mark.parametrize("entry,order,mix_every", [("tape-function", CTA, 1),
+                                                   ("keras-function", ATC, 1),
+                                                   ("tape-function", CTA, 2)])
+def test_resumed_run_continues_the_same_peer_sequence_bitwise(entry, order, mix_every,
+                                                              tmp_path):
+    # Saved after step 3: with mix_every = 2 the run has mixed once, and the resumed one
+    # takes the next mixes from the saved step alone.
     n, rank = hvd.size(), hvd.rank()
     centres, initial = quadratic(n)
     path = MPI.COMM_WORLD.bcast(str(tmp_path), root=0) + f"/rank{rank}"
 
     def run(steps, restore=None, save=None):
         x = tf.Variable(initial[rank])
-        sync = hvdx.Decentralized("one-peer-exp", order=order, swa_start=1)
+        sync = hvdx.Decentralized("one-peer-exp", order=order, swa_start=1,
+                                  mix_every=mix_every)
         step, state = trainer(entry, sync, x, centres[rank])
         if restore:  # the state exists once its owner does: the tape's on request
             tf.train.Checkpoint(x=x, hvdx=state()).read(restore)

@@ -1,7 +1,9 @@
 """Decentralized SGD for torch: local steps, then neighbour averaging over a graph.
 
 Every expectation here is computed in the test from explicit mixing matrices (a few
-lines of numpy), never from hvdx's own graphs or reference.
+lines of numpy), never from hvdx's own graphs or reference. The dynamic graphs are
+indexed by the mix ``m``, the number of mixes before this one: with ``mix_every=J`` the
+step ``t`` mixes when ``(t + 1) % J == 0``, and the graph advances once per mix.
 """
 
 import copy
@@ -31,18 +33,19 @@ def tau(n):
     return math.ceil(math.log2(n)) if n > 1 else 0
 
 
-def one_peer_exp(n, step):
+def one_peer_exp(n, m):
+    """Mix ``m``: rank i averages with i - 2^(m mod log2 n) (and sends to i + 2^...)."""
     w = np.eye(n)
     if n == 1:
         return w
-    k = step % tau(n)
+    k = m % tau(n)
     w *= 0.5
     for i in range(n):
         w[i, (i - 2 ** k) % n] += 0.5
     return w
 
 
-def static_exp(n, step=0):
+def static_exp(n, m=0):
     w = np.eye(n)
     for i in range(n):
         for k in range(tau(n)):
@@ -50,11 +53,11 @@ def static_exp(n, step=0):
     return w / (tau(n) + 1)
 
 
-def hypercube(n, step):
+def hypercube(n, m):
     w = np.eye(n)
     if n == 1:
         return w
-    k = step % tau(n)
+    k = m % tau(n)
     w = np.zeros((n, n))
     for i in range(n):
         w[i, i] += 0.5
@@ -64,6 +67,11 @@ def hypercube(n, step):
 
 MATRICES = {"one-peer-exp": one_peer_exp, "static-exp": static_exp,
             "one-peer-hypercube": hypercube}
+
+
+def mixes_before(t, mix_every):
+    """How many of the steps 0 .. t-1 mixed, counted one by one."""
+    return sum(1 for s in range(t) if (s + 1) % mix_every == 0)
 
 
 # --- a model whose gradient is known: f_r(x) = 0.5 ||x - c_r||^2 --------------------------
@@ -111,21 +119,49 @@ def power_of_two(n):
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("topology", ["one-peer-exp", "one-peer-hypercube"])
-@pytest.mark.parametrize("first", [0, 1, 2])
-def test_one_peer_graphs_reach_exact_consensus_after_log2_n_steps_from_any_step(
-        topology, first):
+@pytest.mark.parametrize("first, mix_every", [(0, 1), (1, 1), (2, 1), (0, 2), (3, 2),
+                                              (1, 3)])
+def test_one_peer_graphs_reach_exact_consensus_after_log2_n_mixes_from_any_step(
+        topology, first, mix_every):
+    # Any log2 n * mix_every consecutive steps hold log2 n consecutive mixes.
     n, rank = hvd.size(), hvd.rank()
     if not power_of_two(n):
         pytest.skip("exact averaging is promised for a power-of-two number of ranks")
     model = Point(start(rank))
-    opt = point_optimizer(model, hvdx.Decentralized(topology), lr=0.0)
+    opt = point_optimizer(model, hvdx.Decentralized(topology, mix_every=mix_every), lr=0.0)
     opt.load_state_dict({**opt.state_dict(), STATE_KEY: {"step": first}})
-    initial = everyone(model.x, f"consensus.{topology}.{first}.before")
-    train_point(model, opt, max(tau(n), 1), rank)
+    name = f"consensus.{topology}.{first}.{mix_every}"
+    initial = everyone(model.x, name + ".before")
+    train_point(model, opt, max(tau(n), 1) * mix_every, rank)
     opt.synchronize()
-    after = everyone(model.x, f"consensus.{topology}.{first}.after")
+    after = everyone(model.x, name + ".after")
     assert np.abs(after - initial.mean(axis=0)).max() <= 1e-12
     np.testing.assert_allclose(after.mean(axis=0), initial.mean(axis=0), rtol=0, atol=1e-13)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("mix_every", [2, 3, 4])
+@pytest.mark.parametrize("order", ["adapt_then_combine", "combine_then_adapt"])
+def test_pure_mixing_every_j_steps_matches_the_product_of_one_peer_mixes(mix_every, order):
+    # lr = 0: only the mixes move x. Mix m averages rank i with i - 2^(m mod log2 n),
+    # so log2 n mixes average exactly; indexed by the step instead, 4 ranks mixing every
+    # other step would only ever pair rank 0 with rank 2.
+    n, rank = hvd.size(), hvd.rank()
+    model = Point(start(rank))
+    opt = point_optimizer(model, hvdx.Decentralized("one-peer-exp", order=order,
+                                                    mix_every=mix_every), lr=0.0)
+    mixes = max(tau(n), 1)
+    train_point(model, opt, mixes * mix_every, rank)
+    opt.synchronize()
+    got = everyone(model.x, f"pure.{mix_every}.{order}")
+    x = np.stack([start(r) for r in range(n)])
+    product = np.eye(n)
+    for m in range(mixes):
+        product = one_peer_exp(n, m) @ product
+    np.testing.assert_allclose(got, product @ x, rtol=0, atol=1e-12)
+    if power_of_two(n):
+        np.testing.assert_allclose(got, np.broadcast_to(x.mean(axis=0), got.shape),
+                                   rtol=0, atol=1e-12)
 
 
 @pytest.mark.mpi(min_size=1)
@@ -169,25 +205,27 @@ def test_steps_match_explicit_mixing_matrices(topology, order):
     x = np.stack([start(r) for r in range(n)])
     c = np.stack([centre(r) for r in range(n)])
     for t in range(steps):
-        w = MATRICES[topology](n, t)
+        w = MATRICES[topology](n, t)  # every step mixes: step t is mix t
         x = w @ (x - LR * (x - c)) if order == "adapt_then_combine" else \
             w @ x - LR * (x - c)
     np.testing.assert_allclose(got, x, rtol=0, atol=1e-12)
 
 
 @pytest.mark.mpi(min_size=1)
-def test_mix_every_j_takes_local_steps_in_between():
+@pytest.mark.parametrize("topology, mix_every", [("static-exp", 3), ("one-peer-exp", 2),
+                                                 ("one-peer-exp", 3)])
+def test_mix_every_j_takes_local_steps_in_between(topology, mix_every):
     n, rank = hvd.size(), hvd.rank()
     model = Point(start(rank))
-    opt = point_optimizer(model, hvdx.Decentralized("static-exp", mix_every=3))
+    opt = point_optimizer(model, hvdx.Decentralized(topology, mix_every=mix_every))
     train_point(model, opt, 7, rank)
-    got = everyone(model.x, "mix_every")
+    got = everyone(model.x, f"mix_every.{topology}.{mix_every}")
     x = np.stack([start(r) for r in range(n)])
     c = np.stack([centre(r) for r in range(n)])
     for t in range(7):
         x = x - LR * (x - c)
-        if (t + 1) % 3 == 0:
-            x = static_exp(n) @ x
+        if (t + 1) % mix_every == 0:
+            x = MATRICES[topology](n, mixes_before(t, mix_every)) @ x
     np.testing.assert_allclose(got, x, rtol=0, atol=1e-12)
 
 
@@ -292,9 +330,12 @@ def test_synchronize_parameters_makes_parameters_and_buffers_identical(sync):
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("order", ["adapt_then_combine", "combine_then_adapt"])
-def test_resumed_run_continues_the_same_peer_sequence_bitwise(order):
+@pytest.mark.parametrize("mix_every", [1, 2])
+def test_resumed_run_continues_the_same_peer_sequence_bitwise(order, mix_every):
+    # Saved after step 3: with mix_every = 2 the run has mixed once, and the resumed one
+    # takes the next mixes (1, 2) from the saved step alone.
     rank = hvd.rank()
-    sync = hvdx.Decentralized("one-peer-exp", order=order)
+    sync = hvdx.Decentralized("one-peer-exp", order=order, mix_every=mix_every)
     straight = Point(start(rank))
     opt = point_optimizer(straight, sync, momentum=0.5)
     train_point(straight, opt, 7, rank)
