@@ -276,7 +276,7 @@ def _launch_command(cluster, ranks_per_host: int, argv: List[str], ranks: int,
     env = {"OMP_NUM_THREADS": "1", **strategy_env}  # for mpirun to hand to every rank
     if cluster is None:
         return ["mpirun", "-n", str(ranks)] + argv, env
-    from hvdx.bench.runner import IFACE_ENV, PLACEMENT_ENV
+    from hvdx.bench.run_environment import IFACE_ENV, PLACEMENT_ENV
     from hvdx.cluster import DATA_IFACE, mpiexec_command
 
     env[IFACE_ENV] = DATA_IFACE
@@ -547,7 +547,7 @@ def _local_step(workload: str, strategy: str, out_dir: str, ranks: int, timeout:
     link rates), so that DS-Sync runs the cluster's rotation, with the cluster's groups
     and Horovod process sets (whose table slows every Horovod collective), not one
     host's."""
-    from hvdx.bench.runner import TOPOLOGY_ENV
+    from hvdx.bench.run_environment import TOPOLOGY_ENV
     from hvdx.cluster.launch import link_rates_value
 
     local_dir = os.path.join(out_dir, "local")

@@ -35,13 +35,8 @@ import time
 
 import numpy as np
 
-IFACE_ENV = "HVDX_BENCH_IFACE"
-#: The rank placement the harness launched the job with (recorded in the result).
-PLACEMENT_ENV = "HVDX_BENCH_PLACEMENT"
-#: ``RACKSxHOSTSxRANKS``: the emulated cluster a local run stands in for (every rank on
-#: this host). DS-Sync then builds the cluster's rotation, with its groups and Horovod
-#: process sets, instead of the one host's (:func:`hvdx.bench.strategies.bench_topology`).
-TOPOLOGY_ENV = "HVDX_BENCH_TOPOLOGY"
+# What the harness sets for every rank; importable from here as they always were.
+from hvdx.bench.run_environment import IFACE_ENV, PLACEMENT_ENV, TOPOLOGY_ENV  # noqa: F401
 
 
 def interface_bytes(iface):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional
 
 from hvdx import topk_presets
+from hvdx.bench.run_environment import bench_topology
 
 __all__ = ["DEFAULT_STRATEGIES", "Strategy", "STRATEGIES", "allreduce_bytes_per_rank",
            "decentralized_bytes"]
@@ -129,25 +130,6 @@ def _topk_preset(preset: str):
 #: (``HVDX_CLUSTER_LINK_RATES``): with 1 Gbit NICs and a 100 Mbit uplink on 2 racks x 2
 #: hosts, 10 intra-rack phases per cross phase, one rank per rack crossing.
 DSSYNC_OPTIONS: Dict = {}
-
-
-def bench_topology():
-    """The topology a local run stands in for (:data:`hvdx.bench.runner.TOPOLOGY_ENV`,
-    ``RACKSxHOSTSxRANKS``), or ``None``: detect it (:mod:`hvdx.mpi.topology`)."""
-    import os
-
-    from hvdx.bench.runner import TOPOLOGY_ENV
-    from hvdx.core.topology import Topology
-
-    value = os.environ.get(TOPOLOGY_ENV)
-    if not value:
-        return None
-    try:
-        racks, hosts, ranks = (int(x) for x in value.split("x"))
-    except ValueError:
-        raise ValueError(f"{TOPOLOGY_ENV}={value!r} must be RACKSxHOSTSxRANKS, "
-                         "e.g. 2x2x1") from None
-    return Topology.from_counts(racks, hosts, ranks)
 
 
 def _dssync_with(options: Dict):
