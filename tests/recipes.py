@@ -210,6 +210,15 @@ RECIPES += [
                               "test_steps_match_explicit_mixing_matrices", f"{TF_GRAPH}::"
                               "test_adapt_then_combine_on_the_tape_is_refused_naming_the_order"),
     }),
+    Recipe("TensorFlow", "`tape.register_local_source(v)`", {
+        "horovod": cell("untested"),
+        "topk": cell("untested"),
+        **{c: cell("works", "`v` is never mixed; its gradient is the local one (divided by "
+                   "the number of ranks with `scale_local_gradients`, as under Horovod)",
+                   "tests/mpi/tensorflow_mixing/test_tf_keras_horovod_api.py::"
+                   "test_a_local_source_of_the_tape_stays_out_of_the_mix")
+           for c in ("dssync", "decentralized")},
+    }),
     Recipe("TensorFlow", "`hvd.join()` with uneven data", {
         "horovod": cell("works", "", f"{KERAS}::test_join_is_horovods_while_no_strategy_"
                         "was_built"),

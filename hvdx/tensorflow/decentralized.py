@@ -157,7 +157,7 @@ def decentralized_state(sync: Decentralized) -> DecentralizedState:
 
 @tf.autograph.experimental.do_not_convert
 def make_decentralized_tape(gradtape, sync: Decentralized, compression, process_set,
-                            non_trainable_variables=None):
+                            non_trainable_variables=None, scale_local_gradients=True):
     """``gradtape`` as a tape whose ``gradient`` mixes after the gradients
     (combine-then-adapt; :func:`hvdx.tensorflow.mixing.mixing_tape`).
 
@@ -166,7 +166,7 @@ def make_decentralized_tape(gradtape, sync: Decentralized, compression, process_
             rank: the order is checked across ranks first.
     """
     return mixing_tape(DecentralizedState, gradtape, sync, compression, process_set,
-                       non_trainable_variables)
+                       non_trainable_variables, scale_local_gradients)
 
 
 def make_decentralized_keras_optimizer(optimizer, sync: Decentralized, compression,

@@ -148,11 +148,11 @@ def dssync_state(sync: DSSync) -> DSSyncState:
 
 @tf.autograph.experimental.do_not_convert
 def make_dssync_tape(gradtape, sync: DSSync, compression, process_set,
-                     non_trainable_variables=None):
+                     non_trainable_variables=None, scale_local_gradients=True):
     """``gradtape`` as an instance of a run-time subclass whose ``gradient`` averages
     (:func:`hvdx.tensorflow.mixing.mixing_tape`)."""
     return mixing_tape(DSSyncState, gradtape, sync, compression, process_set,
-                       non_trainable_variables)
+                       non_trainable_variables, scale_local_gradients)
 
 
 def make_dssync_keras_optimizer(optimizer, sync: DSSync, compression, process_set,

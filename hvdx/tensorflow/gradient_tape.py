@@ -59,7 +59,8 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
             scale_local_gradients=scale_local_gradients)
 
     arguments = registry.GradientArguments(compression, op, gradient_predivide_factor,
-                                           process_set, non_trainable_variables)
+                                           process_set, non_trainable_variables,
+                                           scale_local_gradients=scale_local_gradients)
     tape, error = registry.with_deferred_error(
         lambda: registry.tape(horovod, strategy, arguments, gradtape), horovod, strategy)
     error = error or problem

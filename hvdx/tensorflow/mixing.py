@@ -299,12 +299,13 @@ def state_of(cls, sync) -> MixingState:
 # uselessly: no tensor decides anything here) the registration and mpi4py code below.
 @tf.autograph.experimental.do_not_convert
 def mixing_tape(cls, gradtape, sync, compression, process_set,
-                non_trainable_variables=None):
+                non_trainable_variables=None, scale_local_gradients=True):
     """``gradtape`` as a tape whose ``gradient`` mixes (:func:`make_mixing_tape`) with
     the state of ``cls`` for ``sync`` (collective at the first tape)."""
     state = tape_state(cls, sync, compression, process_set)
     cls.check_tape(sync)
-    return make_mixing_tape(gradtape, state, cls.ATTRIBUTE, non_trainable_variables)
+    return make_mixing_tape(gradtape, state, cls.ATTRIBUTE, non_trainable_variables,
+                            scale_local_gradients)
 
 
 def mixing_keras_optimizer(cls, optimizer, sync, compression, process_set,
@@ -366,24 +367,40 @@ def extra_variables(non_trainable_variables, what: str) -> List[tf.Variable]:
 # Often called while a tf.function is traced: AutoGraph must not convert (slowly, and
 # uselessly: no tensor decides anything here) the code below.
 @tf.autograph.experimental.do_not_convert
-def make_mixing_tape(gradtape, state: MixingState, attribute: str, extra=None):
+def make_mixing_tape(gradtape, state: MixingState, attribute: str, extra=None,
+                     scale_local_gradients: bool = True):
     """``gradtape`` as an instance of a run-time subclass whose ``gradient`` mixes.
 
     ``isinstance(result, type(gradtape))`` holds; the recorded operations are shared.
-    ``result.<attribute>`` is ``state``; ``extra``: ``non_trainable_variables=``.
+    ``result.<attribute>`` is ``state``; ``extra``: ``non_trainable_variables=``. It
+    keeps Horovod's tape API ``register_local_source(v)``: ``v`` is never mixed, and
+    its gradient is divided by the number of ranks with ``scale_local_gradients``, as
+    Horovod's tape divides it (:func:`_scale_local`).
     """
     base = gradtape.__class__
     key = (base, attribute)
     if key not in _TAPE_CLASSES:
         _TAPE_CLASSES[key] = type(base.__name__, (base,), {
             "gradient": _tape_gradient, "_hvdx_base": base,
+            "register_local_source": _register_local_source,
             attribute: property(lambda self: self._hvdx_state)})
     tape = _TAPE_CLASSES[key].__new__(_TAPE_CLASSES[key])
     # Share the recorded tape and its flags (Horovod's own wrapper shares ``_tape`` too).
     tape.__dict__.update(gradtape.__dict__)
     tape._hvdx_state = state
     tape._hvdx_extra = extra
+    tape._local_sources = set()  # Horovod's tape's name for them
+    tape._hvdx_scale_local = scale_local_gradients
     return tape
+
+
+def _register_local_source(self, source):
+    """Horovod's ``register_local_source``: ``source`` stays on this rank (never mixed;
+    its gradient is the local one, divided by the number of ranks with
+    ``scale_local_gradients``). A tape is made each step: register on each, on every
+    rank, before ``gradient``; the variables mixed are fixed at the first step, so a
+    later change is refused, naming them."""
+    self._local_sources.add(source.ref())
 
 
 @tf.autograph.experimental.do_not_convert
@@ -393,7 +410,13 @@ def _tape_gradient(self, target, sources, output_gradients=None, *args, **kwargs
                                      **kwargs)
     state = self._hvdx_state
     what = "DistributedGradientTape"
-    state.bind(tf.nest.flatten(sources) + extra_variables(self._hvdx_extra, what), what)
+    flat = tf.nest.flatten(sources)
+    local = self._local_sources
+    state.bind([s for s in flat if s.ref() not in local]
+               + extra_variables(self._hvdx_extra, what), what)
+    if local:
+        grads = tf.nest.pack_sequence_as(
+            grads, _scale_local(tf.nest.flatten(grads), flat, local, self._hvdx_scale_local))
     # The mix must not overtake the gradients (they are taken at x_t).
     ready = [g.values if isinstance(g, tf.IndexedSlices) else g
              for g in tf.nest.flatten(grads) if g is not None]

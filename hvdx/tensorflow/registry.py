@@ -64,7 +64,7 @@ def _dssync_tape(horovod: Callable, strategy, args: GradientArguments, user):
     from hvdx.tensorflow.dssync import make_dssync_tape
 
     return make_dssync_tape(user, strategy, args.compression, args.process_set,
-                            args.non_trainable_variables)
+                            args.non_trainable_variables, args.scale_local_gradients)
 
 
 def _dssync_keras(horovod: Callable, strategy, args: GradientArguments, user):
@@ -78,7 +78,7 @@ def _decentralized_tape(horovod: Callable, strategy, args: GradientArguments, us
     from hvdx.tensorflow.decentralized import make_decentralized_tape
 
     return make_decentralized_tape(user, strategy, args.compression, args.process_set,
-                                   args.non_trainable_variables)
+                                   args.non_trainable_variables, args.scale_local_gradients)
 
 
 def _decentralized_keras(horovod: Callable, strategy, args: GradientArguments, user):

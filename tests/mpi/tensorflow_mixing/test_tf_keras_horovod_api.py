@@ -184,6 +184,34 @@ def test_a_local_variable_and_its_momentum_stay_out_of_the_mix(kind, scale):
     np.testing.assert_allclose(v.numpy(), V[rank], rtol=0, atol=1e-12)
 
 
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("kind, scale", [("dssync", True), (CTA, False)])
+def test_a_local_source_of_the_tape_stays_out_of_the_mix(kind, scale):
+    """Horovod's tape API ``register_local_source(v)``, on a new tape each step: ``v``
+    is never mixed and its gradient is divided by the number of ranks
+    (``scale_local_gradients``); ``w`` is mixed when the gradients are taken."""
+    n, rank = hvd.size(), hvd.rank()
+    centres, initial = quadratic(n)
+    w, v = tf.Variable(initial[rank]), tf.Variable(initial[rank] + 1.0)
+    sync = averaging_all(kind)
+    optimizer = tf.keras.optimizers.SGD(LR)
+    c = tf.constant(centres[rank])
+    # numpy: the tape mixes before the step (the gradients are taken at x_t); v never.
+    W, V = initial.copy(), initial + 1.0
+    for _ in range(3):
+        with tf.GradientTape() as tape:
+            loss = 0.5 * tf.reduce_sum((w - c) ** 2) + 0.5 * tf.reduce_sum((v - 2 * c) ** 2)
+        tape = hvd.DistributedGradientTape(tape, sync=sync, scale_local_gradients=scale)
+        tape.register_local_source(v)
+        grads = tape.gradient(loss, [w, v])
+        optimizer.apply_gradients(zip(grads, [w, v]))
+        gw, gv = W - centres, (V - 2 * centres) / (n if scale else 1)
+        W, V = mean_everywhere(W) - LR * gw, V - LR * gv
+    np.testing.assert_allclose(w.numpy(), W[rank], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(v.numpy(), V[rank], rtol=0, atol=1e-12)
+
+
 def minimize_once(optimizer, variables):
     optimizer.minimize(lambda: tf.add_n([0.5 * tf.reduce_sum(u ** 2) for u in variables]),
                        variables)
