@@ -23,14 +23,14 @@ Example::
 
 from __future__ import annotations
 
-import os
 from typing import Callable, List, NamedTuple, Optional, Tuple
 
 from hvdx.core.bandwidth import DEFAULT_PROBE_BYTES
 from hvdx.core.dssync_schedule import (ListSchedule, RotationSchedule, ShuffleSchedule,
                                        default_rotation_parameters)
+from hvdx.core.link_rates import (LINK_RATES_VARIABLES, link_rates_from_environment,
+                                  parse_link_rates)
 from hvdx.core.topology import Topology
-from hvdx.core.units import parse_rate
 from hvdx.strategy import Job, MixingStrategy, validating
 from hvdx.strategy import check_integer as _integer
 
@@ -268,41 +268,6 @@ class DSSync(MixingStrategy):
                 f"{self.average_optimizer_state}, global_every={self.global_every}, "
                 f"swa_start={self.swa_start}, swa_every={self.swa_every}, "
                 f"probe_every={self.probe_every})")
-
-
-#: ``"nic,uplink"`` link rates of the job's cluster (see ``DSSync(link_rates=...)``), in
-#: order of precedence: the user's, then the emulated cluster's (:mod:`hvdx.cluster`).
-LINK_RATES_VARIABLES = ("HVDX_LINK_RATES", "HVDX_CLUSTER_LINK_RATES")
-
-
-def parse_link_rates(value, name: str = "link_rates") -> Tuple[int, int]:
-    """``(nic, uplink)`` in bits/s from a pair or a ``"nic,uplink"`` string.
-
-    Raises:
-        ValueError: naming ``name`` and the value.
-    """
-    pair = value.split(",") if isinstance(value, str) else value
-    try:
-        nic, uplink = pair
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}={value!r} must be a pair (nic, uplink) of rates, e.g. "
-                         "('25gbit', '100gbit')") from None
-    return (int(parse_rate(nic.strip() if isinstance(nic, str) else nic, f"{name}[0] (nic)")),
-            int(parse_rate(uplink.strip() if isinstance(uplink, str) else uplink,
-                           f"{name}[1] (uplink)")))
-
-
-def link_rates_from_environment() -> Optional[Tuple[int, int]]:
-    """The first of :data:`LINK_RATES_VARIABLES` that is set, parsed; else ``None``.
-
-    Per rank: ranks that read different rates build different rotations, which the
-    fingerprint (``dssync.link_rates``) turns into the same error on every rank.
-    """
-    for variable in LINK_RATES_VARIABLES:
-        raw = os.environ.get(variable, "").strip()
-        if raw:
-            return parse_link_rates(raw, variable)
-    return None
 
 
 def _optional_integer(name: str, value: object, low: int) -> Optional[int]:

@@ -49,27 +49,13 @@ from typing import Callable, Dict, Optional, Set, Tuple
 
 from hvdx.decentralized import Decentralized
 from hvdx.dssync import DSSync
+from hvdx.environment_variables import (COMPRESSION_VARIABLE, NONE_VALUES, SYNC_VARIABLE,
+                                        asks_for_dssync, call_of, expression, refused)
 from hvdx.strategy import Strategy, kept_for_every_rank
 from hvdx.topk_presets import PRESETS
 
 __all__ = ["COMPRESSION_VARIABLE", "SYNC_VARIABLE", "asks_for_dssync", "choose",
            "forget", "parse"]
-
-COMPRESSION_VARIABLE = "HVDX_COMPRESSION"
-SYNC_VARIABLE = "HVDX_SYNC"
-
-#: What each variable accepts, for error messages.
-ACCEPTED = {
-    COMPRESSION_VARIABLE: "none, " + ", ".join(PRESETS) + ", topk or topk(...) with "
-                          "literal arguments, e.g. \"topk(0.01, 0.01)\" or "
-                          "\"topk(preset='safe', downlink_ratio=0.05)\"",
-    SYNC_VARIABLE: "none, DSSync, Decentralized, or a call of either with literal "
-                   "arguments, e.g. \"DSSync(intra_phases=4)\" or "
-                   "\"Decentralized(topology='one-peer-exp')\"",
-}
-
-#: Words that mean "no hvdx strategy", as an unset variable.
-NONE_VALUES = ("", "none")
 
 # (variable, value, builder) -> the spec built from it; (entry point, variable, value)
 # already printed by rank 0.
@@ -121,40 +107,31 @@ def parse(variable: str, raw: str, topk: Optional[Callable] = None) -> Optional[
     """
     if raw.strip() in NONE_VALUES:
         return None
-    name, args, kwargs = _call_of(variable, raw)
+    name, args, kwargs = call_of(variable, raw)
     if variable == COMPRESSION_VARIABLE:
         constructors: Dict[str, Callable] = {"topk": topk}
         if name in PRESETS:
-            if not isinstance(_expression(raw), ast.Name):
-                raise _refused(variable, raw, f"the preset {name} is a bare name; give "
-                               f"arguments as topk(preset={name!r}, ...)")
+            if not isinstance(expression(raw), ast.Name):
+                raise refused(variable, raw, f"the preset {name} is a bare name; give "
+                              f"arguments as topk(preset={name!r}, ...)")
             name, kwargs = "topk", {"preset": name}
     else:
         constructors = {"DSSync": DSSync, "Decentralized": Decentralized}
     if name not in constructors:
-        raise _refused(variable, raw, f"unknown name {name!r}")
+        raise refused(variable, raw, f"unknown name {name!r}")
     constructor = constructors[name]
     try:
         inspect.signature(constructor).bind(*args, **kwargs)
     except TypeError as error:
-        raise _refused(variable, raw, f"{name}() does not take these arguments ({error})")
+        raise refused(variable, raw, f"{name}() does not take these arguments ({error})")
     try:
         spec = constructor(*args, **kwargs)
     except (TypeError, ValueError) as error:  # TypeError: a literal of the wrong type
-        raise _refused(variable, raw, str(error)) from None
+        raise refused(variable, raw, str(error)) from None
     if spec.error is not None:  # kept for the entry point (a job of several ranks)
-        object.__setattr__(spec, "error", _refused(variable, raw, str(spec.error)))
+        object.__setattr__(spec, "error", refused(variable, raw, str(spec.error)))
     object.__setattr__(spec, "environment", (variable, raw))
     return spec
-
-
-def asks_for_dssync(raw: Optional[str]) -> bool:
-    """Whether ``HVDX_SYNC=raw`` names DS-Sync (``DSSync`` or ``DSSync(...)``), whatever
-    its arguments; ``False`` for anything unparsable (the entry point reports that)."""
-    try:
-        return raw is not None and _call_of(SYNC_VARIABLE, raw)[0] == "DSSync"
-    except ValueError:
-        return False
 
 
 def forget() -> None:
@@ -163,46 +140,6 @@ def forget() -> None:
     lives on its spec, so a new model needs a new spec."""
     _SPECS.clear()
     _SAID.clear()
-
-
-# --- parsing ----------------------------------------------------------------------------
-
-def _expression(raw: str) -> ast.expr:
-    return ast.parse(raw.strip(), mode="eval").body
-
-
-def _call_of(variable: str, raw: str) -> Tuple[str, tuple, dict]:
-    """``(name, args, kwargs)`` of ``raw``, a bare name or a call of a name whose
-    arguments are literals; nothing is evaluated but the literals."""
-    try:
-        node = _expression(raw)
-    except (SyntaxError, ValueError, MemoryError, RecursionError) as error:
-        raise _refused(variable, raw, f"not an expression ({error.__class__.__name__}: "
-                       f"{getattr(error, 'msg', error)})") from None
-    if isinstance(node, ast.Name):
-        return node.id, (), {}
-    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
-        raise _refused(variable, raw, "neither a name nor a call of one")
-    if any(isinstance(a, ast.Starred) for a in node.args) or \
-            any(k.arg is None for k in node.keywords):
-        raise _refused(variable, raw, "* and ** arguments are not accepted")
-    args = tuple(_literal(variable, raw, a) for a in node.args)
-    kwargs = {k.arg: _literal(variable, raw, k.value) for k in node.keywords}
-    return node.func.id, args, kwargs
-
-
-def _literal(variable: str, raw: str, node: ast.expr):
-    try:
-        return ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        raise _refused(variable, raw, f"the argument {ast.unparse(node)!r} is not a "
-                       "Python literal (a number, string, True/False/None, or a "
-                       "list, tuple or dict of them)") from None
-
-
-def _refused(variable: str, raw: str, reason: str) -> ValueError:
-    return ValueError(f"{variable}={raw!r}: {reason}. {variable} accepts "
-                      f"{ACCEPTED[variable]}")
 
 
 # --- choosing and saying so -------------------------------------------------------------

@@ -34,11 +34,11 @@ from mpi4py import MPI
 from hvdx.core.counters import Counters
 from hvdx.core.dssync_schedule import ShuffleSchedule
 from hvdx.core.fingerprint import Fingerprint
-from hvdx.dssync import DSSync, link_rates_from_environment
+from hvdx.core.link_rates import link_rates_from_environment
 from hvdx.mpi.comm import world
 from hvdx.mpi.consistency import check_consistent
 from hvdx.mpi.dssync_adapt import DSSyncAdaptation
-from hvdx.strategy import global_due
+from hvdx.strategy import MixingStrategy, Strategy, global_due
 
 __all__ = ["DSSyncGroups", "DSSyncStats", "LOOKAHEAD", "dynamic_process_sets",
            "registered_sets", "static_groups"]
@@ -80,7 +80,7 @@ class DSSyncGroups:
             ``add_process_set``, ``global_process_set`` and ``mpi_ops._basics``.
     """
 
-    def __init__(self, sync: DSSync, schedule, horovod):
+    def __init__(self, sync: MixingStrategy, schedule, horovod):
         self.sync = sync
         self.schedule = schedule
         self.size = horovod.size()
@@ -265,7 +265,7 @@ def dynamic_process_sets() -> bool:
         not in ("", "0", "false", "no", "off")
 
 
-def static_groups(sync: DSSync, size: int) -> List[Tuple[int, ...]]:
+def static_groups(sync: MixingStrategy, size: int) -> List[Tuple[int, ...]]:
     """The groups to register at ``hvd.init(process_sets=...)`` for static mode.
 
     Every group of two or more ranks, except the group of all ranks (Horovod's global
@@ -280,7 +280,9 @@ def static_groups(sync: DSSync, size: int) -> List[Tuple[int, ...]]:
             ``MPI.COMM_WORLD`` (collective): ``hvd.init`` would hang otherwise.
     """
     problem = None
-    if not isinstance(sync, DSSync):
+    # DS-Sync by its registry key, as the framework registries dispatch: the spec's
+    # module imports this layer (its prepare runs collectives), not the other way.
+    if not (isinstance(sync, Strategy) and sync.name == "dssync"):
         problem = ValueError(f"sync={sync!r} must be a hvdx.DSSync")
     elif sync.error is not None:
         problem = sync.error

@@ -26,8 +26,8 @@ from typing import Optional, Sequence, Tuple
 
 from mpi4py import MPI
 
-from hvdx.environment import (COMPRESSION_VARIABLE, NONE_VALUES, SYNC_VARIABLE,
-                              asks_for_dssync)
+from hvdx.environment_variables import (COMPRESSION_VARIABLE, NONE_VALUES, SYNC_VARIABLE,
+                                        asks_for_dssync)
 
 __all__ = ["VARIABLES", "init_arguments", "launch_difference"]
 

@@ -1,0 +1,87 @@
+"""The variables that choose a strategy, ``HVDX_COMPRESSION`` and ``HVDX_SYNC``, and
+how a value is read: what :mod:`hvdx.environment` builds specs from, and what
+``hvd.init`` compares across ranks (:mod:`hvdx.mpi.init_environment`).
+
+A value is read without ``eval`` (the grammar: :mod:`hvdx.environment`):
+
+1. ``ast.parse(mode="eval")``; anything but a bare name or a call of a name is refused;
+2. every argument is read by ``ast.literal_eval``, so nothing but the literals is
+   evaluated;
+3. a refusal is a ``ValueError`` naming the variable, its value and what it accepts
+   (:data:`ACCEPTED`).
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Optional, Tuple
+
+from hvdx.topk_presets import PRESETS
+
+__all__ = ["ACCEPTED", "COMPRESSION_VARIABLE", "NONE_VALUES", "SYNC_VARIABLE",
+           "asks_for_dssync", "call_of", "expression", "refused"]
+
+COMPRESSION_VARIABLE = "HVDX_COMPRESSION"
+SYNC_VARIABLE = "HVDX_SYNC"
+
+#: What each variable accepts, for error messages.
+ACCEPTED = {
+    COMPRESSION_VARIABLE: "none, " + ", ".join(PRESETS) + ", topk or topk(...) with "
+                          "literal arguments, e.g. \"topk(0.01, 0.01)\" or "
+                          "\"topk(preset='safe', downlink_ratio=0.05)\"",
+    SYNC_VARIABLE: "none, DSSync, Decentralized, or a call of either with literal "
+                   "arguments, e.g. \"DSSync(intra_phases=4)\" or "
+                   "\"Decentralized(topology='one-peer-exp')\"",
+}
+
+#: Words that mean "no hvdx strategy", as an unset variable.
+NONE_VALUES = ("", "none")
+
+
+def asks_for_dssync(raw: Optional[str]) -> bool:
+    """Whether ``HVDX_SYNC=raw`` names DS-Sync (``DSSync`` or ``DSSync(...)``), whatever
+    its arguments; ``False`` for anything unparsable (the entry point reports that)."""
+    try:
+        return raw is not None and call_of(SYNC_VARIABLE, raw)[0] == "DSSync"
+    except ValueError:
+        return False
+
+
+def expression(raw: str) -> ast.expr:
+    """``raw`` parsed as one Python expression (``SyntaxError`` if it is not one)."""
+    return ast.parse(raw.strip(), mode="eval").body
+
+
+def call_of(variable: str, raw: str) -> Tuple[str, tuple, dict]:
+    """``(name, args, kwargs)`` of ``raw``, a bare name or a call of a name whose
+    arguments are literals; nothing is evaluated but the literals."""
+    try:
+        node = expression(raw)
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as error:
+        raise refused(variable, raw, f"not an expression ({error.__class__.__name__}: "
+                      f"{getattr(error, 'msg', error)})") from None
+    if isinstance(node, ast.Name):
+        return node.id, (), {}
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+        raise refused(variable, raw, "neither a name nor a call of one")
+    if any(isinstance(a, ast.Starred) for a in node.args) or \
+            any(k.arg is None for k in node.keywords):
+        raise refused(variable, raw, "* and ** arguments are not accepted")
+    args = tuple(_literal(variable, raw, a) for a in node.args)
+    kwargs = {k.arg: _literal(variable, raw, k.value) for k in node.keywords}
+    return node.func.id, args, kwargs
+
+
+def _literal(variable: str, raw: str, node: ast.expr):
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        raise refused(variable, raw, f"the argument {ast.unparse(node)!r} is not a "
+                      "Python literal (a number, string, True/False/None, or a "
+                      "list, tuple or dict of them)") from None
+
+
+def refused(variable: str, raw: str, reason: str) -> ValueError:
+    """The error for ``variable=raw``: ``reason``, then what the variable accepts."""
+    return ValueError(f"{variable}={raw!r}: {reason}. {variable} accepts "
+                      f"{ACCEPTED[variable]}")
