@@ -114,8 +114,8 @@ def _one(mode: str, schedule: Optional[str], steps: int, model_floats: int) -> D
 
 def _registered(opt) -> int:
     """How many groups the optimizer holds a process set for."""
-    groups = getattr(opt, "_hvdx_groups", None)
-    return len(groups._sets) if groups is not None else 0
+    groups = getattr(opt, "hvdx_groups", None)
+    return len(groups.registered_groups) if groups is not None else 0
 
 
 def run(ranks: int = 4, steps: int = 64, model_floats: int = 1 << 20,

@@ -81,8 +81,8 @@ def _one(strategy: str, steps: int, seed: int = 0) -> Dict:
         opt.step()
         times.append(time.perf_counter() - start)
         if step + 1 in probes or step + 1 == warm:
-            if hasattr(opt, "_hvdx_mixer"):
-                opt._hvdx_mixer.finish()  # the mixing step in flight belongs to this one
+            if hasattr(opt, "finish_mixing"):
+                opt.finish_mixing()  # the mixing step in flight belongs to this one
             if step + 1 == warm:
                 rss_warm = process.memory_info().rss
             if step + 1 in probes:

@@ -15,6 +15,7 @@ from typing import Callable, Dict, Optional
 
 from hvdx import topk_presets
 from hvdx.bench.run_environment import bench_topology
+from hvdx.optimizer_surface import dssync_groups, mixing_strategy
 
 __all__ = ["DEFAULT_STRATEGIES", "Strategy", "STRATEGIES", "allreduce_bytes_per_rank",
            "decentralized_bytes"]
@@ -157,14 +158,14 @@ _dssync_adaptive = _dssync_with(DSSYNC_ADAPTIVE_OPTIONS)
 
 def _rotation_options(optimizer) -> Dict:
     """The cost model's options for the rotation the run actually used."""
-    schedule = optimizer._hvdx_groups.schedule
+    schedule = dssync_groups(optimizer).schedule
     return {"intra_phases": schedule.intra_phases, "cross_ranks": schedule.cross_ranks}
 
 
 def _rotation_period(optimizer) -> int:
     """The rotation's period: ``intra_phases`` intra-rack steps and one crossing step
     (:class:`hvdx.core.dssync_schedule.RotationSchedule`)."""
-    return optimizer._hvdx_groups.schedule.period
+    return dssync_groups(optimizer).schedule.period
 
 
 def _dssync_bytes(optimizer, model, size, steps):
@@ -213,7 +214,7 @@ def decentralized_bytes(optimizer, model, size, steps):
     stats = optimizer.hvdx_stats
     sent = stats.total_bytes / steps
     graph = optimizer.hvdx_graph
-    sync = optimizer._hvdx_sync
+    sync = mixing_strategy(optimizer)
     out_degree = in_degree = 0
     for t in range(steps):
         if sync.mixes_at(t):
@@ -243,7 +244,7 @@ def _decentralized_final_stats(optimizer, steps) -> Dict:
 def _graph_period(optimizer) -> int:
     """The graph's period (``ceil(log2 n)`` for a one-peer graph, else 1) times the
     steps between mixes."""
-    return optimizer.hvdx_graph.period * optimizer._hvdx_sync.mix_every
+    return optimizer.hvdx_graph.period * mixing_strategy(optimizer).mix_every
 
 
 def _decentralized_strategy(name: str, label: str, options: Dict, default: bool) -> Strategy:

@@ -54,7 +54,7 @@ def _one(mode: str, steps: int, ratio: float, downlink_ratio: float) -> Dict:
     everyone = np.array(hvd.allgather_object(mine.tolist()))
     mean = everyone.mean(axis=0)
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    return {"ranks": size, "mode": opt._hvdx_sync.mode, "steps": steps,
+    return {"ranks": size, "mode": opt.hvdx_mode, "steps": steps,
             "ratio": ratio, "downlink_ratio": downlink_ratio, "model_bytes": model_bytes,
             "up_sent": mean[0], "up_received": mean[1], "down_sent": mean[2],
             "down_received": mean[3], "dense_sent": mean[4], "dense_received": mean[5],

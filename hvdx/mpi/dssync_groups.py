@@ -107,6 +107,12 @@ class DSSyncGroups:
     def all_ranks(self) -> Tuple[int, ...]:
         return tuple(range(self.size))
 
+    @property
+    def registered_groups(self) -> Tuple[Tuple[int, ...], ...]:
+        """The groups this rank holds a Horovod process set for (the group of all ranks
+        uses the global set and is not among them)."""
+        return tuple(self._sets)
+
     def group_at(self, step: int) -> Tuple[int, ...]:
         """This rank's group at ``step`` (``global_every`` included); registers ahead.
 

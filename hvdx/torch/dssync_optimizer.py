@@ -36,6 +36,7 @@ import torch
 
 from hvdx.dssync import DSSync
 from hvdx.mpi.dssync_groups import LOOKAHEAD, DSSyncGroups, DSSyncStats, static_groups
+from hvdx.optimizer_surface import dssync_groups
 from hvdx.torch.mixing_optimizer import (average_over_all_ranks, make_mixing_optimizer,
                                          tensor_bytes)
 
@@ -76,6 +77,8 @@ class _DSSyncMethods:
 
     _hvdx_groups = property(lambda self: self._hvdx_mixer.groups)
     _hvdx_schedule = property(lambda self: self._hvdx_mixer.groups.schedule)
+    hvdx_groups = property(dssync_groups, doc="The groups, their schedule and process sets "
+                           "(:class:`~hvdx.mpi.dssync_groups.DSSyncGroups`), read-only.")
 
 
 class GroupMixer:

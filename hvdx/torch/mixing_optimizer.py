@@ -49,6 +49,7 @@ import horovod.torch as _hvd
 import torch
 
 from hvdx.core.group_averaging import running_mean, swa_due
+from hvdx.optimizer_surface import mixing_strategy
 from hvdx.strategy import MixingStrategy, global_due
 from hvdx.torch.finite import first_nonfinite
 from hvdx.torch.wrapping import subclass_of
@@ -87,6 +88,17 @@ class _MixingOptimizer:
         self._hvdx_swa: Optional[List[torch.Tensor]] = None
         #: Per parameter, whether every rank holds its optimizer state (agreed).
         self._hvdx_everywhere: Optional[List[bool]] = None
+
+    # --- what it shows of its strategy (read-only) ----------------------------------
+
+    hvdx_strategy = property(mixing_strategy, doc="The spec this optimizer runs: the "
+                             "user's ``hvdx.DSSync`` or ``hvdx.Decentralized``.")
+
+    def finish_mixing(self) -> None:
+        """Complete the mixing step still in flight, with no collective of its own:
+        adapt-then-combine applies it, combine-then-adapt receives it (the next
+        ``step()`` combines it). Idempotent; nothing to do for DS-Sync."""
+        self._hvdx_mixer.finish()
 
     # --- the public surface of Horovod's optimizer -----------------------------------
 

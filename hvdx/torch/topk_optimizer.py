@@ -165,6 +165,13 @@ class _TopKOptimizer:
     # The synchronizer's objects under the names this optimizer always had.
     hvdx_stats = property(lambda self: self._hvdx_sync.stats,
                           doc=":class:`~hvdx.mpi.topk_sync.TopKStats` (bytes per step).")
+    hvdx_strategy = property(lambda self: self._hvdx_sync.compression,
+                             doc="The :class:`~hvdx.compression.TopKCompression` spec this "
+                                 "optimizer runs (read-only).")
+    hvdx_mode = property(lambda self: self._hvdx_sync.mode,
+                         doc="``\"gathered\"`` or ``\"sharded\"``: the exchange this "
+                             "optimizer runs, ``mode=\"auto\"`` resolved for its ranks "
+                             "(read-only).")
     _hvdx_worker = property(lambda self: self._hvdx_sync.worker)
     _hvdx_server = property(lambda self: self._hvdx_sync.server)
     _hvdx_comm = property(lambda self: self._hvdx_sync.comm,
