@@ -176,7 +176,10 @@ RECIPES += [
            "`LearningRateScheduleCallback`",
            every("works", "", f"{KERAS}::test_fit_with_horovods_callbacks_under_each_strategy")),
     Recipe("Keras", "rank 0 alone `hvd.load_model`, then `BroadcastGlobalVariablesCallback`",
-           every("untested", "open: it ran, but a later `fit` in the same job hung")),
+           every("works", "hvdx's `load_model` wraps the optimizer with hvdx's; as under "
+                 "Horovod, the ranks' models must be named alike (the callback matches "
+                 "variables by name)",
+                 f"{KERAS}::test_rank0_loads_the_model_and_the_callback_broadcasts_it")),
     Recipe("Keras", "`LossScaleOptimizer`, `mixed_float16`", {
         "horovod": cell("untested"),
         "topk": cell("works", "an overflow on any rank makes every rank's gradients NaN",
