@@ -43,7 +43,7 @@ __all__ = ["HOROVOD_CYCLE_ENV", "PRESETS", "RATIO", "SELECTOR", "SMALL_TENSORS",
            "TOPK_METHOD", "WITHOUT_MOMENTUM_CORRECTION", "for_optimizer",
            "momentum_correction_refusal", "preset_arguments", "preset_options"]
 
-#: The uplink ratio of both presets: the issue's 1%.
+#: The uplink ratio of both presets: 1% of the gradient.
 RATIO = 0.01
 #: DGC's sampled threshold: the exact top k whenever the sampled threshold lets k
 #: entries through (recall 1.000 in ``hvdx bench --selection``), at a fraction of the

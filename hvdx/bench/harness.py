@@ -56,7 +56,7 @@ WARMUP_STEPS = 2
 #: Steps on 2 shared cores vary by a quarter around their mean: 20 steps left the
 #: median of TopK's local step 20% apart between two runs. Each local run comes right
 #: before the strategy's cluster run: the machine's speed drifts by a third over
-#: minutes (Horovod's local step read 150, 129 and 91 ms in three benches of a session),
+#: minutes (Horovod's local step read 150, 129 and 91 ms in three benches),
 #: and a local step timed minutes before its cluster run had drifted away from it.
 #: A second local run right after the cluster run brackets it, and the plan takes the
 #: mean of the two: a drift over the minute of the cluster run then cancels (one local

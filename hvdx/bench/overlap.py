@@ -1,6 +1,6 @@
 """What decentralized SGD's exchange adds to a step: ``hvdx bench --overlap``.
 
-The issue's bar: on localhost, a step with the exchange takes at most 1.1x a step
+The bar: on localhost, a step with the exchange takes at most 1.1x a step
 without any exchange. Two orders of ``hvdx.Decentralized`` (one-peer exponential graph)
 are timed against the same training loop with the local optimizer alone:
 
@@ -154,7 +154,7 @@ def render(rows: List[Dict]) -> str:
             lines.append(f"| {r['workload']} | {mode} | {1e3 * m['median_s']:.1f} | "
                          f"{1e3 * m['mean_s']:.1f} | {ratio} | {mean_ratio} | "
                          f"{m['sent_per_step'] / 1e6:.3f} |")
-    lines.append("(steps of every rank pooled; the issue's bar: x local <= 1.1; "
+    lines.append("(steps of every rank pooled; the bar: x local <= 1.1; "
                  "one model is " + ", ".join(f"{r['workload']} {r['model_bytes'] / 1e6:.2f} MB"
                                                for r in rows) + ")")
     return "\n".join(lines)

@@ -134,7 +134,7 @@ def _environment_values() -> Dict[str, Dict[str, str]]:
     return {
         "horovod": {},
         "topk": {"HVDX_COMPRESSION": call("topk", {"ratio": s.TOPK_RATIO,
-                                                    "selector": s.TOPK_SELECTOR,
+                                                    "topk_method": s.TOPK_METHOD,
                                                     "downlink_ratio": s.TOPK_RATIO})},
         "topk_dgc": {"HVDX_COMPRESSION": "fast"},
         "topk_masked": {"HVDX_COMPRESSION": "safe"},

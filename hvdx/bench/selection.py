@@ -1,6 +1,6 @@
 """How fast TopK selection is, as ratios measured in one run (``hvdx bench --selection``).
 
-The issue's bar: selecting 1% of a 10M-element gradient takes at most 3x one elementwise
+The bar: selecting 1% of a 10M-element gradient takes at most 3x one elementwise
 pass (``abs``) over it, and is at least 3x faster than ``torch.topk``. Selection runs on
 the CPU copy of the gradient (numpy), which is where hvdx's TopK path selects.
 """

@@ -81,13 +81,13 @@ def _gradient_bytes(optimizer, model, size, steps):
 
 def _topk_with(**options):
     """The builder of a TopK strategy: ``Compression.topk(ratio=TOPK_RATIO,
-    selector=TOPK_SELECTOR, **options)``."""
+    topk_method=TOPK_METHOD, **options)``."""
     def build(optimizer, model):
         import hvdx.torch as hvd
 
         return hvd.DistributedOptimizer(
             optimizer, named_parameters=model.named_parameters(),
-            compression=hvd.Compression.topk(ratio=TOPK_RATIO, selector=TOPK_SELECTOR,
+            compression=hvd.Compression.topk(ratio=TOPK_RATIO, topk_method=TOPK_METHOD,
                                              **options))
     return build
 
@@ -98,10 +98,10 @@ def _counted_bytes(optimizer, model, size, steps):
     return stats.total_sent / steps, stats.total_received / steps
 
 
-#: The benchmark's TopK setting: the issue's 1% both ways, with the sampled-threshold
-#: selector of the presets (:mod:`hvdx.topk_presets`).
+#: The benchmark's TopK setting: 1% both ways, with the sampled-threshold
+#: ``topk_method`` of the presets (:mod:`hvdx.topk_presets`).
 TOPK_RATIO = topk_presets.RATIO
-TOPK_SELECTOR = topk_presets.SELECTOR
+TOPK_METHOD = topk_presets.TOPK_METHOD
 #: The tuned TopKs are the presets ``Compression.topk(preset="fast")`` (``topk_dgc``:
 #: global selection, DGC momentum correction without masking) and ``preset="safe"``
 #: (``topk_masked``: with masking, the downlink twice as dense); the measurements behind
@@ -316,7 +316,7 @@ STRATEGIES: Dict[str, Strategy] = {
     "horovod": Strategy("horovod", "Horovod ring allreduce (baseline)", _horovod,
                         _gradient_bytes, cost_model="horovod"),
     "topk": Strategy("topk", f"bidirectional TopK {TOPK_RATIO:g}/{TOPK_RATIO:g} with error "
-                     f"feedback, {TOPK_SELECTOR} selector", _topk_with(downlink_ratio=TOPK_RATIO),
+                     f"feedback, {TOPK_METHOD} selector", _topk_with(downlink_ratio=TOPK_RATIO),
                      _counted_bytes, cost_model="topk",
                      cost_options={"ratio": TOPK_RATIO, "downlink_ratio": TOPK_RATIO,
                                    "mode": "sharded"}),

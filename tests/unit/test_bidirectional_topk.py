@@ -304,8 +304,8 @@ def test_shard_shares_sum_to_k_in_proportion_and_fit_their_shards(k, d, p):
 
 
 def test_sharded_downlink_is_the_global_top_k_where_large_entries_cluster():
-    # All large entries in shard 0: the global top-2 takes both (a TopK per shard, as
-    # before issue 14, took one per shard: [9, 0, 0, 0, 0, 0, 0, 1]).
+    # All large entries in shard 0: the global top-2 takes both (a TopK per shard
+    # would take one per shard: [9, 0, 0, 0, 0, 0, 0, 1]).
     g = np.array([9.0, 8.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0])
     config = TopKConfig(1.0, 0.25)
     for mode in MODES:

@@ -102,7 +102,7 @@ def test_validate_sync_accepts_dssync():
 
 
 def test_rotation_parameters_come_from_the_link_rates_when_not_given():
-    """The issue's defaults: with a 10:1 oversubscribed uplink on 2 racks x 2 hosts, one
+    """The defaults the link rates give: with a 10:1 oversubscribed uplink on 2 racks x 2 hosts, one
     rank per rack crosses, and ten intra-rack phases run while the uplink carries one
     model; without rates, one intra phase and every rank crosses, as before."""
     topology = Topology.from_counts(2, 2)

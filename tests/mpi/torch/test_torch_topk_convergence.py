@@ -1,4 +1,4 @@
-"""Convergence of bidirectional TopK on real data (issue: "Digits CNN, 4 ranks, ratio
+"""Convergence of bidirectional TopK on real data (the bar: "Digits CNN, 4 ranks, ratio
 0.01 both ways: final test accuracy within 1 point of dense Horovod after the same number
 of epochs; without residuals it is worse").
 

@@ -1,4 +1,4 @@
-"""Convergence of the parameter-mixing strategies (DS-Sync, decentralized SGD) on real data (issue: "Digits CNN, 4 ranks: final test accuracy
+"""Convergence of the parameter-mixing strategies (DS-Sync, decentralized SGD) on real data (the bar: "Digits CNN, 4 ranks: final test accuracy
 within 1 point of dense Horovod after the same number of epochs").
 
 The digits CNN trained on 4 ranks, alike but for the synchronization
