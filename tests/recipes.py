@@ -75,10 +75,10 @@ RECIPES: List[Recipe] = [
                  f"{CHECKPOINT_TORCH}::"
                  "test_resuming_from_a_checkpoint_is_bitwise_an_uninterrupted_run")),
     Recipe("PyTorch", "`DistributedOptimizer(..., process_set=...)`", {
-        "horovod": cell("untested"),
-        "topk": cell("works", "the ranks outside the set step alone, as in Horovod",
-                     f"{RECIPES_TORCH}::"
-                     "test_topk_in_a_process_set_averages_inside_it_and_the_others_step_alone"),
+        **{c: cell("works", "the ranks outside the set step alone, as in Horovod",
+                   f"{RECIPES_TORCH}::"
+                   "test_a_process_set_averages_inside_it_and_the_others_step_alone")
+           for c in ("horovod", "topk")},
         "dssync": cell("refused", "the strategy picks its own groups",
                        f"{RECIPES_TORCH}::"
                        "test_parameter_mixing_refuses_a_process_set_on_every_rank"),
@@ -181,7 +181,9 @@ RECIPES += [
                  "variables by name)",
                  f"{KERAS}::test_rank0_loads_the_model_and_the_callback_broadcasts_it")),
     Recipe("Keras", "`LossScaleOptimizer`, `mixed_float16`", {
-        "horovod": cell("untested"),
+        "horovod": cell("works", "Horovod's allreduce spreads an overflow to every rank",
+                        "tests/mpi/tensorflow_mixing/test_tf_mixed_precision.py::"
+                        "test_an_overflow_on_one_rank_skips_the_step_on_every_rank"),
         "topk": cell("works", "an overflow on any rank makes every rank's gradients NaN",
                      f"{TOPK_TF}::test_fit_under_mixed_float16_survives_an_overflow_on_one_rank",
                      f"{TOPK_TF}::test_a_loss_scale_optimizer_skips_an_overflow_on_one_rank_"

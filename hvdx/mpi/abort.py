@@ -60,12 +60,21 @@ def install_abort_on_error() -> None:
 def wrap_init(horovod_init):
     """Horovod's ``init`` (same arguments), after the ranks compared ``HVDX_COMPRESSION``
     and ``HVDX_SYNC`` (dynamic process sets where DS-Sync is asked for:
-    :mod:`hvdx.mpi.init_environment`), then abort-on-uncaught-exception for the job."""
+    :mod:`hvdx.mpi.init_environment`), then hvdx's own communicator
+    (:func:`hvdx.mpi.comm.world`) and abort-on-uncaught-exception for the job."""
 
     @functools.wraps(horovod_init)
     def init(*args, **kwargs):
         args, kwargs = init_arguments(args, kwargs)
         result = horovod_init(*args, **kwargs)
+        # hvdx's duplicate of Horovod's communicator, made here where every rank calls:
+        # its first user may be a process set's members alone (an optimizer with
+        # process_set=), and duplicating is collective over every rank.
+        from horovod.common.process_sets import global_process_set
+
+        from hvdx.mpi.comm import world
+
+        world(global_process_set)
         install_abort_on_error()
         return result
 

@@ -137,10 +137,12 @@ def test_saving_on_rank_0_alone_fails_there_within_the_timeout(monkeypatch, tmp_
 
 
 @pytest.mark.mpi(min_size=2)
-def test_topk_in_a_process_set_averages_inside_it_and_the_others_step_alone():
-    """Horovod's ``test_optimizer_process_sets``, against plain torch: ratio 1 is the
-    dense average over the set's members; a rank outside it steps on its own gradient.
-    (All ranks but the last: DS-Sync's tests in this job register pairs already.)"""
+@pytest.mark.parametrize("compression", ["none", "topk"])
+def test_a_process_set_averages_inside_it_and_the_others_step_alone(compression):
+    """Horovod's ``test_optimizer_process_sets``, against plain torch, with no strategy
+    (hvdx passes it to Horovod) and with TopK: ratio 1 is the dense average over the
+    set's members; a rank outside it steps on its own gradient. (All ranks but the
+    last: DS-Sync's tests in this job register pairs already.)"""
     members = hvd.add_process_set(list(range(hvd.size() - 1)))
     try:
         torch.manual_seed(0)
@@ -149,7 +151,8 @@ def test_topk_in_a_process_set_averages_inside_it_and_the_others_step_alone():
         opt = hvd.DistributedOptimizer(
             torch.optim.SGD(model.parameters(), lr=LR),
             named_parameters=model.named_parameters(), process_set=members,
-            compression=hvd.Compression.topk(1.0, 1.0, min_size=0))
+            compression=hvd.Compression.topk(1.0, 1.0, min_size=0)
+            if compression == "topk" else hvd.Compression.none)
 
         def gradients(rank):
             reference = nn.Linear(4, 3)
