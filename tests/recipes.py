@@ -216,8 +216,9 @@ RECIPES += [
                               "test_adapt_then_combine_on_the_tape_is_refused_naming_the_order"),
     }),
     Recipe("TensorFlow", "`tape.register_local_source(v)`", {
-        "horovod": cell("untested"),
-        "topk": cell("untested"),
+        **{c: cell("works", "`v` keeps its own gradient, divided by the number of ranks "
+                   "(`scale_local_gradients`)", f"{TOPK_TF}::test_a_local_variable_keeps_its_own_gradient_divided_by_the_ranks")
+           for c in ("horovod", "topk")},
         **{c: cell("works", "`v` is never mixed; its gradient is the local one (divided by "
                    "the number of ranks with `scale_local_gradients`, as under Horovod)",
                    "tests/mpi/tensorflow_mixing/test_tf_keras_horovod_api.py::"
@@ -253,8 +254,9 @@ RECIPES += [
            for c in ("dssync", "decentralized")},
     }),
     Recipe("Keras", "`optimizer.register_local_var(v)`", {
-        "horovod": cell("untested"),
-        "topk": cell("untested"),
+        **{c: cell("works", "`v` keeps its own gradient, divided by the number of ranks "
+                   "(`scale_local_gradients`)", f"{TOPK_TF}::test_a_local_variable_keeps_its_own_gradient_divided_by_the_ranks")
+           for c in ("horovod", "topk")},
         **{c: cell("works", "`v` and its optimizer slots are never mixed; register on "
                    "every rank before the first step, else refused",
                    f"{KERAS_API}::test_a_local_variable_and_its_momentum_stay_out_of_the_mix",
@@ -264,7 +266,8 @@ RECIPES += [
            for c in ("dssync", "decentralized")},
     }),
     Recipe("Keras", "legacy optimizers (`tf.keras.optimizers.legacy`)", {
-        "horovod": cell("untested"),
+        "horovod": cell("works", "Horovod's own optimizer, bit for bit", f"{TF_DROPIN}::"
+                        "test_keras_fit_with_a_legacy_optimizer_bitwise_identical_to_horovod"),
         "topk": cell("works", "", f"{TOPK_TF}::"
                      "test_legacy_keras_optimizers_run_topk_and_save_its_residuals"),
         "dssync": cell("works", "", f"{KERAS_API}::test_a_legacy_optimizer_saves_the_"

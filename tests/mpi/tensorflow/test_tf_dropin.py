@@ -93,9 +93,8 @@ def test_gradient_tape_twenty_steps_bitwise_identical_to_horovod(compiled, kwarg
     assert_trained_identically(ours, theirs, initial)
 
 
-def train_with_fit(make_optimizer, model, **kwargs):
-    optimizer = make_optimizer(tf.keras.optimizers.SGD(learning_rate=0.05, momentum=0.9),
-                               **kwargs)
+def train_with_fit(make_optimizer, model, sgd=tf.keras.optimizers.SGD, **kwargs):
+    optimizer = make_optimizer(sgd(learning_rate=0.05, momentum=0.9), **kwargs)
     model.compile(optimizer=optimizer, loss=LOSS)
     x, y = batches(hvd.rank(), STEPS)
     model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
@@ -111,6 +110,17 @@ def test_keras_fit_twenty_steps_bitwise_identical_to_horovod(kwargs):
     ours = train_with_fit(hvd_keras.DistributedOptimizer, copy_of(initial), **kwargs)
     theirs = train_with_fit(horovod.tensorflow.keras.DistributedOptimizer, copy_of(initial),
                             **kwargs)
+    assert_trained_identically(ours, theirs, initial)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_keras_fit_with_a_legacy_optimizer_bitwise_identical_to_horovod():
+    # Horovod's docs steer TensorFlow >= 2.11 users to tf.keras.optimizers.legacy.
+    initial = initial_model()
+    legacy = tf.keras.optimizers.legacy.SGD
+    ours = train_with_fit(hvd_keras.DistributedOptimizer, copy_of(initial), sgd=legacy)
+    theirs = train_with_fit(horovod.tensorflow.keras.DistributedOptimizer, copy_of(initial),
+                            sgd=legacy)
     assert_trained_identically(ours, theirs, initial)
 
 

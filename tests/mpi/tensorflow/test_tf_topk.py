@@ -602,3 +602,37 @@ def test_compression_keeps_horovods_compressors_and_adds_topk():
         assert ours.Compression.none is theirs.Compression.none
         assert ours.Compression.fp16 is theirs.Compression.fp16
         assert ours.Compression.topk(0.01).ratio == 0.01
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("compression", ["none", "topk"])
+@pytest.mark.parametrize("api", ["tape", "keras"])
+def test_a_local_variable_keeps_its_own_gradient_divided_by_the_ranks(compression, api):
+    """Horovod's ``register_local_source`` / ``register_local_var``, with no strategy
+    (Horovod's own objects through hvdx) and with TopK at ratio 1: the shared variable
+    gets the average over the ranks, the local one this rank's own gradient divided by
+    the number of ranks (``scale_local_gradients``, Horovod's default)."""
+    n, rank = hvd.size(), hvd.rank()
+    every = hvd.Compression.topk(1.0, 1.0, min_size=0) if compression == "topk" \
+        else hvd.Compression.none
+    c = [tf.constant((r + 1) * np.arange(1.0, 5.0, dtype=np.float32)) for r in range(n)]
+    w, v = tf.Variable(tf.zeros(4)), tf.Variable(tf.zeros(4))
+
+    def loss():
+        return tf.reduce_sum(w * c[rank]) + tf.reduce_sum(v * c[rank])
+
+    if api == "tape":
+        with tf.GradientTape() as tape:
+            value = loss()
+        tape = hvd.DistributedGradientTape(tape, compression=every)
+        tape.register_local_source(v)
+        gw, gv = tape.gradient(value, [w, v])
+    else:
+        optimizer = hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(1.0),
+                                                   compression=every)
+        optimizer.register_local_var(v)
+        optimizer.minimize(loss, [w, v])
+        gw, gv = -w, -v  # one step of SGD at learning rate 1 from zero
+    np.testing.assert_allclose(gw.numpy(), np.mean([x.numpy() for x in c], axis=0),
+                               rtol=0, atol=1e-6)
+    np.testing.assert_allclose(gv.numpy(), c[rank].numpy() / n, rtol=0, atol=1e-6)
