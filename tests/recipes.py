@@ -215,6 +215,10 @@ RECIPES += [
                               "test_steps_match_explicit_mixing_matrices", f"{TF_GRAPH}::"
                               "test_adapt_then_combine_on_the_tape_is_refused_naming_the_order"),
     }),
+    Recipe("TensorFlow", "`hvd.broadcast_variables` of the model's and the optimizer's "
+           "variables after the first step", every(
+               "works", "", f"{KERAS}::test_the_tape_recipe_broadcasts_the_model_and_"
+               "optimizer_variables_after_step_one")),
     Recipe("TensorFlow", "`tape.register_local_source(v)`", {
         **{c: cell("works", "`v` keeps its own gradient, divided by the number of ranks "
                    "(`scale_local_gradients`)", f"{TOPK_TF}::test_a_local_variable_keeps_its_own_gradient_divided_by_the_ranks")

@@ -164,3 +164,40 @@ def test_stanza_as_sync_of_the_tape_is_refused_on_every_rank_naming_the_trainer(
         loss = tf.reduce_sum(w * w)
     with pytest.raises(ValueError, match=r"sync=Stanza: Stanza is a trainer.*trainer.step"):
         hvd_tf.DistributedGradientTape(tape, sync=hvd_tf.Stanza).gradient(loss, [w])
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("strategy", sorted(ENVIRONMENT))
+def test_the_tape_recipe_broadcasts_the_model_and_optimizer_variables_after_step_one(
+        strategy, fresh_keras_names):
+    """Horovod's TF2 recipe: after the first step, ``hvd.broadcast_variables`` of the
+    model's and then the optimizer's variables (momentum slots, the step counter) gives
+    every rank rank 0's values; training then goes on. (The tape mixes before the
+    update: decentralized SGD combine-then-adapt.)"""
+    x, y = data()
+    tape_environment = {**ENVIRONMENT, "decentralized": {
+        "sync": "Decentralized(order='combine_then_adapt')"}}
+    with hvdx_variables(**tape_environment[strategy]):
+        tf.random.set_seed(hvd.rank())
+        model = tf.keras.Sequential([tf.keras.layers.Dense(4, activation="tanh",
+                                                           input_shape=(5,)),
+                                     tf.keras.layers.Dense(2)])
+        optimizer = tf.keras.optimizers.SGD(LR, momentum=0.9)
+        for step in range(3):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((model(x[8 * step:8 * step + 8]) -
+                                       y[8 * step:8 * step + 8]) ** 2)
+            tape = hvd_tf.DistributedGradientTape(tape)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            if step == 0:
+                roots = hvd_tf.broadcast_object(
+                    [v.numpy() for v in model.variables + optimizer.variables()],
+                    root_rank=0)
+                hvd_tf.broadcast_variables(model.variables, root_rank=0)
+                hvd_tf.broadcast_variables(optimizer.variables(), root_rank=0)
+                mine = [v.numpy() for v in model.variables + optimizer.variables()]
+                assert len(mine) == len(roots) > len(model.variables)
+                for a, b in zip(mine, roots):
+                    np.testing.assert_array_equal(a, b)
+    assert np.isfinite(weights(model)).all()
