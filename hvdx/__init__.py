@@ -13,7 +13,8 @@ Framework adapters: :mod:`hvdx.torch`, :mod:`hvdx.tensorflow`,
 """
 
 from hvdx._version import __version__
+from hvdx.compression_registry import register_compressor
 from hvdx.decentralized import Decentralized
 from hvdx.dssync import DSSync
 
-__all__ = ["DSSync", "Decentralized", "__version__"]
+__all__ = ["DSSync", "Decentralized", "__version__", "register_compressor"]

@@ -51,6 +51,7 @@ from hvdx.decentralized import Decentralized
 from hvdx.dssync import DSSync
 from hvdx.environment_variables import (COMPRESSION_VARIABLE, NONE_VALUES, SYNC_VARIABLE,
                                         asks_for_dssync, call_of, expression, refused)
+from hvdx.compression_registry import registered as registered_compressors
 from hvdx.strategy import Strategy, kept_for_every_rank
 from hvdx.topk_presets import PRESETS
 
@@ -110,6 +111,7 @@ def parse(variable: str, raw: str, topk: Optional[Callable] = None) -> Optional[
     name, args, kwargs = call_of(variable, raw)
     if variable == COMPRESSION_VARIABLE:
         constructors: Dict[str, Callable] = {"topk": topk}
+        constructors.update(registered_compressors())  # hvdx.register_compressor
         if name in PRESETS:
             if not isinstance(expression(raw), ast.Name):
                 raise refused(variable, raw, f"the preset {name} is a bare name; give "

@@ -1,0 +1,171 @@
+"""Registered compressors: a user's own compressor with error feedback, by name.
+
+::
+
+    import hvdx
+    from hvdx.core.user_compression import Compressor
+
+    class ScaledSign(Compressor): ...            # compress, decompress, settings
+
+    hvdx.register_compressor("scaled_sign", ScaledSign)
+    optimizer = hvd.DistributedOptimizer(opt, compression=hvd.Compression.scaled_sign())
+
+After :func:`register_compressor`, ``hvd.Compression.<name>(*args, **kwargs)`` (torch
+and TensorFlow) and ``HVDX_COMPRESSION=<name>(<literal arguments>)`` build a
+:class:`UserCompression` spec, which the entry points resolve and check across ranks
+like every strategy (:mod:`hvdx.strategy`): the fingerprint holds the compressor's
+class (qualified name) and its :meth:`~hvdx.core.user_compression.Compressor.settings`,
+so a rank with another setting fails on every rank. The algorithm is
+:mod:`hvdx.core.user_compression`; the adapters are :mod:`hvdx.torch.user_compression`
+and :mod:`hvdx.tensorflow.user_compression`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import keyword
+from typing import Callable, ClassVar, Dict, List, Optional
+
+from hvdx.core.user_compression import Compressor
+from hvdx.strategy import Strategy, kept_for_every_rank
+
+__all__ = ["RESERVED", "Registered", "UserCompression", "builder", "register_compressor", "registered"]
+
+#: Names that already mean something as ``hvd.Compression.<name>`` or in
+#: ``HVDX_COMPRESSION``.
+RESERVED = frozenset({"none", "fp16", "topk", "fast", "safe", "Compressor",
+                      "NoneCompressor", "FP16Compressor"})
+
+_REGISTRY: Dict[str, type] = {}
+
+
+def register_compressor(name: str, compressor_class: type) -> None:
+    """Make ``hvd.Compression.<name>(...)`` and ``HVDX_COMPRESSION=<name>(...)`` build
+    ``compressor_class(...)`` and run it with error feedback.
+
+    Call it on every rank, before the optimizer or tape is built. Registering the same
+    class again under its name does nothing.
+
+    Raises:
+        ValueError: ``name`` is not an identifier, starts with ``_``, is reserved
+            (``none``, ``fp16``, ``topk``, the presets ``fast`` and ``safe``), or is
+            registered with another class.
+        TypeError: ``compressor_class`` is not a subclass of
+            :class:`hvdx.core.user_compression.Compressor`.
+    """
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) \
+            or name.startswith("_"):
+        raise ValueError(f"name={name!r} must be a Python identifier not starting with "
+                         "'_' (it is used as hvd.Compression.<name> and in "
+                         "HVDX_COMPRESSION=<name>(...))")
+    if name in RESERVED:
+        raise ValueError(f"name={name!r} is already hvdx's or Horovod's compression; "
+                         f"choose another name (taken: {sorted(RESERVED)})")
+    if not (isinstance(compressor_class, type) and issubclass(compressor_class, Compressor)):
+        raise TypeError(f"compressor_class={compressor_class!r} must be a subclass of "
+                        "hvdx.core.user_compression.Compressor")
+    known = _REGISTRY.get(name)
+    if known is not None and known is not compressor_class:
+        raise ValueError(f"name={name!r} is already registered for {_qualified(known)}; "
+                         "choose another name")
+    _REGISTRY[name] = compressor_class
+
+
+def registered() -> Dict[str, Callable]:
+    """Registered name -> the builder of its spec (for ``HVDX_COMPRESSION``)."""
+    return {name: builder(name) for name in _REGISTRY}
+
+
+def builder(name: str) -> Callable[..., "UserCompression"]:
+    """``hvd.Compression.<name>``: builds the :class:`UserCompression` of ``name``.
+
+    Raises:
+        AttributeError: ``name`` is not registered.
+    """
+    cls = _REGISTRY.get(name)
+    if cls is None:
+        raise AttributeError(name)
+
+    def build(*args, **kwargs) -> UserCompression:
+        return UserCompression(name, cls, args, kwargs)
+
+    build.__name__ = build.__qualname__ = name
+    build.__doc__ = f"Build compression={name}(...): {_qualified(cls)} with error feedback."
+    build.hvdx_builds = "compression"  # refused uncalled (hvdx.strategy.strategy_of)
+    try:  # help() and HVDX_COMPRESSION's check of the arguments see the constructor's
+        build.__signature__ = inspect.signature(cls)
+    except (TypeError, ValueError):
+        pass
+    return build
+
+
+class Registered(type):
+    """The metaclass of the frameworks' ``Compression`` classes: an attribute they do
+    not have is a registered compressor's builder, even one registered after import."""
+
+    def __getattr__(cls, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return builder(name)
+        except AttributeError:
+            raise AttributeError(f"type object {cls.__name__!r} has no attribute {name!r} "
+                                 "(a compressor of your own: hvdx.register_compressor("
+                                 f"{name!r}, YourCompressor) first)") from None
+
+
+class UserCompression(Strategy):
+    """A registered compressor, its arguments, and the instance every rank runs.
+
+    A ``ValueError`` of the compressor's constructor is kept, in a job of several
+    ranks, and raised on every rank by the entry point (:func:`hvdx.strategy.validating`);
+    a ``TypeError`` (arguments it does not take) is raised at once, as by any call.
+    """
+
+    name: ClassVar[str] = "user_compression"
+    argument: ClassVar[str] = "compression"
+
+    def __init__(self, registered_name: str, cls: type, args: tuple = (),
+                 kwargs: Optional[dict] = None):
+        self.registered_name = registered_name
+        self.cls = cls
+        self.args = tuple(args)
+        self.kwargs = dict(kwargs or {})
+        self.compressor: Optional[Compressor] = None
+        try:
+            self.compressor = cls(*self.args, **self.kwargs)
+        except ValueError as error:
+            self.error = kept_for_every_rank(
+                ValueError(f"{registered_name}(...): {error}"))
+
+    def call(self) -> str:
+        """``name(arguments)`` as the user wrote it (rank-independent for literals)."""
+        parts = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in
+                                                sorted(self.kwargs.items())]
+        return f"{self.registered_name}({', '.join(parts)})"
+
+    def describe(self) -> str:
+        if self.error is not None:
+            return self.invalid_repr()
+        return f"{self.call()} [{_qualified(self.cls)}]"
+
+    def __repr__(self) -> str:
+        return self.describe()
+
+    __str__ = __repr__
+
+    def prepare(self, job) -> dict:
+        """The compressor's settings, checked: a ``dict``."""
+        settings = self.compressor.settings()
+        if not isinstance(settings, dict):
+            raise ValueError(f"{_qualified(self.cls)}.settings() returned "
+                             f"{type(settings).__name__}; return a dict")
+        return settings
+
+    def fingerprint_settings(self, job, plan) -> List:
+        return [("compression.class", _qualified(self.cls)),
+                ("compression.settings", repr(sorted(plan.items(), key=lambda kv: str(kv[0]))))]
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"

@@ -1,0 +1,109 @@
+"""A registered compressor's step across ranks: one collective per step.
+
+The algorithm is :mod:`hvdx.core.user_compression`; this module runs it around one
+exchange and keeps each rank's residuals and the step counter, for the PyTorch
+optimizer and the TensorFlow tape and Keras optimizer alike.
+
+The exchange is one ``comm.allgather`` (mpi4py's pickled collective) of
+``(finite, payloads)``, where ``payloads`` lists every tensor's payloads in the fixed
+order. A registered compressor's payloads are arrays of any number, shape and dtype,
+chosen by user code and possibly different on every rank (a random-k's values and
+indices, a scale): the pickled allgather carries them with their shapes and dtypes in
+one collective, where an ``Allgatherv`` of raw bytes would need a header of sizes,
+dtypes and shapes written and parsed here, for the same single round. The same round
+carries the NaN/Inf agreement: a rank with a non-finite gradient sends ``(False,
+None)`` and compresses nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from hvdx.core.user_compression import Compressor, combine, compress_with_feedback
+
+__all__ = ["UserCompressionSynchronizer"]
+
+
+class UserCompressionSynchronizer:
+    """Residuals, step counter and the exchange of one registered compressor's run.
+
+    Args:
+        names: the tensors' keys in the fixed order (the same on every rank).
+        compressor: the user's :class:`~hvdx.core.user_compression.Compressor`.
+        comm: the communicator of the ranks that average.
+        sum_op: ``op=Sum`` (no division by the number of ranks).
+        labels: the tensors' names for messages (default ``names``).
+    """
+
+    def __init__(self, names: Sequence[str], compressor: Compressor, comm,
+                 sum_op: bool = False, labels: Optional[Sequence[str]] = None):
+        self.names = tuple(names)
+        self.labels = tuple(labels) if labels is not None else self.names
+        self.compressor = compressor
+        self.comm = comm
+        self.sum_op = sum_op
+        self.step = 0
+        self.residuals: Dict[str, np.ndarray] = {}
+        self._reported_nonfinite = False
+
+    def synchronize(self, arrays: Sequence[np.ndarray]) -> Optional[List[np.ndarray]]:
+        """Every tensor's result (the average of every rank's decompressed payloads),
+        in the order of ``arrays`` (one per name); ``None`` when some rank's gradient
+        was not finite (then no residual and no step counter changed). Collective."""
+        if len(arrays) != len(self.names):
+            raise ValueError(f"got {len(arrays)} gradients for {len(self.names)} tensors")
+        first_bad = next((i for i, a in enumerate(arrays) if not np.all(np.isfinite(a))),
+                         None)
+        sent, fresh = None, {}
+        if first_bad is None:
+            sent = []
+            for name, array in zip(self.names, arrays):
+                payloads, fresh[name] = compress_with_feedback(
+                    self.compressor, array, self.residuals.get(name), self.step, name)
+                sent.append(payloads)
+        everyone = self.comm.allgather((first_bad, sent))
+        bad = [(r, i) for r, (i, _) in enumerate(everyone) if i is not None]
+        if bad:
+            self._report(bad)
+            return None
+        self.residuals.update(fresh)
+        out = [combine(self.compressor, [payloads[t] for _, payloads in everyone],
+                       array.shape, array.dtype, self.step, name, not self.sum_op)
+               for t, (name, array) in enumerate(zip(self.names, arrays))]
+        self.step += 1
+        return out
+
+    def _report(self, bad) -> None:
+        if self.comm.Get_rank() == 0 and not self._reported_nonfinite:
+            rank, i = bad[0]
+            print(f"[hvdx] compression: the gradient of '{self.labels[i]}' has NaN or Inf "
+                  f"values on rank {rank}; every rank's gradients are set to NaN and the "
+                  "step leaves the residuals alone, as Horovod's allreduce passes NaN/Inf "
+                  "on to a loss scaler; reported once", file=sys.stderr, flush=True)
+        self._reported_nonfinite = True
+
+    def state_dict(self) -> dict:
+        """``{"step", "rank", "residuals": {name: array}}`` (copies)."""
+        return {"step": self.step, "rank": self.comm.Get_rank(),
+                "residuals": {n: r.copy() for n, r in self.residuals.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`'s output, checked first (a refused one changes
+        nothing): residuals of these tensors only, saved by this rank."""
+        unknown = sorted(set(state["residuals"]) - set(self.names))
+        if unknown:
+            raise ValueError(f"the checkpoint's compression residuals name tensors this "
+                             f"optimizer does not have: {unknown[:5]}")
+        rank = state.get("rank")
+        if rank is not None and int(rank) != self.comm.Get_rank() and state["residuals"]:
+            raise ValueError(
+                f"this checkpoint holds the compression residuals of rank {int(rank)} and "
+                f"this is rank {self.comm.Get_rank()}: residuals belong to the rank that "
+                "accumulated them. Save a checkpoint on every rank, one file per rank, "
+                "and load each rank's own, or use hvd.save_checkpoint / "
+                "hvd.load_checkpoint, which keep every rank's state in one file")
+        self.step = int(state["step"])
+        self.residuals = {n: np.array(r, copy=True) for n, r in state["residuals"].items()}
