@@ -1,15 +1,17 @@
-"""``hvdx.torch.Compression``: Horovod's compressors plus :meth:`Compression.topk`."""
+"""``hvdx.torch.Compression``: Horovod's compressors plus :meth:`Compression.topk` and
+the compressors registered with ``hvdx.register_compressor``."""
 
 from __future__ import annotations
 
 import horovod.torch as _hvd
 
 from hvdx.compression import TopKCompression, topk as _topk
+from hvdx.compression_registry import Registered
 
 __all__ = ["Compression", "TopKCompression"]
 
 
-class Compression(_hvd.Compression):
+class Compression(_hvd.Compression, metaclass=Registered):
     """Optional gradient compression.
 
     ``none`` and ``fp16`` are Horovod's own compressors (the same objects). ``topk``
@@ -18,6 +20,10 @@ class Compression(_hvd.Compression):
     synchronization (mpi4py collectives), because an allreduce cannot carry TopK::
 
         compression=hvd.Compression.topk(ratio=0.01, downlink_ratio=0.01)
+
+    ``Compression.<name>(...)`` builds a compressor registered under ``name``
+    (:func:`hvdx.register_compressor`), run with error feedback by
+    :mod:`hvdx.torch.user_compression`.
     """
 
     topk = staticmethod(_topk)

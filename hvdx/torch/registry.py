@@ -72,9 +72,24 @@ def _decentralized(optimizer, strategy, plan, args: OptimizerArguments):
                                         args.named_buffers)
 
 
+def _user_compression(optimizer, strategy, plan, args: OptimizerArguments):
+    from hvdx.torch.user_compression import make_user_compression_optimizer
+
+    if args.comm is None:  # outside process_set: Horovod's optimizer, as for TopK
+        return _hvd.DistributedOptimizer(
+            optimizer, named_parameters=args.named_parameters,
+            backward_passes_per_step=args.backward_passes_per_step, op=args.op,
+            gradient_predivide_factor=args.gradient_predivide_factor,
+            sparse_as_dense=args.sparse_as_dense, process_set=args.process_set)
+    return make_user_compression_optimizer(
+        optimizer, args.named_parameters, strategy, args.backward_passes_per_step,
+        args.op, args.gradient_predivide_factor, args.comm)
+
+
 #: Strategy name -> ``adapter(optimizer, strategy, plan, arguments)``.
 ADAPTERS: Dict[str, Callable] = {
     "topk": _topk,
+    "user_compression": _user_compression,
     "dssync": _dssync,
     "decentralized": _decentralized,
 }

@@ -1,0 +1,177 @@
+"""The PyTorch optimizer for a registered compressor (``hvdx.register_compressor``).
+
+The algorithm is :mod:`hvdx.core.user_compression`, its step across ranks
+:class:`hvdx.mpi.user_compression_exchange.UserCompressionSynchronizer` (shared with
+TensorFlow); this module moves gradients between torch and numpy. One :meth:`step`
+(``synchronize`` then the wrapped optimizer's ``step``):
+
+1. every parameter's gradient in the optimizer's ``param_groups`` order (the order the
+   fingerprint checked); a missing gradient is zeros, a sparse one is made dense;
+2. the synchronizer's step on CPU numpy copies (float64 stays float64, anything else
+   is float32): error feedback, one exchange, the average (``op=Sum``: the sum);
+3. the result is written into ``p.grad`` (its device and dtype; sparse again where it
+   was); if some rank's gradient was not finite, every ``p.grad`` becomes NaN and no
+   residual changes (what ``torch.amp.GradScaler`` expects of Horovod's allreduce);
+4. the wrapped optimizer's ``step``.
+
+The residuals and the step counter are in ``optimizer.state_dict()`` under
+``"hvdx_user_compression"``; each rank's are its own (``hvd.save_checkpoint`` keeps
+every rank's in one file).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import List, Tuple
+
+import horovod.torch as _hvd
+import numpy as np
+import torch
+
+from hvdx.compression_registry import UserCompression
+from hvdx.mpi.user_compression_exchange import UserCompressionSynchronizer
+from hvdx.torch.topk_optimizer import _STEP_AFTER_SYNCHRONIZE
+from hvdx.torch.wrapping import subclass_of
+
+__all__ = ["STATE_KEY", "make_user_compression_optimizer"]
+
+#: The key of hvdx's state in :meth:`state_dict`.
+STATE_KEY = "hvdx_user_compression"
+
+
+def check_arguments(op, gradient_predivide_factor, average, total) -> None:
+    """``op`` must be Average or Sum, ``gradient_predivide_factor`` 1 (``ValueError``)."""
+    if op not in (average, total):
+        raise ValueError(f"op={op!r} is not supported with a registered compressor; use "
+                         "op=hvd.Average or op=hvd.Sum")
+    if gradient_predivide_factor != 1.0:
+        raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor!r} is not "
+                         "supported with a registered compressor; leave it 1.0")
+
+
+def make_user_compression_optimizer(optimizer, named_parameters,
+                                    compression: UserCompression,
+                                    backward_passes_per_step, op,
+                                    gradient_predivide_factor, comm):
+    """An instance of a class made at run time from ``optimizer``'s class
+    (``isinstance(result, type(optimizer))`` holds)."""
+    check_arguments(op, gradient_predivide_factor, _hvd.Average, _hvd.Sum)
+    if backward_passes_per_step <= 0:
+        raise ValueError("backward_passes_per_step must be > 0")
+    cls = subclass_of(optimizer, _UserCompressionOptimizer)
+    return cls(optimizer.param_groups, named_parameters, compression,
+               backward_passes_per_step, op == _hvd.Sum, comm)
+
+
+class _UserCompressionOptimizer:
+    """Methods copied into the run-time class; ``self._hvdx_base`` is the user's class."""
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step,
+                 sum_op, comm):
+        self._hvdx_base.__init__(self, params)
+        names = {id(p): n for n, p in named_parameters or ()}
+        entries = []
+        for g, group in enumerate(self.param_groups):
+            for i, p in enumerate(group["params"]):
+                if p.requires_grad:
+                    entries.append((names.get(id(p), f"param_groups[{g}][{i}]"), p))
+        self._hvdx_entries: List[Tuple[str, torch.Tensor]] = entries
+        self._hvdx_compression = compression
+        self._hvdx_sync = UserCompressionSynchronizer(
+            [n for n, _ in entries], compression.compressor, comm, sum_op=sum_op)
+        self.backward_passes_per_step = backward_passes_per_step
+        self._hvdx_synchronized = False
+        self._hvdx_should_synchronize = True
+
+    hvdx_strategy = property(lambda self: self._hvdx_compression,
+                             doc="The :class:`~hvdx.compression_registry.UserCompression` "
+                                 "spec this optimizer runs (read-only).")
+
+    def set_backward_passes_per_step(self, passes):
+        if passes <= 0:
+            raise ValueError("backward_passes_per_step must be > 0")
+        self.backward_passes_per_step = passes
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Inside, :meth:`step` does not synchronize (call :meth:`synchronize` first)."""
+        self._hvdx_should_synchronize = False
+        try:
+            yield
+        finally:
+            self._hvdx_should_synchronize = True
+
+    def step(self, closure=None):
+        """Synchronize (unless done or skipped), then the wrapped optimizer's step."""
+        if self._hvdx_should_synchronize and self._hvdx_synchronized:
+            warnings.warn(_STEP_AFTER_SYNCHRONIZE)
+        if self._hvdx_should_synchronize and not self._hvdx_synchronized:
+            self.synchronize()
+        self._hvdx_synchronized = False
+        return self._hvdx_local_step(closure)
+
+    def _hvdx_local_step(self, closure=None):
+        return self._hvdx_base.step(self, closure)
+
+    def synchronize(self):
+        """Replace every ``p.grad`` by the compressed average (steps 1 to 3)."""
+        grads, sparse = [], []
+        for position, (_, p) in enumerate(self._hvdx_entries):
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            g = p.grad
+            if g.is_sparse:
+                sparse.append(position)
+                g = g.to_dense()
+            grads.append(g)
+        arrays = [g.detach().to("cpu", torch.float64 if g.dtype == torch.float64
+                                else torch.float32).numpy() for g in grads]
+        results = self._hvdx_sync.synchronize(arrays)
+        with torch.no_grad():
+            for position, (_, p) in enumerate(self._hvdx_entries):
+                g = grads[position]
+                if results is None:
+                    out = torch.full_like(g, float("nan"))
+                else:
+                    out = torch.from_numpy(results[position]).to(g.device, g.dtype)
+                if position in sparse:
+                    p.grad = out.to_sparse()
+                else:
+                    p.grad.copy_(out)
+        self._hvdx_synchronized = True
+
+    def state_dict(self):
+        state = self._hvdx_base.state_dict(self)
+        mine = self._hvdx_sync.state_dict()
+        mine["residuals"] = {n: torch.from_numpy(r) for n, r in mine["residuals"].items()}
+        state[STATE_KEY] = mine
+        return state
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        mine = state_dict.pop(STATE_KEY, None)
+        if mine is not None:
+            mine = dict(mine)
+            mine["residuals"] = {n: _to_numpy(r) for n, r in mine["residuals"].items()}
+            # A refused checkpoint changes nothing, the wrapped optimizer's state included.
+            probe = UserCompressionSynchronizer(self._hvdx_sync.names,
+                                                self._hvdx_sync.compressor,
+                                                self._hvdx_sync.comm)
+            probe.load_state_dict(mine)
+        self._hvdx_base.load_state_dict(self, state_dict)
+        if mine is not None:
+            self._hvdx_sync.load_state_dict(mine)
+
+    def _hvdx_broadcast_shared(self, root_rank):
+        """Give every rank ``root_rank``'s step counter (the compressor's seeds may
+        depend on it); each rank keeps its own residuals. Collective."""
+        step = _hvd.broadcast_object(self._hvdx_sync.step, root_rank,
+                                     name="hvdx.user_compression.step")
+        self._hvdx_sync.step = int(step)
+
+
+def _to_numpy(t) -> np.ndarray:
+    if isinstance(t, torch.Tensor):
+        return t.detach().to("cpu").numpy().copy()
+    return np.asarray(t).copy()

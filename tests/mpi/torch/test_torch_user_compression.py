@@ -1,0 +1,267 @@
+"""A compressor defined here, registered, and run by ``hvd.DistributedOptimizer``.
+
+Every rank's gradients come from seeded generators, so the test computes the whole
+job's training in numpy (every rank's residuals, the average over ranks) and compares.
+"""
+
+import io
+import pathlib
+import sys
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+import hvdx
+import hvdx.torch as hvd
+from hvdx.compression_registry import UserCompression
+from hvdx.core.user_compression import Compressor
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from hvdx_variables import hvdx_variables  # noqa: E402
+
+
+class ScaledSign(Compressor):
+    def __init__(self, scale=1.0):
+        if not scale > 0:
+            raise ValueError(f"scale={scale!r} must be positive")
+        self.scale = scale
+
+    def compress(self, x, step, name):
+        return [np.signbit(x), np.array(np.abs(x).mean(), x.dtype)]
+
+    def decompress(self, payloads, shape, dtype, step, name):
+        negative, mean = payloads
+        sign = np.where(negative, -1.0, 1.0).astype(dtype)
+        return sign * (mean * dtype.type(self.scale))
+
+    def settings(self):
+        return {"scale": self.scale}
+
+
+class RandomK(Compressor):
+    """k entries chosen by a generator seeded with (seed, step, name): every rank picks
+    the same entries, and decompress finds them again without receiving them."""
+
+    def __init__(self, k=3, seed=0):
+        self.k, self.seed = k, seed
+
+    def _indices(self, size, step, name):
+        rng = np.random.default_rng([self.seed, step, zlib.crc32(name.encode())])
+        return rng.choice(size, min(self.k, size), replace=False)
+
+    def compress(self, x, step, name):
+        return [x.reshape(-1)[self._indices(x.size, step, name)]]
+
+    def decompress(self, payloads, shape, dtype, step, name):
+        out = np.zeros(int(np.prod(shape)), dtype)
+        out[self._indices(out.size, step, name)] = payloads[0]
+        return out.reshape(shape)
+
+    def settings(self):
+        return {"k": self.k, "seed": self.seed}
+
+
+class Identity(Compressor):
+    def compress(self, x, step, name):
+        return [x]
+
+    def decompress(self, payloads, shape, dtype, step, name):
+        return payloads[0]
+
+
+hvdx.register_compressor("test_scaled_sign", ScaledSign)
+hvdx.register_compressor("test_random_k", RandomK)
+hvdx.register_compressor("test_identity", Identity)
+
+SHAPES = {"w": (4, 3), "b": (3,)}
+LR = np.float32(0.1)
+
+
+def gradient(rank, step, name):
+    rng = np.random.default_rng([rank, step, len(name), SHAPES[name][0]])
+    return rng.standard_normal(SHAPES[name]).astype(np.float32)
+
+
+def start():
+    return {n: np.linspace(-1, 1, int(np.prod(s)), dtype=np.float32).reshape(s)
+            for n, s in SHAPES.items()}
+
+
+def reference(compressor, steps, first=0, residuals=None):
+    """Parameters after ``steps`` steps of SGD on the compressed average, and every
+    rank's residuals, computed here for the whole job."""
+    size = hvd.size()
+    params = start() if first == 0 else None
+    residuals = residuals or [{n: np.zeros(s, np.float32) for n, s in SHAPES.items()}
+                              for _ in range(size)]
+    history = []
+    for step in range(first, first + steps):
+        average = {}
+        for n, shape in SHAPES.items():
+            decoded = []
+            for r in range(size):
+                corrected = gradient(r, step, n) + residuals[r][n]
+                mine = compressor.decompress(compressor.compress(corrected, step, n), shape,
+                                             np.dtype(np.float32), step, n)
+                residuals[r][n] = corrected - mine
+                decoded.append(mine)
+            total = decoded[0].copy()
+            for d in decoded[1:]:
+                total = total + d
+            average[n] = total / np.float32(size)
+        history.append(average)
+    return history, residuals
+
+
+def model():
+    parameters = {n: torch.nn.Parameter(torch.from_numpy(v.copy()))
+                  for n, v in start().items()}
+    return parameters
+
+
+def make(parameters, **arguments):
+    return hvd.DistributedOptimizer(torch.optim.SGD(list(parameters.values()), lr=float(LR)),
+                                    named_parameters=list(parameters.items()), **arguments)
+
+
+def train(optimizer, parameters, steps, first=0):
+    for step in range(first, first + steps):
+        optimizer.zero_grad()
+        for n, p in parameters.items():
+            p.grad = torch.from_numpy(gradient(hvd.rank(), step, n))
+        optimizer.step()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("compressor, build", [
+    (ScaledSign(0.5), lambda: hvd.Compression.test_scaled_sign(scale=0.5)),
+    (RandomK(5, seed=7), lambda: hvd.Compression.test_random_k(5, seed=7)),
+])
+def test_training_is_the_numpy_reference(compressor, build):
+    parameters = model()
+    optimizer = make(parameters, compression=build())
+    assert isinstance(optimizer, torch.optim.SGD)
+    assert isinstance(optimizer.hvdx_strategy, UserCompression)
+    train(optimizer, parameters, 4)
+    history, residuals = reference(compressor, 4)
+    expected = start()
+    for average in history:
+        for n in SHAPES:
+            expected[n] = expected[n] - LR * average[n]
+    for n, p in parameters.items():
+        np.testing.assert_allclose(p.detach().numpy(), expected[n], rtol=1e-5, atol=1e-6)
+    saved = optimizer.state_dict()["hvdx_user_compression"]
+    assert saved["step"] == 4
+    for n in SHAPES:
+        np.testing.assert_allclose(saved["residuals"][n].numpy(), residuals[hvd.rank()][n],
+                                   rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_the_identity_compressor_trains_as_horovod():
+    ours, theirs = model(), model()
+    train(make(ours, compression=hvd.Compression.test_identity()), ours, 3)
+    train(make(theirs), theirs, 3)
+    for n in SHAPES:
+        np.testing.assert_allclose(ours[n].detach().numpy(), theirs[n].detach().numpy(),
+                                   rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_checkpoint_resumes_bitwise():
+    parameters = model()
+    optimizer = make(parameters, compression=hvd.Compression.test_random_k(4, seed=3))
+    train(optimizer, parameters, 2)
+    buffer = io.BytesIO()
+    torch.save({"model": {n: p.detach().clone() for n, p in parameters.items()},
+                "optimizer": optimizer.state_dict()}, buffer)
+    train(optimizer, parameters, 3, first=2)
+
+    buffer.seek(0)
+    saved = torch.load(buffer)
+    resumed = model()
+    with torch.no_grad():
+        for n, p in resumed.items():
+            p.copy_(saved["model"][n])
+    again = make(resumed, compression=hvd.Compression.test_random_k(4, seed=3))
+    again.load_state_dict(saved["optimizer"])
+    train(again, resumed, 3, first=2)
+    for n in SHAPES:
+        assert torch.equal(parameters[n], resumed[n])
+    a, b = optimizer.state_dict(), again.state_dict()
+    assert a["hvdx_user_compression"]["step"] == b["hvdx_user_compression"]["step"] == 5
+    for n in SHAPES:
+        assert torch.equal(a["hvdx_user_compression"]["residuals"][n],
+                           b["hvdx_user_compression"]["residuals"][n])
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_non_finite_gradient_on_one_rank_makes_every_gradient_nan():
+    parameters = model()
+    optimizer = make(parameters, compression=hvd.Compression.test_scaled_sign())
+    train(optimizer, parameters, 1)
+    before = optimizer.state_dict()["hvdx_user_compression"]
+    for n, p in parameters.items():
+        p.grad = torch.from_numpy(gradient(hvd.rank(), 1, n))
+    if hvd.rank() == hvd.size() - 1:
+        parameters["b"].grad[1] = float("inf")
+    optimizer.synchronize()
+    for p in parameters.values():
+        assert torch.isnan(p.grad).all()
+    after = optimizer.state_dict()["hvdx_user_compression"]
+    assert after["step"] == before["step"] == 1
+    for n in SHAPES:
+        assert torch.equal(after["residuals"][n], before["residuals"][n])
+
+
+@pytest.mark.mpi(min_size=1)
+def test_hvdx_compression_picks_the_registered_compressor():
+    in_code = model()
+    train(make(in_code, compression=hvd.Compression.test_scaled_sign(0.5)), in_code, 3)
+    chosen = model()
+    with hvdx_variables(compression="test_scaled_sign(scale=0.5)"):
+        optimizer = make(chosen)
+        assert isinstance(optimizer.hvdx_strategy, UserCompression)
+        assert optimizer.hvdx_strategy.compressor.scale == 0.5
+        train(optimizer, chosen, 3)
+    for n in SHAPES:
+        assert torch.equal(in_code[n], chosen[n])
+
+
+def refused_everywhere(build, name):
+    with pytest.raises(ValueError) as info:
+        make(model(), compression=build())
+    message = str(info.value)
+    assert len(set(hvd.allgather_object(message))) == 1
+    total = hvd.allreduce(torch.ones(2), op=hvd.Sum, name=f"after.{name}")
+    assert torch.equal(total, torch.full((2,), float(hvd.size())))
+    return message
+
+
+@pytest.mark.mpi(min_size=2)
+def test_another_setting_on_one_rank_fails_on_every_rank():
+    last = hvd.rank() == hvd.size() - 1
+    message = refused_everywhere(
+        lambda: hvd.Compression.test_random_k(3, seed=1 if last else 0), "random_k_seed")
+    assert "seed" in message
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_bad_argument_on_one_rank_fails_on_every_rank():
+    last = hvd.rank() == hvd.size() - 1
+    message = refused_everywhere(
+        lambda: hvd.Compression.test_scaled_sign(-1.0 if last else 1.0), "scaled_sign_bad")
+    assert "scale=-1.0 must be positive" in message
+
+
+@pytest.mark.mpi(min_size=2)
+def test_another_value_of_the_variable_on_one_rank_fails_on_every_rank():
+    last = hvd.rank() == hvd.size() - 1
+    with pytest.raises(ValueError) as info:
+        with hvdx_variables(compression=f"test_scaled_sign({2.0 if last else 1.0})"):
+            make(model())
+    message = str(info.value)
+    assert len(set(hvd.allgather_object(message))) == 1
+    assert "HVDX_COMPRESSION" in message
