@@ -7,8 +7,8 @@ A value is read without ``eval`` (the grammar: :mod:`hvdx.environment`):
 1. ``ast.parse(mode="eval")``; anything but a bare name or a call of a name is refused;
 2. every argument is read by ``ast.literal_eval``, so nothing but the literals is
    evaluated;
-3. a refusal is a ``ValueError`` naming the variable, its value and what it accepts
-   (:data:`ACCEPTED`).
+3. a refusal is a :class:`VariableError` (a ``ValueError``) naming the variable, its
+   value and what it accepts (:data:`ACCEPTED`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Optional, Tuple
 from hvdx.topk_presets import PRESETS
 
 __all__ = ["ACCEPTED", "COMPRESSION_VARIABLE", "NONE_VALUES", "SYNC_VARIABLE",
-           "asks_for_dssync", "call_of", "expression", "refused"]
+           "VariableError", "asks_for_dssync", "call_of", "expression", "refused"]
 
 COMPRESSION_VARIABLE = "HVDX_COMPRESSION"
 SYNC_VARIABLE = "HVDX_SYNC"
@@ -36,6 +36,18 @@ ACCEPTED = {
 
 #: Words that mean "no hvdx strategy", as an unset variable.
 NONE_VALUES = ("", "none")
+
+
+class VariableError(ValueError):
+    """A value of ``HVDX_COMPRESSION`` or ``HVDX_SYNC`` that hvdx refuses, or one that
+    differs between ranks.
+
+    Raised on every rank alike (by ``hvd.init``, or by the entry point after its
+    cross-rank check), with a message that says all there is to fix, so a traceback
+    through hvdx's internals would only hide it: hvdx's hook for uncaught exceptions
+    (:mod:`hvdx.mpi.abort`) prints the message alone, once, on rank 0, and ends every
+    rank with a non-zero status.
+    """
 
 
 def asks_for_dssync(raw: Optional[str]) -> bool:
@@ -81,7 +93,7 @@ def _literal(variable: str, raw: str, node: ast.expr):
                       "list, tuple or dict of them)") from None
 
 
-def refused(variable: str, raw: str, reason: str) -> ValueError:
+def refused(variable: str, raw: str, reason: str) -> VariableError:
     """The error for ``variable=raw``: ``reason``, then what the variable accepts."""
-    return ValueError(f"{variable}={raw!r}: {reason}. {variable} accepts "
-                      f"{ACCEPTED[variable]}")
+    return VariableError(f"{variable}={raw!r}: {reason}. {variable} accepts "
+                         f"{ACCEPTED[variable]}")

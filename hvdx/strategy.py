@@ -176,7 +176,10 @@ def resolve(strategy: Optional[Strategy], job: Job) -> Resolved:
     """Prepare ``strategy`` for ``job``; a ``ValueError`` becomes a fingerprint entry.
 
     A spec whose constructor failed is not prepared: its error is already an entry of
-    the entry point's settings (:func:`hvdx.settings.horovod_settings`).
+    the entry point's settings (:func:`hvdx.settings.horovod_settings`). A spec built
+    from a variable (``HVDX_SYNC="DSSync('shuffle', group_size=3)"`` on two ranks)
+    fails naming the variable, as its other refusals do
+    (:class:`~hvdx.environment_variables.VariableError`).
     """
     if strategy is None:
         return Resolved([])
@@ -186,6 +189,10 @@ def resolve(strategy: Optional[Strategy], job: Job) -> Resolved:
         plan = strategy.prepare(job)
         return Resolved(list(strategy.fingerprint_settings(job, plan)), plan)
     except ValueError as error:
+        if strategy.environment is not None:
+            from hvdx.environment_variables import refused
+
+            error = refused(*strategy.environment, str(error))
         return Resolved([(f"{strategy.name}.error", str(error))], None, error)
 
 

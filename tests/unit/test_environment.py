@@ -7,8 +7,9 @@ The MPI tests (tests/mpi/*/test_*environment*.py) train with them at 1, 2 and 4 
 import pytest
 
 import hvdx
-from hvdx import environment
+from hvdx import environment, environment_variables
 from hvdx.compression import topk
+from hvdx.environment_variables import VariableError
 from hvdx.mpi.init_environment import init_arguments, launch_difference
 
 NONE = object()  # a framework's Compression.none
@@ -202,3 +203,97 @@ def test_a_rank_launched_with_another_value_is_named_before_what_it_changed():
     dssyncs = Fingerprint.build(settings=[("HVDX_SYNC", "DSSync()"), ("sync", "dssync")])
     assert first_difference([horovods, dssyncs]) == (
         "setting 'HVDX_SYNC' ('DSSync()') exists on rank 1 but not on rank 0")
+
+
+# --- a refused value ends the job with its message alone --------------------------------
+
+@pytest.mark.parametrize("variable, raw", [
+    ("HVDX_COMPRESSION", "topk(ration=0.1)"),
+    ("HVDX_COMPRESSION", "topk(2.0)"),
+    ("HVDX_COMPRESSION", "topk(0.1"),
+    ("HVDX_SYNC", "DSSync(group_size=3)"),
+    ("HVDX_SYNC", "Decentralized(topology='star')"),
+    ("HVDX_SYNC", "dssync"),
+])
+def test_init_refuses_a_value_the_entry_point_would_refuse_with_the_same_message(
+        monkeypatch, variable, raw):
+    monkeypatch.setenv(variable, raw)
+    with pytest.raises(VariableError) as at_init:
+        init_arguments((), {})
+    with pytest.raises(VariableError) as at_entry:
+        environment.choose(NONE, None, NONE, topk, "Entry")
+    assert str(at_init.value) == str(at_entry.value)
+    assert str(at_init.value).startswith(f"{variable}={raw!r}: ")
+
+
+def test_init_leaves_a_compression_name_it_does_not_know_to_the_entry_point(monkeypatch):
+    """The script may register it after init (hvdx.register_compressor)."""
+    monkeypatch.setenv("HVDX_COMPRESSION", "my_compressor(0.5)")
+    assert init_arguments((), {}) == ((), {})
+
+
+def test_a_value_refused_for_this_job_names_the_variable():
+    from types import SimpleNamespace
+
+    from hvdx.strategy import Job, resolve
+
+    spec = sync("DSSync('shuffle', group_size=3)")
+    everyone = object()  # Horovod's global process set
+    job = Job(size=2, rank=0, horovod=SimpleNamespace(global_process_set=everyone),
+              compression=NONE, no_compression=NONE, process_set=everyone,
+              framework="torch")
+    error = resolve(spec, job).error
+    assert isinstance(error, VariableError)
+    assert str(error).startswith("HVDX_SYNC=\"DSSync('shuffle', group_size=3)\": "
+                                 "group_size=3 must be an integer from 1 to the number of "
+                                 "ranks, 2. HVDX_SYNC accepts none, ")
+
+
+class FakeMPI:
+    """What the hook asks of mpi4py's ``MPI``, for one rank of ``size``."""
+
+    class Ended(Exception):
+        pass
+
+    def __init__(self, rank, size):
+        self.COMM_WORLD = self
+        self.rank, self.size = rank, size
+
+    def Is_finalized(self):
+        return False
+
+    def Get_rank(self):
+        return self.rank
+
+    def Get_size(self):
+        return self.size
+
+    def Abort(self, code):
+        raise FakeMPI.Ended(f"Abort({code})")
+
+
+@pytest.mark.parametrize("rank, size, printed, ended", [
+    (0, 1, "[hvdx] {}\n", None),  # Python then exits with status 1
+    (0, 2, "[hvdx] {}\n", "_exit(1)"),
+    (1, 2, "[hvdx rank 1] {}\n", "Abort(1)"),  # only if rank 0 has not ended the job
+])
+def test_a_variable_error_is_printed_alone_and_ends_the_rank_with_status_one(
+        monkeypatch, capfd, rank, size, printed, ended):
+    from hvdx.mpi import abort
+
+    def _exit(code):
+        raise FakeMPI.Ended(f"_exit({code})")
+
+    slept = []
+    monkeypatch.setattr(abort.os, "_exit", _exit)
+    monkeypatch.setattr(abort.time, "sleep", slept.append)
+    error = environment_variables.refused("HVDX_SYNC", "dssync", "unknown name 'dssync'")
+    try:
+        abort._end_on_variable_error(FakeMPI(rank, size), error)
+        outcome = None
+    except FakeMPI.Ended as end:
+        outcome = str(end)
+    assert outcome == ended
+    assert capfd.readouterr().err == printed.format(error)
+    # A rank other than 0 is silent for as long as rank 0 may take to end the job.
+    assert (sum(slept) >= abort._SILENT_S) == (rank != 0)

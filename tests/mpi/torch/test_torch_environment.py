@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import hvdx.torch as hvd
+from hvdx.environment_variables import VariableError
 from hvdx.mpi.init_environment import init_arguments
 from torch_models import SmallCNN, batches
 
@@ -176,6 +177,18 @@ def test_init_fails_every_rank_when_a_rank_was_launched_with_another_value():
     assert message.startswith("hvdx init: HVDX_SYNC differs between ranks (rank 0: "
                               "unset, rank 1: 'DSSync()'")
     assert len(set(hvd.allgather_object(message))) == 1
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("compression, sync", [
+    ("topk(ration=0.1)", None), (None, "DSSync(group_size=3)"), ("topk(0.1", None)])
+def test_init_refuses_a_misspelt_value_on_every_rank_alike(compression, sync):
+    """Before Horovod's init and the script's data: the error hvdx's hook ends the job
+    with, printing its message once (tests/launch/test_environment_launch.py)."""
+    with hvdx_variables(compression=compression, sync=sync):
+        with pytest.raises(VariableError) as info:
+            init_arguments((), {})
+    assert len(set(hvd.allgather_object(str(info.value)))) == 1
 
 
 @pytest.mark.mpi(min_size=1)
