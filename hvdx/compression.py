@@ -18,6 +18,7 @@ from typing import ClassVar, FrozenSet, List, Optional
 
 from hvdx.core.bidirectional_topk import MODES, TopKConfig, canonical_topk_method
 from hvdx.core.topk_selection import DEFAULT_SAMPLE_SIZE
+from hvdx.keywords import bind, unexpected_keyword
 from hvdx.strategy import Strategy, kept_for_every_rank, validating
 from hvdx.topk_presets import preset_arguments
 
@@ -234,11 +235,15 @@ def topk(*args, preset: Optional[str] = None, **kwargs) -> TopKCompression:
             ``preset='fastest'``), or an old name and its new one disagree, naming
             both; in a job of several ranks, raised by the optimizer or tape that takes
             the spec, on every rank (:func:`hvdx.strategy.validating`).
-        TypeError: an argument ``topk`` does not take, at once (as any Python call).
+        TypeError: an argument ``topk`` does not take, at once (as any Python call),
+            naming the closest keyword it takes (``ration``: ``ratio``).
     """
     # Which arguments the caller gave cannot be read off their values (a default given
     # on purpose overrides the preset too), hence *args and **kwargs here.
-    given = _TOPK_SIGNATURE.bind(*args, **kwargs).arguments
+    unknown = unexpected_keyword("topk", topk.__signature__, kwargs)  # preset included
+    if unknown is not None:
+        raise unknown
+    given = bind("topk", _TOPK_SIGNATURE, args, kwargs).arguments
     from_preset = frozenset()
     try:
         given = _new_names(given)

@@ -42,6 +42,7 @@ Every entry point (``DistributedOptimizer`` of torch and Keras,
 from __future__ import annotations
 
 import ast
+import difflib
 import inspect
 import os
 import sys
@@ -52,6 +53,7 @@ from hvdx.dssync import DSSync
 from hvdx.environment_variables import (COMPRESSION_VARIABLE, NONE_VALUES, SYNC_VARIABLE,
                                         asks_for_dssync, call_of, expression, refused)
 from hvdx.compression_registry import registered as registered_compressors
+from hvdx.keywords import unexpected_keyword
 from hvdx.strategy import Strategy, kept_for_every_rank
 from hvdx.topk_presets import PRESETS
 
@@ -120,12 +122,19 @@ def parse(variable: str, raw: str, topk: Optional[Callable] = None) -> Optional[
     else:
         constructors = {"DSSync": DSSync, "Decentralized": Decentralized}
     if name not in constructors:
-        raise refused(variable, raw, f"unknown name {name!r}")
+        names = list(constructors) + (list(PRESETS) if variable == COMPRESSION_VARIABLE
+                                      else [])
+        raise refused(variable, raw, f"unknown name {name!r}{_closest(name, names)}")
     constructor = constructors[name]
+    signature = inspect.signature(constructor)
+    unknown = unexpected_keyword(name, signature, kwargs)  # naming the closest keyword
+    if unknown is not None:
+        raise refused(variable, raw, str(unknown))
     try:
-        inspect.signature(constructor).bind(*args, **kwargs)
+        signature.bind(*args, **kwargs)
     except TypeError as error:
-        raise refused(variable, raw, f"{name}() does not take these arguments ({error})")
+        raise refused(variable, raw,
+                      f"{name}() does not take these arguments ({error})") from None
     try:
         spec = constructor(*args, **kwargs)
     except (TypeError, ValueError) as error:  # TypeError: a literal of the wrong type
@@ -134,6 +143,13 @@ def parse(variable: str, raw: str, topk: Optional[Callable] = None) -> Optional[
         object.__setattr__(spec, "error", refused(variable, raw, str(spec.error)))
     object.__setattr__(spec, "environment", (variable, raw))
     return spec
+
+
+def _closest(name: str, names) -> str:
+    """``"; did you mean 'DSSync'?"`` for ``name`` (case aside), or ``""``."""
+    by_lower = {n.lower(): n for n in names}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1)
+    return f"; did you mean {by_lower[close[0]]!r}?" if close else ""
 
 
 def forget() -> None:

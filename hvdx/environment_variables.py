@@ -95,5 +95,6 @@ def _literal(variable: str, raw: str, node: ast.expr):
 
 def refused(variable: str, raw: str, reason: str) -> VariableError:
     """The error for ``variable=raw``: ``reason``, then what the variable accepts."""
-    return VariableError(f"{variable}={raw!r}: {reason}. {variable} accepts "
+    end = " " if reason.endswith("?") else ". "  # "...; did you mean 'ratio'?"
+    return VariableError(f"{variable}={raw!r}: {reason}{end}{variable} accepts "
                          f"{ACCEPTED[variable]}")

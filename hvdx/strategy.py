@@ -32,12 +32,15 @@ from __future__ import annotations
 
 import abc
 import functools
+import inspect
 import math
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple
 
 import numpy as np
+
+from hvdx.keywords import unexpected_keyword
 
 __all__ = ["Job", "MixingStrategy", "Resolved", "Strategy", "adapter_for", "global_due",
            "kept_for_every_rank", "resolve", "several_ranks", "strategy_of",
@@ -284,7 +287,10 @@ def kept_for_every_rank(error: Exception) -> Exception:
 
 
 def validating(method):
-    """Decorate a spec's constructor: its ``ValueError`` names the bad argument.
+    """Decorate a spec's constructor: its ``ValueError`` names the bad argument, and a
+    keyword it does not take is a ``TypeError`` naming the closest it takes
+    (``DSSync() got an unexpected keyword argument 'group_sise'; did you mean
+    'group_size'?``, :mod:`hvdx.keywords`).
 
     In a job of one rank (or without MPI) the error is raised at once, where the spec
     is built. In a job of several ranks it is kept in :attr:`Strategy.error` instead,
@@ -294,8 +300,14 @@ def validating(method):
     the others waiting in their next collective (or be ended by ``MPI_Abort``,
     without the reason).
     """
+    signature = inspect.signature(method)
+
     @functools.wraps(method)
     def checked(self, *args, **kwargs):
+        # A misspelt keyword: Python's TypeError, naming the closest one it takes.
+        unknown = unexpected_keyword(type(self).__name__, signature, kwargs)
+        if unknown is not None:
+            raise unknown
         try:
             method(self, *args, **kwargs)
         except ValueError as error:
