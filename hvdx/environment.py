@@ -36,7 +36,8 @@ Every entry point (``DistributedOptimizer`` of torch and Keras,
    cross-rank check (:func:`hvdx.strategy.kept_for_every_rank`);
 5. one spec per framework, variable and value in a process (a TensorFlow tape is made
    every step and keeps the DS-Sync or graph state on its spec); rank 0 prints the
-   choice once per entry point and value.
+   choice once per entry point and value, and a strategy the code passes once per
+   entry point and setting, in the same form (``HVDX_LOG_LEVEL``: :mod:`hvdx.log`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ import ast
 import difflib
 import inspect
 import os
-import sys
 from typing import Callable, Dict, Optional, Set, Tuple
 
 from hvdx.decentralized import Decentralized
@@ -53,6 +53,7 @@ from hvdx.dssync import DSSync
 from hvdx.environment_variables import (COMPRESSION_VARIABLE, NONE_VALUES, SYNC_VARIABLE,
                                         asks_for_dssync, call_of, expression, refused)
 from hvdx.compression_registry import registered as registered_compressors
+from hvdx import log
 from hvdx.keywords import unexpected_keyword
 from hvdx.strategy import Strategy, kept_for_every_rank
 from hvdx.topk_presets import PRESETS
@@ -61,7 +62,7 @@ __all__ = ["COMPRESSION_VARIABLE", "SYNC_VARIABLE", "asks_for_dssync", "choose",
            "forget", "parse"]
 
 # (variable, value, builder) -> the spec built from it; (entry point, variable, value)
-# already printed by rank 0.
+# or (entry point, argument, setting) already printed by rank 0.
 _SPECS: Dict[Tuple[str, str, Callable], Strategy] = {}
 _SAID: Set[Tuple[str, str, str]] = set()
 
@@ -89,10 +90,12 @@ def choose(compression, sync, no_compression, topk: Callable, what: str):
             compression = _chosen(COMPRESSION_VARIABLE, topk, what, compression)
         else:
             _ignored(COMPRESSION_VARIABLE, f"compression={_name(compression)}", what)
+            _in_code("compression", compression, what)
         if sync is None:
             sync = _chosen(SYNC_VARIABLE, None, what, None)
         else:
             _ignored(SYNC_VARIABLE, f"sync={_name(sync)}", what)
+            _in_code("sync", sync, what)
     except ValueError as error:
         return compression, sync, kept_for_every_rank(error)
     return compression, sync, None
@@ -183,17 +186,30 @@ def _chosen(variable: str, topk: Optional[Callable], what: str, default):
 def _ignored(variable: str, passed: str, what: str) -> None:
     raw = os.environ.get(variable)
     if raw is not None and raw.strip() not in NONE_VALUES:
-        _say(what, variable, raw, f"ignored: the code passes {passed}")
+        _say(what, variable, raw, f"ignored: the code passes {passed}", "warning")
 
 
-def _say(what: str, variable: str, raw: str, text: str) -> None:
+def _in_code(argument: str, value, what: str) -> None:
+    """Rank 0 says which hvdx strategy the code passes as ``argument``, once per entry
+    point and setting (a TensorFlow tape is made every step)."""
+    if isinstance(value, Strategy) and value.argument == argument and value.error is None:
+        summary = _summary(value)
+        _said_once((what, argument, summary),
+                   f"{argument} in the code: {summary} ({what})", "info")
+
+
+def _say(what: str, variable: str, raw: str, text: str, severity: str = "info") -> None:
     """Rank 0 prints ``text`` once per entry point, variable and value."""
-    key = (what, variable, raw)
-    if key in _SAID:
+    _said_once((what, variable, raw), f"{variable}={raw!r}: {text} ({what})", severity)
+
+
+def _said_once(key: Tuple[str, str, str], line: str, severity: str) -> None:
+    """``line`` through :func:`hvdx.log.say`, unless said under ``key`` before (a line
+    ``HVDX_LOG_LEVEL`` silences is not counted as said)."""
+    if key in _SAID or not log.enabled(severity):
         return
     _SAID.add(key)
-    if _rank() == 0:
-        print(f"[hvdx] {variable}={raw!r}: {text} ({what})", file=sys.stderr, flush=True)
+    log.say(line, severity)
 
 
 def _summary(spec: Strategy) -> str:
@@ -211,10 +227,3 @@ def _name(argument) -> str:
         return argument.__name__
     return repr(argument)
 
-
-def _rank() -> int:
-    """This process's rank in ``MPI.COMM_WORLD`` (0 without MPI)."""
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
-        return 0
-    return mpi.COMM_WORLD.Get_rank()

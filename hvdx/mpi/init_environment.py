@@ -27,11 +27,11 @@ A list of world ranks as ``comm`` (which hvdx does not support, see
 from __future__ import annotations
 
 import os
-import sys
 from typing import Optional, Sequence, Tuple
 
 from mpi4py import MPI
 
+from hvdx import log
 from hvdx.environment_variables import (COMPRESSION_VARIABLE, NONE_VALUES, SYNC_VARIABLE,
                                         VariableError, asks_for_dssync, call_of)
 from hvdx.topk_presets import PRESETS
@@ -66,9 +66,8 @@ def init_arguments(args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
     sync = values[VARIABLES.index(SYNC_VARIABLE)]
     if process_sets is not None or not asks_for_dssync(sync):
         return args, kwargs
-    if rank == 0:
-        print(f"[hvdx] {SYNC_VARIABLE}={sync!r}: hvd.init(process_sets=\"dynamic\"), for "
-              "DS-Sync's groups", file=sys.stderr, flush=True)
+    log.say(f"{SYNC_VARIABLE}={sync!r}: hvd.init(process_sets=\"dynamic\"), for "
+            "DS-Sync's groups", rank=rank)
     return args[:1], dict(kwargs, process_sets="dynamic")
 
 

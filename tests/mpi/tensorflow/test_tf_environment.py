@@ -119,6 +119,36 @@ def test_rank_zero_says_once_per_entry_point_which_topk_the_environment_chose(ca
 
 
 @pytest.mark.mpi(min_size=1)
+def test_rank_zero_says_once_per_entry_point_which_strategy_the_code_passes(capsys):
+    spec = hvd.Compression.topk(0.1, 0.1)
+    with hvdx_variables():  # (forgets what earlier tests said)
+        trained("tape", compression=spec)  # a tape per step: said once
+        trained("keras", compression=spec)
+        trained("keras", compression=hvd.Compression.topk(0.1, 0.1))  # the same setting
+    said = [line for line in capsys.readouterr().err.splitlines()
+            if "compression in the code: " in line]
+    if hvd.rank() > 0:
+        assert said == []
+        return
+    assert [line.split(" (")[-1] for line in said] == [
+        "DistributedGradientTape)", "keras DistributedOptimizer)"]
+    assert all(line.startswith("[hvdx] compression in the code: bidirectional TopK, "
+                               f"{spec.describe()[len('topk '):]} (") for line in said)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_hvdx_log_level_warning_silences_what_runs(entry, capsys, monkeypatch):
+    monkeypatch.setenv("HVDX_LOG_LEVEL", "warning")
+    with hvdx_variables(compression="fast"):
+        trained(entry, steps=1)
+    with hvdx_variables():
+        trained(entry, steps=1, compression=hvd.Compression.topk(0.1, 0.1))
+    assert [line for line in capsys.readouterr().err.splitlines()
+            if line.startswith("[hvdx")] == []
+
+
+@pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("entry", ENTRIES)
 def test_a_compression_in_the_code_wins_over_the_environment(entry):
     with hvdx_variables(compression="topk(0.5)"):

@@ -113,6 +113,46 @@ def test_a_compression_in_the_code_wins_over_the_environment(capsys):
                "ratio=0.1 " in line for line in said)
 
 
+CODE_TOPK_LINE = ("compression in the code: bidirectional TopK, ratio=0.1 downlink=0.1 "
+                  "mode=auto min_size=1024 warmup_steps=0 topk_method=exact "
+                  "sample_size=65536 seed=0 error_feedback=True selection=layerwise "
+                  "(DistributedOptimizer)")
+
+
+def said_about_the_code(capsys):
+    return [line for line in capsys.readouterr().err.splitlines()
+            if "compression in the code: " in line]
+
+
+@pytest.mark.mpi(min_size=1)
+def test_rank_zero_says_once_which_strategy_the_code_passes(capsys):
+    with hvdx_variables():  # (forgets what earlier tests said)
+        trained(steps=1, compression=hvd.Compression.topk(0.1, 0.1))
+        trained(steps=1, compression=hvd.Compression.topk(0.1, 0.1))  # the same setting
+    assert said_about_the_code(capsys) == \
+        ([f"[hvdx] {CODE_TOPK_LINE}"] if hvd.rank() == 0 else [])
+
+
+@pytest.mark.mpi(min_size=1)
+def test_hvdx_log_level_warning_silences_what_runs(capsys, monkeypatch):
+    monkeypatch.setenv("HVDX_LOG_LEVEL", "warning")
+    with hvdx_variables(compression="topk(0.1, 0.1)"):
+        trained(steps=0)
+    with hvdx_variables():
+        trained(steps=0, compression=hvd.Compression.topk(0.1, 0.1))
+    assert [line for line in capsys.readouterr().err.splitlines()
+            if line.startswith("[hvdx")] == []
+
+
+@pytest.mark.mpi(min_size=1)
+def test_hvdx_log_level_debug_has_every_rank_say_what_runs(capsys, monkeypatch):
+    monkeypatch.setenv("HVDX_LOG_LEVEL", "debug")
+    with hvdx_variables():
+        trained(steps=0, compression=hvd.Compression.topk(0.1, 0.1))
+    prefix = "[hvdx]" if hvd.rank() == 0 else f"[hvdx rank {hvd.rank()}]"
+    assert said_about_the_code(capsys) == [f"{prefix} {CODE_TOPK_LINE}"]
+
+
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("value, reason", [
     ("topk(0.1", "not an expression"),
