@@ -132,8 +132,11 @@ class UserCompression(Strategy):
         self.args = tuple(args)
         self.kwargs = dict(kwargs or {})
         self.compressor: Optional[Compressor] = None
+        #: ``compressor.settings()`` as sorted ``(key, value)`` pairs.
+        self.settings: List[tuple] = []
         try:
             self.compressor = cls(*self.args, **self.kwargs)
+            self.settings = _checked_settings(self.compressor)
         except ValueError as error:
             self.error = kept_for_every_rank(
                 ValueError(f"{registered_name}(...): {error}"))
@@ -147,24 +150,27 @@ class UserCompression(Strategy):
     def describe(self) -> str:
         if self.error is not None:
             return self.invalid_repr()
-        return f"{self.call()} [{_qualified(self.cls)}]"
+        return f"{self.call()} [{_qualified(self.cls)}] settings={self.settings!r}"
 
     def __repr__(self) -> str:
         return self.describe()
 
     __str__ = __repr__
 
-    def prepare(self, job) -> dict:
-        """The compressor's settings, checked: a ``dict``."""
-        settings = self.compressor.settings()
-        if not isinstance(settings, dict):
-            raise ValueError(f"{_qualified(self.cls)}.settings() returned "
-                             f"{type(settings).__name__}; return a dict")
-        return settings
-
     def fingerprint_settings(self, job, plan) -> List:
+        """The class and its settings (also in :meth:`describe`, which is the
+        ``compression`` entry: TensorFlow's entry points compare that one)."""
         return [("compression.class", _qualified(self.cls)),
-                ("compression.settings", repr(sorted(plan.items(), key=lambda kv: str(kv[0]))))]
+                ("compression.settings", repr(self.settings))]
+
+
+def _checked_settings(compressor: Compressor) -> List[tuple]:
+    """``compressor.settings()`` as sorted pairs, else ``ValueError``: not a dict."""
+    settings = compressor.settings()
+    if not isinstance(settings, dict):
+        raise ValueError(f"{_qualified(type(compressor))}.settings() returned "
+                         f"{type(settings).__name__}; return a dict")
+    return sorted(settings.items(), key=lambda kv: str(kv[0]))
 
 
 def _qualified(cls: type) -> str:

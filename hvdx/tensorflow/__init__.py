@@ -10,6 +10,9 @@ unchanged, except:
 - ``Compression`` keeps Horovod's ``none`` and ``fp16`` and adds ``topk`` (bidirectional
   TopK with error feedback, :mod:`hvdx.tensorflow.topk`); :func:`topk_state` gives a
   tape's residuals (checkpoint them with ``tf.train.Checkpoint``);
+- ``Compression.<name>(...)``: a compressor of your own, registered with
+  ``hvdx.register_compressor`` (:mod:`hvdx.tensorflow.user_compression`);
+  :func:`compression_state` gives a tape's residuals;
 - ``sync=hvdx.DSSync(...)`` replaces the gradient allreduce by DS-Sync group averaging
   through Horovod process sets (:mod:`hvdx.tensorflow.dssync`); :func:`dssync_state`
   gives the tape's DS-Sync state (checkpoint, ``synchronize_parameters``), and
@@ -41,6 +44,7 @@ from hvdx.tensorflow.compression import Compression  # noqa: E402,F401
 from hvdx.tensorflow.runtime import init  # noqa: E402,F401
 from hvdx.tensorflow.gradient_tape import DistributedGradientTape  # noqa: E402,F401
 from hvdx.tensorflow.topk import TopKState, topk_state  # noqa: E402,F401
+from hvdx.tensorflow.user_compression import CompressionState, compression_state  # noqa: E402,F401,E501
 from hvdx.tensorflow.dssync import dssync_process_sets, dssync_state  # noqa: E402,F401
 from hvdx.tensorflow.decentralized import decentralized_state  # noqa: E402,F401
 from hvdx.tensorflow.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402,F401

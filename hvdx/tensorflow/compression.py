@@ -1,4 +1,5 @@
-"""``hvdx.tensorflow.Compression``: Horovod's compressors plus :meth:`Compression.topk`."""
+"""``hvdx.tensorflow.Compression``: Horovod's compressors plus :meth:`Compression.topk`
+and the compressors registered with ``hvdx.register_compressor``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import horovod.tensorflow as _hvd
 import tensorflow as tf
 
 from hvdx.compression import TopKCompression, topk as _topk
+from hvdx.compression_registry import Registered
 from hvdx.topk_presets import WITHOUT_MOMENTUM_CORRECTION
 
 __all__ = ["Compression", "TopKCompression"]
@@ -22,7 +24,7 @@ def _tensorflow_topk(*args, preset=None, **kwargs):
     return _topk(*args, preset=preset, **kwargs)
 
 
-class Compression(_hvd.Compression):
+class Compression(_hvd.Compression, metaclass=Registered):
     """Optional gradient compression (TensorFlow and Keras).
 
     ``none`` and ``fp16`` are Horovod's own compressors (the same objects). ``topk``
@@ -35,6 +37,10 @@ class Compression(_hvd.Compression):
 
     ``topk(preset="fast")`` / ``"safe"`` run the presets of :mod:`hvdx.topk_presets`
     without DGC's momentum correction, which is implemented for PyTorch's SGD only.
+
+    ``Compression.<name>(...)`` builds a compressor registered under ``name``
+    (:func:`hvdx.register_compressor`), run with error feedback by
+    :mod:`hvdx.tensorflow.user_compression`.
     """
 
     # Scripts often build the spec inside a tf.function (next to the tape): AutoGraph

@@ -90,11 +90,28 @@ def _decentralized_keras(horovod: Callable, strategy, args: GradientArguments, u
                                               **args.aggregation())
 
 
+def _user_compression_tape(horovod: Callable, strategy, args: GradientArguments, user):
+    from hvdx.tensorflow.user_compression import install_on_tape
+
+    return install_on_tape(horovod(), strategy, args.op, args.gradient_predivide_factor,
+                           args.process_set)
+
+
+def _user_compression_keras(horovod: Callable, strategy, args: GradientArguments, user):
+    from hvdx.tensorflow.user_compression import check_arguments, install_on_keras_optimizer
+
+    check_arguments(args.op, args.gradient_predivide_factor)  # before Horovod's own checks
+    return install_on_keras_optimizer(horovod(), strategy, args.op,
+                                      args.gradient_predivide_factor, args.process_set)
+
+
 #: Strategy name -> ``adapter(horovod, strategy, arguments, user_object)``.
 TAPE_ADAPTERS: Dict[str, Callable] = {
-    "topk": _topk_tape, "dssync": _dssync_tape, "decentralized": _decentralized_tape}
+    "topk": _topk_tape, "dssync": _dssync_tape, "decentralized": _decentralized_tape,
+    "user_compression": _user_compression_tape}
 KERAS_ADAPTERS: Dict[str, Callable] = {
-    "topk": _topk_keras, "dssync": _dssync_keras, "decentralized": _decentralized_keras}
+    "topk": _topk_keras, "dssync": _dssync_keras, "decentralized": _decentralized_keras,
+    "user_compression": _user_compression_keras}
 
 
 def _build(table: Dict[str, Callable], what: str, horovod: Callable,

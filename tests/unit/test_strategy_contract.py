@@ -14,6 +14,8 @@ import pytest
 
 import hvdx
 from hvdx.compression import topk
+from hvdx.compression_registry import UserCompression
+from hvdx.core.user_compression import Compressor
 from hvdx.core.topology import Topology
 from hvdx.strategy import Job, MixingStrategy, Strategy, global_due, resolve, strategy_of
 
@@ -24,6 +26,16 @@ ENTRY_POINTS = ["torch/optimizer.py", "tensorflow/gradient_tape.py",
 
 class _None:
     pass
+
+
+class _Sign(Compressor):
+    """A registered compressor (hvdx.register_compressor) needs no registration here."""
+
+    def __init__(self, scale):
+        self.scale = scale
+
+    def settings(self):
+        return {"scale": self.scale}
 
 
 class _ProcessSet:
@@ -46,6 +58,7 @@ def strategies():
         "topk": topk(0.01, 0.01),
         "dssync": hvdx.DSSync("rotation", topology=Topology.from_counts(2, 2)),
         "decentralized": hvdx.Decentralized("one-peer-exp"),
+        "user_compression": UserCompression("contract_sign", _Sign, (0.5,)),
     }
 
 

@@ -1,0 +1,226 @@
+"""A registered compressor (``hvdx.register_compressor``) for TensorFlow: the tape and
+the Keras optimizer.
+
+The algorithm is :mod:`hvdx.core.user_compression`, its step across ranks
+:class:`hvdx.mpi.user_compression_exchange.UserCompressionSynchronizer`, the same
+object the PyTorch optimizer runs. As for TopK (:mod:`hvdx.tensorflow.topk`), hvdx
+builds Horovod's tape or Keras optimizer and replaces, on that instance only, the
+function through which Horovod sends the gradients (``_allreduce_grads``, and the
+aggregation helper's with ``backward_passes_per_step > 1``). One call:
+
+1. the gradients in the order of the variables (the order the fingerprint checked); a
+   missing gradient is zeros, an ``IndexedSlices`` one is made dense;
+2. ONE ``tf.py_function`` (called directly when eager) runs the synchronizer's step on
+   numpy copies (float64 stays float64, anything else is float32): error feedback, one
+   exchange, the average (``op=Sum``: the sum); the results come back in each
+   gradient's shape and dtype;
+3. if some rank's gradient was not finite, every rank's gradients come back NaN and no
+   residual changes (what a Keras ``LossScaleOptimizer`` expects of Horovod).
+
+State: the residuals and the step counter live in a :class:`CompressionState` (a
+``tf.Module``, saved by ``tf.train.Checkpoint``). Keras: ``optimizer.hvdx_compression``
+(tracked, so a checkpoint of the optimizer holds it). Tape: one state per list of
+variables, :func:`compression_state`::
+
+    state = hvd.compression_state(model.trainable_variables)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=opt, compression=state)
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import weakref
+from typing import Dict, List, Optional, Tuple
+
+import horovod.tensorflow as _hvd
+import numpy as np
+import tensorflow as tf
+
+from hvdx.compression_registry import UserCompression
+from hvdx.mpi import communicator_for
+from hvdx.mpi.user_compression_exchange import UserCompressionSynchronizer
+
+__all__ = ["CompressionState", "compression_state", "install_on_keras_optimizer",
+           "install_on_tape"]
+
+
+def check_arguments(op, gradient_predivide_factor) -> None:
+    """``op`` must be Average or Sum, ``gradient_predivide_factor`` 1 (``ValueError``)."""
+    if op not in (_hvd.Average, _hvd.Sum):
+        raise ValueError(f"op={op!r} is not supported with a registered compressor; use "
+                         "op=hvd.Average or op=hvd.Sum")
+    if gradient_predivide_factor != 1.0:
+        raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor!r} is not "
+                         "supported with a registered compressor; leave it 1.0")
+
+
+class _Serialized(tf.train.experimental.PythonState):
+    """What ``tf.train.Checkpoint`` saves of a :class:`CompressionState`: one string."""
+
+    def __init__(self, owner):
+        self._owner = weakref.ref(owner)
+
+    def serialize(self):
+        return self._owner()._serialize()
+
+    def deserialize(self, string_value):
+        self._owner()._deserialize(string_value)
+
+
+class CompressionState(tf.Module):
+    """Residuals and step counter of one registered compressor's run, checkpointable.
+
+    Bound on the first synchronization to the variables and the spec; a checkpoint
+    restored before that is applied then.
+    """
+
+    def __init__(self, name: str = "hvdx_compression"):
+        super().__init__(name=name)
+        self.residuals = _Serialized(self)  # tracked: saved by tf.train.Checkpoint
+        self._synchronizer: Optional[UserCompressionSynchronizer] = None
+        self._spec: Optional[UserCompression] = None
+        self._pending: Optional[dict] = None
+
+    @property
+    def synchronizer(self) -> Optional[UserCompressionSynchronizer]:
+        return self._synchronizer
+
+    @property
+    def step(self) -> int:
+        if self._synchronizer is None:
+            return 0 if self._pending is None else int(self._pending["step"])
+        return self._synchronizer.step
+
+    def bind(self, names: List[str], spec: UserCompression, comm, sum_op: bool,
+             labels: List[str]) -> UserCompressionSynchronizer:
+        sync = self._synchronizer
+        if sync is None:
+            sync = UserCompressionSynchronizer(names, spec.compressor, comm, sum_op, labels)
+            if self._pending is not None:
+                sync.load_state_dict(self._pending)
+                self._pending = None
+            self._synchronizer, self._spec = sync, spec
+        elif (sync.names, self._spec.describe(), sync.sum_op) != (tuple(names),
+                                                                spec.describe(), sum_op):
+            raise ValueError(f"these variables are already synchronized with "
+                             f"'{self._spec.describe()}'; one list of variables takes one "
+                             "compression setting")
+        return sync
+
+    def _serialize(self) -> bytes:
+        if self._synchronizer is not None:
+            state = self._synchronizer.state_dict()
+        else:
+            state = self._pending or {"step": 0, "rank": None, "residuals": {}}
+        names = list(state["residuals"])
+        header = {"step": state["step"], "rank": state["rank"], "names": names}
+        buffer = io.BytesIO()
+        np.savez(buffer, header=np.frombuffer(json.dumps(header).encode(), np.uint8),
+                 **{f"r{i}": state["residuals"][n] for i, n in enumerate(names)})
+        return buffer.getvalue()
+
+    def _deserialize(self, value: bytes) -> None:
+        with np.load(io.BytesIO(value)) as data:
+            header = json.loads(data["header"].tobytes().decode())
+            state = {"step": header["step"], "rank": header["rank"],
+                     "residuals": {n: data[f"r{i}"].copy()
+                                   for i, n in enumerate(header["names"])}}
+        if self._synchronizer is None:
+            rank = state["rank"]
+            if rank is not None and int(rank) != _hvd.rank() and state["residuals"]:
+                raise ValueError(f"this checkpoint holds the compression residuals of rank "
+                                 f"{int(rank)} and this is rank {_hvd.rank()}: residuals "
+                                 "belong to the rank that accumulated them; save and load "
+                                 "one checkpoint per rank")
+            self._pending = state
+        else:
+            self._synchronizer.load_state_dict(state)
+
+
+_tape_states: Dict[Tuple[int, ...], Tuple[List[weakref.ref], CompressionState]] = {}
+
+
+@tf.autograph.experimental.do_not_convert
+def compression_state(variables) -> CompressionState:
+    """The :class:`CompressionState` that tapes running a registered compressor use for
+    ``variables`` (made if missing): pass the same list, in the same order, as the
+    ``sources`` of ``tape.gradient``."""
+    variables = tf.nest.flatten(variables)
+    key = tuple(id(v) for v in variables)
+    entry = _tape_states.get(key)
+    if entry is not None and all(r() is v for r, v in zip(entry[0], variables)):
+        return entry[1]
+    for stale in [k for k, (refs, _) in _tape_states.items()
+                  if any(r() is None for r in refs)]:
+        del _tape_states[stale]
+    state = CompressionState()
+    _tape_states[key] = ([weakref.ref(v) for v in variables], state)
+    return state
+
+
+def make_allreduce_grads(spec: UserCompression, op, process_set, state_of):
+    """A replacement for Horovod's ``_allreduce_grads(grads, vars, ...)`` (steps 1-3)."""
+    sum_op = op == _hvd.Sum
+
+    @tf.autograph.experimental.do_not_convert
+    def allreduce_grads(grads, variables, *unused_args, **unused_kwargs):
+        structure = grads
+        grads, variables = tf.nest.flatten(grads), tf.nest.flatten(variables)
+        if not grads or not process_set.included():
+            return structure  # outside process_set: own gradients, as Horovod's
+        comm = communicator_for(process_set, _hvd.global_process_set, _hvd.size())
+        sync = state_of(variables).bind([f"variable[{i}]" for i in range(len(variables))],
+                                        spec, comm, sum_op, [v.name for v in variables])
+        tensors = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+                   for g, v in zip(grads, variables)]
+
+        def step(*values):
+            arrays = [v.numpy() for v in values]
+            arrays = [a.astype(np.float64 if a.dtype == np.float64 else np.float32,
+                               copy=False) for a in arrays]
+            results = sync.synchronize(arrays)
+            if results is None:
+                return [tf.fill(tf.shape(t), tf.constant(np.nan, t.dtype)) for t in values]
+            return [tf.cast(tf.constant(r), t.dtype) for r, t in zip(results, values)]
+
+        if tf.executing_eagerly():
+            out = step(*tensors)
+        else:
+            out = tf.py_function(step, tensors, Tout=[t.dtype for t in tensors],
+                                 name="hvdx_user_compression")
+            for o, t in zip(out, tensors):
+                o.set_shape(t.shape)
+        return tf.nest.pack_sequence_as(structure, list(out))
+
+    return allreduce_grads
+
+
+@tf.autograph.experimental.do_not_convert
+def install_on_tape(tape, spec, op, gradient_predivide_factor, process_set):
+    """Make Horovod's tape ``tape`` synchronize with the registered compressor."""
+    check_arguments(op, gradient_predivide_factor)
+    object.__setattr__(tape, "_allreduce_grads",
+                       make_allreduce_grads(spec, op, process_set, compression_state))
+    return tape
+
+
+def install_on_keras_optimizer(opt, spec, op, gradient_predivide_factor, process_set):
+    """Make Horovod's Keras optimizer ``opt`` synchronize with the registered
+    compressor; its state is ``opt.hvdx_compression`` (tracked)."""
+    check_arguments(op, gradient_predivide_factor)
+    state = CompressionState()
+    opt.hvdx_compression = state
+    if getattr(opt, "_lookup_dependency", None) is not None:
+        # Legacy (OptimizerV2) optimizers: build the table of dependencies, then track.
+        opt._maybe_initialize_trackable()
+        if opt._lookup_dependency("hvdx_compression") is None:
+            opt._track_trackable(state, name="hvdx_compression")
+    allreduce_grads = make_allreduce_grads(spec, op, process_set, lambda variables: state)
+    object.__setattr__(opt, "_allreduce_grads", allreduce_grads)
+    helper = getattr(opt, "_agg_helper", None)
+    if helper is not None:  # backward_passes_per_step > 1 (see hvdx.tensorflow.topk)
+        for attribute in ("allreduce_grads", "_allreduce_grads"):
+            if hasattr(helper, attribute):
+                object.__setattr__(helper, attribute, allreduce_grads)
+    return opt
