@@ -29,6 +29,10 @@ in hvdx's own exchanges (``hvdx_wait_s`` in ``hvdx bench``'s results), and
 ranks' share of the wire crosses during that wait, and is not added again
 (:func:`hvdx.core.cost_model.predict`).
 
+Under the table, each row's ``to run`` line is what a script writes to get it: the
+argument of ``DistributedOptimizer`` (``HVDX_COMPRESSION`` / ``HVDX_SYNC`` take the same
+call), and the preset (``HVDX_COMPRESSION=fast``) where one sends the same bytes.
+
 ``--json`` prints one object built from the same figures as the text, which rounds
 them; its keys are :data:`JSON_KEYS` (also the epilog of ``hvdx plan --help``).
 """
@@ -40,7 +44,7 @@ import dataclasses
 import json
 import math
 import sys
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from hvdx.cli_help import DefaultsHelpFormatter
 from hvdx.core.cost_model import (
@@ -58,7 +62,8 @@ from hvdx.core.cost_model import (
 )
 
 __all__ = ["JSON_KEYS", "MODEL_ONLY", "PRESETS", "add_arguments", "build_cluster",
-           "build_workload", "local_steps", "local_waits", "main", "render", "report", "run_plan"]
+           "build_workload", "local_steps", "local_waits", "main", "render", "report",
+           "run_line", "run_plan"]
 
 #: Clusters by name; flags given explicitly override them.
 PRESETS: Dict[str, Dict[str, object]] = {
@@ -81,8 +86,9 @@ JSON_KEYS = (
     "compute_ms, batch_size, activation_size); without --sweep, 'strategies': the table's "
     "rows, fastest first, each with strategy (the cost model's key), label, model_only, "
     "step_ms, comm_ms, hidden_ms (of comm_ms, what runs inside --local-waits), "
-    "mb_per_rank_per_step, bottleneck, vs_horovod (speedup per batch) "
-    "and data_ranks (ranks that train), and 'verdict': label, strategy, vs_horovod, "
+    "mb_per_rank_per_step, bottleneck, vs_horovod (speedup per batch), "
+    "data_ranks (ranks that train) and run (what a script writes to run it, as the text's "
+    "'to run' lines; null for a model-only strategy), and 'verdict': label, strategy, vs_horovod, "
     "step_ms and bottleneck of the fastest hvdx strategy, and faster_model_only (labels "
     "of model-only strategies predicted faster still); with --sweep, 'sweep': one entry "
     "per point with uplink_bps, oversubscription, strategies (rows as above, in the "
@@ -311,9 +317,10 @@ def report(args: argparse.Namespace) -> Dict[str, object]:
     else:
         baseline = predict("horovod", cluster, workload, local.get("horovod"),
                            waits.get("horovod"), cores)
-        rows = [_row(p, baseline)
-                for p in compare(cluster, workload, DEFAULT_STRATEGIES, local, waits,
-                                 cores, **options)]
+        # Fastest first, as compare() ranks them (a stable sort: ties keep entry order).
+        predicted = sorted(_predictions(cluster, workload, options, local, waits, cores),
+                           key=lambda pair: pair[0].seconds_per_batch)
+        rows = [_row(p, baseline, run) for p, run in predicted]
         figures["strategies"] = rows
         figures["verdict"] = _winner(rows)
     return figures
@@ -333,6 +340,7 @@ def render(figures: Dict[str, object]) -> str:
     if stanza is not None:
         lines.append(f"(speedups compare time per batch: stanza trains on "
                      f"{stanza['data_ranks']} of {figures['cluster']['ranks']} ranks)")
+    lines += _run_lines(rows)
     lines.append(_verdict(figures["verdict"]))
     return "\n".join(lines)
 
@@ -354,12 +362,72 @@ def _workload_figures(w: Workload) -> Dict[str, object]:
             "batch_size": w.batch_size, "activation_size": w.activation_size}
 
 
-def _row(p: Prediction, baseline: Prediction) -> Dict[str, object]:
+def _row(p: Prediction, baseline: Prediction, run: Optional[str]) -> Dict[str, object]:
     return {"strategy": p.strategy, "label": p.label, "model_only": p.strategy in MODEL_ONLY,
             "step_ms": p.step_s * 1e3, "comm_ms": p.comm_s * 1e3,
             "hidden_ms": p.hidden_s * 1e3,
             "mb_per_rank_per_step": p.bytes_per_rank / 1e6, "bottleneck": p.bottleneck,
-            "vs_horovod": speedup(p, baseline), "data_ranks": p.data_ranks}
+            "vs_horovod": speedup(p, baseline), "data_ranks": p.data_ranks, "run": run}
+
+
+def _predictions(cluster: Cluster, workload: Workload, options: Dict[str, object],
+                 local: Dict[str, float], waits: Dict[str, float],
+                 cores: Optional[int]) -> List[Tuple[Prediction, Optional[str]]]:
+    """``(prediction, to run)`` of every entry of ``DEFAULT_STRATEGIES``, in its order
+    (compare() one entry at a time keeps each prediction with its entry's options)."""
+    return [(compare(cluster, workload, [entry], local, waits, cores, **options)[0],
+             run_line(entry, options, cluster)) for entry in DEFAULT_STRATEGIES]
+
+
+def run_line(entry, options: Dict[str, object], cluster: Cluster) -> Optional[str]:
+    """What a script writes to run the cost model's ``entry`` (a key, or ``(key, own
+    options)``) with the shared ``options`` on ``cluster``: the entry point's argument
+    (the same call goes in ``HVDX_COMPRESSION`` / ``HVDX_SYNC``), and the TopK preset
+    that sends the same bytes; ``None`` for a model-only strategy."""
+    name, own = (entry, {}) if isinstance(entry, str) else entry
+    given = dict(options, **own)
+    if name in MODEL_ONLY:
+        return None
+    if name == "horovod":
+        return "hvd.DistributedOptimizer(optimizer, ...), no hvdx argument (Horovod's own)"
+    if name == "topk":
+        return _topk_line(given, cluster.ranks)
+    if name == "dssync":  # the model's default crosses with every rank of a rack
+        cross = given.get("cross_ranks") or cluster.ranks_per_rack
+        return (f"sync=hvdx.DSSync(intra_phases={given.get('intra_phases', 1)!r}, "
+                f"cross_ranks={cross!r})")
+    if name == "decentralized":
+        arguments = [repr(given.get("topology", "one-peer-exp"))]
+        if given.get("order", "adapt_then_combine") != "adapt_then_combine":
+            arguments.append(f"order={given['order']!r}")
+        if given.get("mix_every", 1) != 1:
+            arguments.append(f"mix_every={given['mix_every']!r}")
+        return f"sync=hvdx.Decentralized({', '.join(arguments)})"
+    if name == "stanza":
+        return (f"hvd.Stanza(features, head, optimizer, fc_workers="
+                f"{given.get('fc_workers', 1)!r}), in code only")
+    return None
+
+
+def _topk_line(given: Dict[str, object], ranks: int) -> str:
+    """``topk``'s line; the model's gathered TopK prices the uplink alone (every rank
+    computes the downlink), its sharded TopK a downlink of ``ratio`` unless given."""
+    from hvdx.compression import TopKCompression, topk
+    from hvdx.topk_presets import PRESETS as TOPK_PRESETS
+
+    ratio, mode = given.get("ratio", 0.01), given.get("mode", "gathered")
+    downlink = given.get("downlink_ratio")  # (the presets': any, where gathered)
+    if downlink is None and mode == "sharded":
+        downlink = ratio
+    arguments = [repr(ratio)] + ([] if downlink is None else [repr(downlink)])
+    line = f"compression=hvd.Compression.topk({', '.join(arguments)}, mode={mode!r})"
+    if mode != TopKCompression.resolve_mode(topk(), ranks):  # a preset's mode is "auto"
+        return line
+    same = [name for name, preset in TOPK_PRESETS.items() if preset["ratio"] == ratio and
+            (mode == "gathered" or preset["downlink_ratio"] == downlink)]
+    if not same:
+        return line
+    return f"{line}, or HVDX_COMPRESSION={' / '.join(same)} (tuned, the same bytes)"
 
 
 def _winner(rows: List[Dict[str, object]]) -> Dict[str, object]:
@@ -377,11 +445,10 @@ def _winner(rows: List[Dict[str, object]]) -> Dict[str, object]:
 def _sweep_point(cluster: Cluster, workload: Workload, options: Dict[str, object],
                  local: Dict[str, float], waits: Dict[str, float],
                  cores: Optional[int]) -> Dict[str, object]:
-    # compare() one strategy at a time keeps the rows in DEFAULT_STRATEGIES order.
-    predictions = [compare(cluster, workload, [entry], local, waits, cores, **options)[0]
-                   for entry in DEFAULT_STRATEGIES]
-    baseline = next(p for p in predictions if p.strategy == "horovod")
-    rows = [_row(p, baseline) for p in predictions]
+    # In DEFAULT_STRATEGIES order: the sweep's table has a row per entry.
+    predictions = _predictions(cluster, workload, options, local, waits, cores)
+    baseline = next(p for p, _ in predictions if p.strategy == "horovod")
+    rows = [_row(p, baseline, run) for p, run in predictions]
     return {"uplink_bps": cluster.uplink_bps, "oversubscription": cluster.oversubscription,
             "strategies": rows, "winner": _winner(rows)}
 
@@ -426,6 +493,15 @@ def _table(rows: List[Dict[str, object]]) -> str:
     return "\n".join(_columns(table))
 
 
+def _run_lines(rows: List[Dict[str, object]]) -> List[str]:
+    """Under the table: each row's label and what a script writes to run it."""
+    runnable = [r for r in rows if r["run"] is not None]
+    width = max(len(r["label"]) for r in runnable)
+    return (["to run (DistributedOptimizer's argument; HVDX_COMPRESSION / HVDX_SYNC take "
+             "the same call):"]
+            + [f"  {r['label'].ljust(width)}  {r['run']}" for r in runnable])
+
+
 def _faster_model_only(winner: Dict[str, object]) -> str:
     faster = winner["faster_model_only"]
     return f"; faster in the model only: {', '.join(faster)}" if faster else ""
@@ -448,6 +524,7 @@ def _sweep_lines(points: List[Dict[str, object]]) -> List[str]:
         table.append([f"{_label(first)}, step ms"]
                      + [f"{p['strategies'][i]['step_ms']:.1f}" for p in points])
     lines = _columns(table) + _model_only_note(points[0]["strategies"])
+    lines += _run_lines(points[0]["strategies"])
     for p in points:
         w = p["winner"]
         lines.append(f"winner at uplink {format_rate(p['uplink_bps'])} "

@@ -16,7 +16,7 @@ Examples::
         --placement blocked,interleaved
     hvdx bench --overlap --workloads digits_vgg
     hvdx bench --soak --ranks 4 --steps 2000
-    hvdx bench --script train.py --script-args "--epochs 1" --strategies horovod,topk_dgc
+    hvdx bench --script train.py --script-args "--epochs 1" --strategies horovod,fast
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ __all__ = ["add_arguments", "main", "run"]
 
 def add_arguments(bench: argparse.ArgumentParser) -> None:
     """Adds the ``hvdx bench`` flags (the emulated cluster's among them) to ``bench``."""
-    from hvdx.bench.strategies import DEFAULT_STRATEGIES, STRATEGIES
+    from hvdx.bench.strategies import ALIASES, DEFAULT_STRATEGIES, STRATEGIES
     from hvdx.cluster import add_cluster_arguments
 
     add_cluster_arguments(bench)
@@ -43,7 +43,10 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--workloads", default="digits_vgg,digits_cnn",
                        help="comma-separated workloads (hvdx.bench.workloads)")
     bench.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
-                       help=f"comma-separated, from {','.join(STRATEGIES)}")
+                       help=f"comma-separated, from {','.join(STRATEGIES)}; "
+                            + ", ".join(f"{alias} is {name}" for alias, name in
+                                        ALIASES.items())
+                            + " (the presets of HVDX_COMPRESSION)")
     bench.add_argument("--placement", default="blocked", metavar="blocked[,interleaved]",
                        help="how ranks fill the emulated hosts: blocked (rack by rack) or "
                             "interleaved (rank r in rack r mod racks: the exponential "
@@ -101,7 +104,10 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Runs the measurement the parsed flags ask for; 0 on success."""
     from hvdx.bench.harness import check_placements, fastest_lines, render_table, run_bench
+    from hvdx.bench.strategies import strategy_names
     from hvdx.cluster import ClusterSpec
+
+    args.strategies = ",".join(strategy_names(args.strategies.split(",")))  # fast, safe
 
     say = lambda s: print(s, flush=True)  # noqa: E731
     if args.selection:

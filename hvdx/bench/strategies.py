@@ -11,14 +11,14 @@ figure against the interface byte counters of the emulated hosts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Iterable, List, Optional
 
 from hvdx import topk_presets
 from hvdx.bench.run_environment import bench_topology
 from hvdx.optimizer_surface import dssync_groups, mixing_strategy
 
-__all__ = ["DEFAULT_STRATEGIES", "Strategy", "STRATEGIES", "allreduce_bytes_per_rank",
-           "decentralized_bytes"]
+__all__ = ["ALIASES", "DEFAULT_STRATEGIES", "Strategy", "STRATEGIES",
+           "allreduce_bytes_per_rank", "decentralized_bytes", "strategy_names"]
 
 
 def allreduce_bytes_per_rank(nbytes: int, size: int) -> float:
@@ -384,3 +384,14 @@ STRATEGIES: Dict[str, Strategy] = {
 #: static exponential graph and combine-then-adapt, variants of ``decentralized``, and
 #: Stanza with two FC workers or a probed number, variants of ``stanza``.
 DEFAULT_STRATEGIES = tuple(name for name, s in STRATEGIES.items() if s.default)
+
+#: Other names ``--strategies`` accepts: the presets' own, ``fast`` and ``safe``
+#: (``HVDX_COMPRESSION=fast``, ``Compression.topk(preset="fast")``), for the tuned TopKs
+#: the benchmark runs them as.
+ALIASES: Dict[str, str] = {"fast": "topk_dgc", "safe": "topk_masked"}
+
+
+def strategy_names(names: Iterable[str]) -> List[str]:
+    """``--strategies``' names (stripped) with each of :data:`ALIASES` replaced by the
+    strategy it names; an unknown name is kept, for the run to refuse with the list."""
+    return [ALIASES.get(name.strip(), name.strip()) for name in names]

@@ -287,3 +287,31 @@ def test_script_flags_are_refused_before_anything_starts(tmp_path, capsys):
         assert main(argv + ["--localhost", "--out", str(tmp_path / "out")]) == 2
         assert words in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+class Started(Exception):
+    pass
+
+
+@pytest.mark.parametrize("script", [False, True])
+def test_the_presets_names_fast_and_safe_run_the_tuned_topks(tmp_path, monkeypatch,
+                                                             script):
+    """--strategies fast,safe are HVDX_COMPRESSION's names of topk_dgc and topk_masked."""
+    from hvdx.bench import harness, script_run
+
+    def started(spec, what, names, *args, **kwargs):
+        raise Started(names)
+
+    monkeypatch.setattr(harness, "run_bench", started)
+    monkeypatch.setattr(script_run, "run_script_bench",
+                        lambda spec, script, script_args, names, *a, **k: started(
+                            spec, script, names))
+    argv = ["--localhost", "--out", str(tmp_path / "out"), "--no-floor",
+            "--strategies", "horovod,fast, safe"]
+    if script:
+        train = tmp_path / "train.py"
+        train.write_text("import horovod.torch as hvd\n")
+        argv += ["--script", str(train)]
+    with pytest.raises(Started) as info:
+        main(argv)
+    assert info.value.args[0] == ["horovod", "topk_dgc", "topk_masked"]

@@ -215,3 +215,75 @@ def test_sweep_json_holds_the_points_and_winners_of_the_text(capsys):
                        f"per batch" for u, p in zip(("10mbit", "100mbit", "1gbit"), points)]
     horovod = next(line for line in text.splitlines() if line.startswith("horovod, step ms"))
     assert horovod.split()[3:] == [f"{p['strategies'][0]['step_ms']:.1f}" for p in points]
+
+
+# --- what a script writes to run each row ------------------------------------------------
+
+def run_lines(out):
+    """``{label: line}`` of the 'to run' block under the table."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("to run ("))
+    block = []
+    for line in lines[start + 1:]:
+        if not line.startswith("  "):
+            break
+        block.append(line.strip())
+    return {label.strip(): run for label, run in
+            (re.split(r"\s{2,}", line, maxsplit=1) for line in block)}
+
+
+@pytest.mark.parametrize("argv", [["--preset", "emulated"], ["--preset", "datacenter"],
+                                  ["--preset", "emulated", "--sweep", "1,4"]])
+def test_every_row_names_what_a_script_writes_to_run_it_in_the_text_and_the_json(
+        capsys, argv):
+    _, text, _ = run(capsys, *argv)
+    _, out, _ = run(capsys, *argv, "--json")
+    figures = json.loads(out)
+    rows = figures["strategies"] if "strategies" in figures else \
+        figures["sweep"][0]["strategies"]
+    assert run_lines(text) == {r["label"]: r["run"] for r in rows if not r["model_only"]}
+    assert [r["run"] for r in rows if r["model_only"]] == [None]
+
+
+def test_the_line_builds_the_strategy_the_row_prices(capsys):
+    """In code, and through HVDX_COMPRESSION / HVDX_SYNC, which take the same call."""
+    from types import SimpleNamespace
+
+    import hvdx
+    from hvdx import environment
+    from hvdx.compression import topk
+
+    _, text, _ = run(capsys, "--preset", "emulated", "--mix-every", "2")
+    lines = run_lines(text)
+    names = {"hvd": SimpleNamespace(Compression=SimpleNamespace(topk=topk)), "hvdx": hvdx}
+    for label, expected in [
+            ("topk sharded 0.01/0.01", topk(0.01, 0.01, mode="sharded")),
+            ("topk gathered 0.01", topk(0.01, mode="gathered")),
+            ("dssync intra=1 cross=2", hvdx.DSSync(intra_phases=1, cross_ranks=2)),
+            ("decentralized one-peer-exp cta every 2",
+             hvdx.Decentralized("one-peer-exp", order="combine_then_adapt", mix_every=2))]:
+        argument, call = lines[label].split(", or ")[0].split("=", 1)
+        built = eval(call, names)  # noqa: S307 (the line hvdx printed)
+        variable = "HVDX_COMPRESSION" if argument == "compression" else "HVDX_SYNC"
+        value = re.sub(r"^(hvd\.Compression|hvdx)\.", "", call)  # topk(...), DSSync(...)
+        from_variable = environment.parse(variable, value, topk)
+        assert repr(built) == repr(expected) == repr(from_variable), label
+    assert lines["stanza F=1"].startswith("hvd.Stanza(features, head, optimizer, "
+                                          "fc_workers=1)")
+    assert "no hvdx argument" in lines["horovod"]
+
+
+@pytest.mark.parametrize("argv, label, preset", [
+    (["--preset", "emulated"], "topk sharded 0.01/0.01", "fast"),
+    (["--preset", "emulated", "--downlink-ratio", "0.02"], "topk sharded 0.01/0.02",
+     "safe"),
+    # Two ranks: the presets' mode="auto" gathers, and a gathered TopK sends the uplink.
+    (["--preset", "emulated", "--racks", "1", "--hosts-per-rack", "2"],
+     "topk gathered 0.01", "fast / safe"),
+])
+def test_a_topk_row_a_preset_sends_the_same_bytes_as_names_the_preset(
+        capsys, argv, label, preset):
+    _, text, _ = run(capsys, *argv)
+    lines = run_lines(text)
+    assert lines[label].endswith(f", or HVDX_COMPRESSION={preset} (tuned, the same bytes)")
+    assert sum("HVDX_COMPRESSION=" in line for line in lines.values()) == 1
