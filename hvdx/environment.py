@@ -58,8 +58,8 @@ from hvdx.keywords import unexpected_keyword
 from hvdx.strategy import Strategy, kept_for_every_rank
 from hvdx.topk_presets import PRESETS
 
-__all__ = ["COMPRESSION_VARIABLE", "SYNC_VARIABLE", "asks_for_dssync", "choose",
-           "forget", "parse"]
+__all__ = ["COMPRESSION_VARIABLE", "SYNC_VARIABLE", "asks_for_dssync", "check_at_init",
+           "choose", "forget", "parse"]
 
 # (variable, value, builder) -> the spec built from it; (entry point, variable, value)
 # or (entry point, argument, setting) already printed by rank 0.
@@ -153,6 +153,28 @@ def _closest(name: str, names) -> str:
     by_lower = {n.lower(): n for n in names}
     close = difflib.get_close_matches(name.lower(), list(by_lower), n=1)
     return f"; did you mean {by_lower[close[0]]!r}?" if close else ""
+
+
+def check_at_init(variable: str, raw: Optional[str]) -> None:
+    """Refuse at ``hvd.init`` a value the entry point would refuse (``None``: unset), so
+    that a misspelt value ends the job before the script loads its data
+    (:mod:`hvdx.mpi.init_environment` calls it on every rank, after comparing the
+    values). A name ``HVDX_COMPRESSION`` does not know is left to the entry point: the
+    script may register it after ``init`` (``hvdx.register_compressor``).
+
+    Raises:
+        VariableError: as :func:`parse` would, with the same message.
+    """
+    if raw is None or raw.strip() in NONE_VALUES:
+        return
+    name = call_of(variable, raw)[0]
+    if variable == COMPRESSION_VARIABLE and name != "topk" and name not in PRESETS:
+        return
+    from hvdx.compression import topk
+
+    spec = parse(variable, raw, topk)
+    if spec is not None and spec.error is not None:  # kept by the constructor
+        raise spec.error
 
 
 def forget() -> None:

@@ -101,17 +101,18 @@ def _write(text: str) -> None:
         pass
 
 
-def wrap_init(horovod_init):
+def wrap_init(horovod_init, check=None):
     """Horovod's ``init`` (same arguments), after abort-on-uncaught-exception for the
-    job and the ranks' check of ``HVDX_COMPRESSION`` and ``HVDX_SYNC`` (dynamic process
-    sets where DS-Sync is asked for: :mod:`hvdx.mpi.init_environment`), then hvdx's own
-    communicator (:func:`hvdx.mpi.comm.world`)."""
+    job and the ranks' check of ``HVDX_COMPRESSION`` and ``HVDX_SYNC`` (each value by
+    ``check``, :func:`hvdx.environment.check_at_init`; dynamic process sets where DS-Sync
+    is asked for: :mod:`hvdx.mpi.init_environment`), then hvdx's own communicator
+    (:func:`hvdx.mpi.comm.world`)."""
 
     @functools.wraps(horovod_init)
     def init(*args, **kwargs):
         # First: a refused HVDX_* value ends the job from init_arguments, through the hook.
         install_abort_on_error()
-        args, kwargs = init_arguments(args, kwargs)
+        args, kwargs = init_arguments(args, kwargs, check)
         result = horovod_init(*args, **kwargs)
         # hvdx's duplicate of Horovod's communicator, made here where every rank calls:
         # its first user may be a process set's members alone (an optimizer with

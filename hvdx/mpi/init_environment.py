@@ -10,11 +10,11 @@ arrives together, so hvdx's ``init`` does, before Horovod's:
    :class:`~hvdx.environment_variables.VariableError` naming the variable and each
    rank's value: the ranks would otherwise take different paths, and one may wait in a
    collective the others never enter;
-2. every rank reads the values as the entry points will (:func:`hvdx.environment.parse`)
-   and raises the same ``VariableError`` for one that is refused, so that a misspelt
-   value ends the job at ``init``, before the script loads its data, rather than at its
-   first optimizer. A name ``HVDX_COMPRESSION`` does not know is left to the entry
-   point: the script may register it after ``init`` (``hvdx.register_compressor``);
+2. every rank reads the values as the entry points will
+   (:func:`hvdx.environment.check_at_init`, which the framework's ``init`` hands in:
+   :mod:`hvdx.mpi` does not import the spec modules, which import it) and raises the
+   same ``VariableError`` for one that is refused, so that a misspelt value ends the job
+   at ``init``, before the script loads its data, rather than at its first optimizer;
 3. if ``HVDX_SYNC`` names DS-Sync and the script passes no ``process_sets=``, Horovod's
    dynamic process sets are switched on (``process_sets="dynamic"``, which DS-Sync's
    groups need; static sets or ``"dynamic"`` given by the code are kept), and rank 0
@@ -27,23 +27,25 @@ A list of world ranks as ``comm`` (which hvdx does not support, see
 from __future__ import annotations
 
 import os
-from typing import Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 from mpi4py import MPI
 
 from hvdx import log
 from hvdx.environment_variables import (COMPRESSION_VARIABLE, NONE_VALUES, SYNC_VARIABLE,
-                                        VariableError, asks_for_dssync, call_of)
-from hvdx.topk_presets import PRESETS
+                                        VariableError, asks_for_dssync)
 
-__all__ = ["VARIABLES", "check_value", "init_arguments", "launch_difference"]
+__all__ = ["VARIABLES", "init_arguments", "launch_difference"]
 
 VARIABLES = (COMPRESSION_VARIABLE, SYNC_VARIABLE)
 
 
-def init_arguments(args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
+def init_arguments(args: tuple, kwargs: dict,
+                   check: Optional[Callable[[str, Optional[str]], None]] = None
+                   ) -> Tuple[tuple, dict]:
     """``hvd.init``'s ``(args, kwargs)`` (``comm``, ``process_sets``) after the steps
-    of the module docstring (collective over the init communicator).
+    of the module docstring (collective over the init communicator); ``check(variable,
+    value)`` is step 2 (``None``: skipped).
 
     Raises:
         VariableError: a variable differs between ranks, or its value is refused, on
@@ -61,7 +63,8 @@ def init_arguments(args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
     else:
         rank = MPI.COMM_WORLD.Get_rank()
     for name, raw in zip(VARIABLES, values):
-        check_value(name, raw)
+        if check is not None:
+            check(name, raw)
     process_sets = args[1] if len(args) > 1 else kwargs.get("process_sets")
     sync = values[VARIABLES.index(SYNC_VARIABLE)]
     if process_sets is not None or not asks_for_dssync(sync):
@@ -69,25 +72,6 @@ def init_arguments(args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
     log.say(f"{SYNC_VARIABLE}={sync!r}: hvd.init(process_sets=\"dynamic\"), for "
             "DS-Sync's groups", rank=rank)
     return args[:1], dict(kwargs, process_sets="dynamic")
-
-
-def check_value(variable: str, raw: Optional[str]) -> None:
-    """Step 2 of the module docstring for ``variable=raw`` (``None``: unset).
-
-    Raises:
-        VariableError: the value is refused, as the entry point would refuse it.
-    """
-    if raw is None or raw.strip() in NONE_VALUES:
-        return
-    name = call_of(variable, raw)[0]
-    if variable == COMPRESSION_VARIABLE and name != "topk" and name not in PRESETS:
-        return  # maybe a compressor the script registers later
-    from hvdx.compression import topk
-    from hvdx.environment import parse
-
-    spec = parse(variable, raw, topk)
-    if spec is not None and spec.error is not None:  # kept by the constructor
-        raise spec.error
 
 
 def launch_difference(everyone: Sequence[Tuple[Optional[str], ...]]) -> Optional[str]:

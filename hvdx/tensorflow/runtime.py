@@ -5,13 +5,14 @@ import functools
 import horovod.tensorflow as _hvd
 import tensorflow as tf
 
+from hvdx import environment
 from hvdx.core.fingerprint import Fingerprint
 from hvdx.mpi import check_consistent, communicator_for, wrap_init
 
 __all__ = ["init", "check_variables_once"]
 
 
-init = wrap_init(_hvd.init)
+init = wrap_init(_hvd.init, environment.check_at_init)
 
 
 def check_variables_once(owner, method_name: str, variables_of, settings, what: str,

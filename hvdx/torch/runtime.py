@@ -2,8 +2,9 @@
 
 import horovod.torch as _hvd
 
+from hvdx import environment
 from hvdx.mpi import wrap_init
 
 __all__ = ["init"]
 
-init = wrap_init(_hvd.init)
+init = wrap_init(_hvd.init, environment.check_at_init)

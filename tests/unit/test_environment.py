@@ -219,7 +219,7 @@ def test_init_refuses_a_value_the_entry_point_would_refuse_with_the_same_message
         monkeypatch, variable, raw):
     monkeypatch.setenv(variable, raw)
     with pytest.raises(VariableError) as at_init:
-        init_arguments((), {})
+        init_arguments((), {}, environment.check_at_init)  # as hvd.init calls it
     with pytest.raises(VariableError) as at_entry:
         environment.choose(NONE, None, NONE, topk, "Entry")
     assert str(at_init.value) == str(at_entry.value)
@@ -229,7 +229,7 @@ def test_init_refuses_a_value_the_entry_point_would_refuse_with_the_same_message
 def test_init_leaves_a_compression_name_it_does_not_know_to_the_entry_point(monkeypatch):
     """The script may register it after init (hvdx.register_compressor)."""
     monkeypatch.setenv("HVDX_COMPRESSION", "my_compressor(0.5)")
-    assert init_arguments((), {}) == ((), {})
+    assert init_arguments((), {}, environment.check_at_init) == ((), {})
 
 
 def test_a_value_refused_for_this_job_names_the_variable():

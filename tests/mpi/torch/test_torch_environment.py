@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import hvdx.torch as hvd
+from hvdx import environment
 from hvdx.environment_variables import VariableError
 from hvdx.mpi.init_environment import init_arguments
 from torch_models import SmallCNN, batches
@@ -227,7 +228,7 @@ def test_init_refuses_a_misspelt_value_on_every_rank_alike(compression, sync):
     with, printing its message once (tests/launch/test_environment_launch.py)."""
     with hvdx_variables(compression=compression, sync=sync):
         with pytest.raises(VariableError) as info:
-            init_arguments((), {})
+            init_arguments((), {}, environment.check_at_init)  # as hvd.init calls it
     assert len(set(hvd.allgather_object(str(info.value)))) == 1
 
 
