@@ -66,7 +66,8 @@ __all__ = ["COMPRESSION_VARIABLE", "SYNC_VARIABLE", "asks_for_dssync", "check_at
 _SPECS: Dict[Tuple[str, str, Callable], Strategy] = {}
 _SAID: Set[Tuple[str, str, str]] = set()
 
-_STRATEGY_NAMES = {"topk": "TopK", "dssync": "DS-Sync", "decentralized": "decentralized SGD"}
+_STRATEGY_NAMES = {"topk": "TopK", "dssync": "DS-Sync", "decentralized": "decentralized SGD",
+                   "user_compression": "a registered compressor with error feedback"}
 
 
 def choose(compression, sync, no_compression, topk: Callable, what: str):

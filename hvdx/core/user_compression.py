@@ -104,16 +104,20 @@ def compress_with_feedback(compressor: Compressor, grad: np.ndarray,
 
 
 def combine(compressor: Compressor, payloads_by_rank: Sequence[Sequence[np.ndarray]],
-            shape, dtype, step: int, name: str, average: bool = True) -> np.ndarray:
+            shape, dtype, step: int, name: str, average: bool = True,
+            ranks: Optional[int] = None) -> np.ndarray:
     """Step 5 for one tensor: the sum, in rank order, of every rank's decompressed
-    payloads, divided by the number of ranks when ``average``."""
+    payloads, divided by the number of ranks when ``average``.
+
+    ``ranks``: the number to divide by, when some ranks sent nothing (a rank that has
+    joined, ``hvd.join()``, counts as zeros, as in Horovod); default
+    ``len(payloads_by_rank)``."""
     dtype = working_dtype(dtype)
-    total = None
+    total = np.zeros(shape, dtype)
     for payloads in payloads_by_rank:
-        part = decoded(compressor, payloads, shape, dtype, step, name)
-        total = part.copy() if total is None else total + part
+        total = total + decoded(compressor, payloads, shape, dtype, step, name)
     if average:
-        total = total / dtype.type(len(payloads_by_rank))
+        total = total / dtype.type(len(payloads_by_rank) if ranks is None else ranks)
     return total.astype(dtype, copy=False)
 
 

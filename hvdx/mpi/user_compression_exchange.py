@@ -24,7 +24,10 @@ import numpy as np
 
 from hvdx.core.user_compression import Compressor, combine, compress_with_feedback
 
-__all__ = ["UserCompressionSynchronizer"]
+__all__ = ["JOINED", "UserCompressionSynchronizer"]
+
+#: What a rank that has joined (``hvd.join()``) sends instead of its first bad position.
+JOINED = "joined"
 
 
 class UserCompressionSynchronizer:
@@ -65,16 +68,34 @@ class UserCompressionSynchronizer:
                     self.compressor, array, self.residuals.get(name), self.step, name)
                 sent.append(payloads)
         everyone = self.comm.allgather((first_bad, sent))
-        bad = [(r, i) for r, (i, _) in enumerate(everyone) if i is not None]
-        if bad:
-            self._report(bad)
+        if self._any_bad(everyone):
             return None
         self.residuals.update(fresh)
-        out = [combine(self.compressor, [payloads[t] for _, payloads in everyone],
-                       array.shape, array.dtype, self.step, name, not self.sum_op)
+        present = [payloads for i, payloads in everyone if i != JOINED]
+        out = [combine(self.compressor, [payloads[t] for payloads in present],
+                       array.shape, array.dtype, self.step, name, not self.sum_op,
+                       ranks=len(everyone))
                for t, (name, array) in enumerate(zip(self.names, arrays))]
         self.step += 1
         return out
+
+    def joined_step(self) -> bool:
+        """One step of the other ranks, taken by a rank that has joined (``hvd.join()``):
+        it sends nothing and counts as zeros in their average, as in Horovod; its
+        residuals stay, its step counter follows theirs. ``True`` once every rank has
+        joined (then nothing else happens). Collective."""
+        everyone = self.comm.allgather((JOINED, None))
+        if all(i == JOINED for i, _ in everyone):
+            return True
+        if not self._any_bad(everyone):
+            self.step += 1
+        return False
+
+    def _any_bad(self, everyone) -> bool:
+        bad = [(r, i) for r, (i, _) in enumerate(everyone) if i not in (None, JOINED)]
+        if bad:
+            self._report(bad)
+        return bool(bad)
 
     def _report(self, bad) -> None:
         if self.comm.Get_rank() == 0 and not self._reported_nonfinite:

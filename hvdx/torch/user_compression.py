@@ -163,6 +163,12 @@ class _UserCompressionOptimizer:
         if mine is not None:
             self._hvdx_sync.load_state_dict(mine)
 
+    def _hvdx_joined_round(self):
+        """One step of the other ranks, taken by this rank after ``hvd.join()``
+        (:mod:`hvdx.torch.join`): ``True`` once every rank has joined, else ``False``;
+        its gradients, residuals and parameters are left alone."""
+        return self._hvdx_sync.joined_step()
+
     def _hvdx_broadcast_shared(self, root_rank):
         """Give every rank ``root_rank``'s step counter (the compressor's seeds may
         depend on it); each rank keeps its own residuals. Collective."""

@@ -304,3 +304,22 @@ def test_another_ranks_residuals_are_refused():
     sync = UserCompressionSynchronizer(["w"], ScaledSign(), ThreadComm(1, None))
     with pytest.raises(ValueError, match="residuals of rank 0 and this is rank 1"):
         sync.load_state_dict({"step": 1, "rank": 0, "residuals": {"w": np.zeros(2)}})
+
+
+def test_a_joined_rank_counts_as_zeros_and_its_step_follows():
+    from hvdx.mpi.user_compression_exchange import UserCompressionSynchronizer
+
+    grads = gradients(1, 1)[0][0]
+
+    def work(rank, comm):
+        sync = UserCompressionSynchronizer(list(SHAPES), Identity(), comm)
+        if rank == 0:
+            out = sync.synchronize([grads[n] for n in SHAPES])
+        else:
+            out = sync.joined_step()
+        return out, sync.step, sync.joined_step()  # then both have joined
+
+    (out0, step0, done0), (out1, step1, done1) = run_ranks(2, work)
+    for t, n in enumerate(SHAPES):
+        np.testing.assert_allclose(out0[t], grads[n] / 2, rtol=1e-6)
+    assert out1 is False and step0 == step1 == 1 and done0 is True and done1 is True

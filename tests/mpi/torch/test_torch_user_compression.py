@@ -265,3 +265,26 @@ def test_another_value_of_the_variable_on_one_rank_fails_on_every_rank():
     message = str(info.value)
     assert len(set(hvd.allgather_object(message))) == 1
     assert "HVDX_COMPRESSION" in message
+
+
+def uneven(**arguments):
+    """Rank r takes ``4 - r % 3`` steps, joins, then every rank takes 2 more."""
+    parameters = model()
+    optimizer = make(parameters, **arguments)
+    train(optimizer, parameters, 4 - hvd.rank() % 3)
+    hvd.join()
+    joined = {n: p.detach().clone() for n, p in parameters.items()}
+    train(optimizer, parameters, 2, first=10)
+    return joined, parameters, optimizer
+
+
+@pytest.mark.mpi(min_size=1)
+def test_join_counts_a_joined_rank_as_zeros_as_horovods_join():
+    ours = uneven(compression=hvd.Compression.test_identity())
+    theirs = uneven()
+    for a, b in zip(ours[:2], theirs[:2]):
+        for n in SHAPES:
+            np.testing.assert_allclose(a[n].detach().numpy(), b[n].detach().numpy(),
+                                       rtol=1e-6, atol=1e-6)
+    steps = hvd.allgather_object(ours[2].state_dict()["hvdx_user_compression"]["step"])
+    assert steps == [4 + 2] * hvd.size()
