@@ -289,3 +289,26 @@ def test_another_value_of_the_variable_on_one_rank_fails_on_every_rank():
     with hvdx_variables(compression=f"tf_scaled_sign({2.0 if last else 1.0})"):
         message = refused_everywhere("tape")
     assert "HVDX_COMPRESSION" in message
+
+
+@pytest.mark.mpi(min_size=1)
+def test_keras_fit_with_two_passes_per_step_trains_alike_on_every_rank():
+    """model.fit (a traced step) with Horovod's local aggregation of two passes: the
+    compressor sees the sum every second pass, and every rank ends with the same
+    weights."""
+    model = tf.keras.Sequential([tf.keras.Input((6,)), tf.keras.layers.Dense(3)])
+    model.set_weights(hvd.broadcast_object(model.get_weights(), root_rank=0))
+    start = model.get_weights()
+    optimizer = hvd_keras.DistributedOptimizer(
+        tf.keras.optimizers.SGD(0.05), backward_passes_per_step=2,
+        compression=hvd_keras.Compression.tf_scaled_sign(0.5))
+    model.compile(optimizer=optimizer, loss="mse")
+    rng = np.random.default_rng(hvd.rank())
+    x = rng.standard_normal((32, 6)).astype(np.float32)
+    y = rng.standard_normal((32, 3)).astype(np.float32)
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    assert optimizer.hvdx_compression.step == 2
+    for w, w0 in zip(model.get_weights(), start):
+        assert not np.array_equal(w, w0)
+        everyone = hvd.allgather_object(w)
+        assert all(np.array_equal(everyone[0], e) for e in everyone)

@@ -288,3 +288,23 @@ def test_join_counts_a_joined_rank_as_zeros_as_horovods_join():
                                        rtol=1e-6, atol=1e-6)
     steps = hvd.allgather_object(ours[2].state_dict()["hvdx_user_compression"]["step"])
     assert steps == [4 + 2] * hvd.size()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_broadcast_optimizer_state_gives_every_rank_the_roots_step_counter():
+    """Horovod's resume recipe (rank 0 loads, then broadcasts): the step counter, which
+    seeds a random-k, is rank 0's everywhere; each rank keeps its own residuals."""
+    parameters = model()
+    optimizer = make(parameters, compression=hvd.Compression.test_random_k(2, seed=1))
+    train(optimizer, parameters, 2)
+    state = optimizer.state_dict()
+    residuals = state["hvdx_user_compression"]["residuals"]
+    if hvd.rank() != 0:  # as if only rank 0 had loaded a checkpoint
+        state["hvdx_user_compression"]["step"] = 0
+        optimizer.load_state_dict(state)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    after = optimizer.state_dict()["hvdx_user_compression"]
+    assert hvd.allgather_object(after["step"]) == [2] * hvd.size()
+    for n in SHAPES:
+        assert torch.equal(after["residuals"][n], residuals[n])
+    train(optimizer, parameters, 1, first=2)  # every rank steps on together
