@@ -308,3 +308,51 @@ def test_broadcast_optimizer_state_gives_every_rank_the_roots_step_counter():
     for n in SHAPES:
         assert torch.equal(after["residuals"][n], residuals[n])
     train(optimizer, parameters, 1, first=2)  # every rank steps on together
+
+
+class Parameters(torch.nn.Module):
+    """The test's parameters as a module, for hvd.save_checkpoint / load_checkpoint."""
+
+    def __init__(self, parameters):
+        super().__init__()
+        for n, p in parameters.items():
+            self.register_parameter(n, p)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_hvd_save_checkpoint_keeps_every_ranks_residuals_and_resumes_bitwise(tmp_path):
+    path = hvd.broadcast_object(str(tmp_path / "ckpt.pt"), root_rank=0, name="uc.ckpt")
+    straight = model()
+    train(make(straight, compression=hvd.Compression.test_random_k(3, seed=4)), straight, 5)
+
+    first = model()
+    optimizer = make(first, compression=hvd.Compression.test_random_k(3, seed=4))
+    train(optimizer, first, 2)
+    hvd.save_checkpoint(path, Parameters(first), optimizer, step=2)
+    resumed = model()
+    again = make(resumed, compression=hvd.Compression.test_random_k(3, seed=4))
+    assert hvd.load_checkpoint(path, Parameters(resumed), again) == {"step": 2}
+    train(again, resumed, 3, first=2)
+    for n in SHAPES:
+        assert torch.equal(straight[n], resumed[n])
+
+
+@pytest.mark.mpi(min_size=1)
+def test_sparse_gradients_are_averaged_dense_and_come_back_sparse():
+    torch.manual_seed(0)
+    ours, theirs = torch.nn.Embedding(6, 3, sparse=True), torch.nn.Embedding(6, 3, sparse=True)
+    theirs.load_state_dict(ours.state_dict())
+    results = []
+    for module, arguments in ((ours, {"compression": hvd.Compression.test_identity()}),
+                              (theirs, {})):
+        optimizer = hvd.DistributedOptimizer(
+            torch.optim.SGD(module.parameters(), lr=0.1),
+            named_parameters=module.named_parameters(), **arguments)
+        for step in range(2):
+            optimizer.zero_grad()
+            module(torch.tensor([hvd.rank() % 6, (step + 2) % 6])).sum().backward()
+            optimizer.step()
+        results.append(module.weight.detach().clone())
+        if arguments:
+            assert module.weight.grad.is_sparse
+    torch.testing.assert_close(results[0], results[1], rtol=0, atol=1e-6)
