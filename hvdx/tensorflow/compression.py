@@ -24,7 +24,15 @@ def _tensorflow_topk(*args, preset=None, **kwargs):
     return _topk(*args, preset=preset, **kwargs)
 
 
-class Compression(_hvd.Compression, metaclass=Registered):
+class _Registered(Registered):
+    """Registered compressors' builders, left unconverted by AutoGraph as ``topk`` is
+    (a spec is often built inside a ``tf.function``, next to the tape)."""
+
+    def __getattr__(cls, name):
+        return tf.autograph.experimental.do_not_convert(super().__getattr__(name))
+
+
+class Compression(_hvd.Compression, metaclass=_Registered):
     """Optional gradient compression (TensorFlow and Keras).
 
     ``none`` and ``fp16`` are Horovod's own compressors (the same objects). ``topk``

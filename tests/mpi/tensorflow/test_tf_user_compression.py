@@ -312,3 +312,19 @@ def test_keras_fit_with_two_passes_per_step_trains_alike_on_every_rank():
         assert not np.array_equal(w, w0)
         everyone = hvd.allgather_object(w)
         assert all(np.array_equal(everyone[0], e) for e in everyone)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_spec_built_inside_a_tf_function_is_the_same_compression():
+    ws = variables()
+
+    @tf.function
+    def step(*grads):
+        with tf.GradientTape() as tape:
+            loss = tf.add_n([tf.reduce_sum(w * g) for w, g in zip(ws, grads)])
+        tape = hvd.DistributedGradientTape(
+            tape, compression=hvd.Compression.tf_scaled_sign(scale=0.5))
+        return tape.gradient(loss, ws)
+
+    assert_close(run_tape(step, 3), reference(ScaledSign(0.5), 3))
+    assert hvd.Compression.tf_scaled_sign.hvdx_builds == "compression"
