@@ -6,7 +6,7 @@ Horovod (0.28) offers two ways to hold the groups DS-Sync averages in:
   added later;
 - *dynamic*: ``hvd.init(process_sets="dynamic")``, then ``hvd.add_process_set`` (a
   blocking negotiation of all ranks). In this mode Horovod's background loop also
-  agrees on the table of sets in every cycle (issues #3557, #3632 report slowdowns).
+  agrees on the table of sets in every cycle (Horovod issues #3557, #3632 report slowdowns).
 
 A rotation schedule uses a small, fixed set of groups, registered once; a shuffle
 schedule draws new groups every step, and hvdx registers the next 16 steps' groups
