@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import time
 from typing import Dict, List, Sequence, Tuple
 
 from mpi4py import MPI
@@ -248,13 +249,30 @@ def _barrier_at_exit(global_process_set) -> None:
         atexit.register(_EXIT_BARRIER[0].Barrier)
 
 
+#: Seconds :func:`registered_sets` retries a table that reads as not initialized while
+#: Horovod is.
+TABLE_RETRY_S = 5.0
+
+
 def registered_sets(horovod) -> Dict[Tuple[int, ...], object]:
     """Every process set Horovod holds now, by its ranks.
 
     Workaround: Horovod has no public lookup of registered sets, and
     ``add_process_set`` refuses a duplicate; this reads its own (internal) table.
+    Horovod reads that table without its lock (its docstring warns of "spurious
+    failures"), and a set its background thread is still setting up or tearing down
+    reads as "Horovod has not been initialized properly": while ``hvd.is_initialized()``
+    holds, the read is tried again, for up to :data:`TABLE_RETRY_S` seconds.
     """
-    table = horovod.mpi_ops._basics._get_process_set_ids_and_ranks()
+    deadline = time.monotonic() + TABLE_RETRY_S
+    while True:
+        try:
+            table = horovod.mpi_ops._basics._get_process_set_ids_and_ranks()
+            break
+        except ValueError:
+            if not horovod.is_initialized() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
     out = {}
     for process_set_id, ranks in table.items():
         if process_set_id == 0:

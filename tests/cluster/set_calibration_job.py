@@ -14,6 +14,7 @@ import horovod.torch as hvd
 import torch
 from mpi4py import MPI
 
+from hvdx.mpi.abort import install_abort_on_error
 from hvdx.mpi.calibrate import set_allreduce_times
 from hvdx.mpi.dssync_groups import registered_sets
 from hvdx.mpi.finalize import finalize
@@ -22,6 +23,9 @@ from hvdx.mpi.topology import rack_labels
 
 def main() -> None:
     world = MPI.COMM_WORLD
+    # A rank that fails prints its traceback and ends the job, rather than leaving the
+    # others waiting in a collective until the test's timeout.
+    install_abort_on_error()
     hvd.init(comm=world, process_sets="dynamic")
     try:
         times = set_allreduce_times(world, rack_labels(world), hvd,

@@ -22,9 +22,15 @@ pytestmark = pytest.mark.skipif(_mpi_skip_reason() is not None,
 def report(cluster):
     pytest.importorskip("horovod.torch")
     command = mpiexec_command(cluster, [sys.executable, str(HERE / "set_calibration_job.py")])
-    # A hang fails the test (subprocess.run kills the job at the timeout).
-    proc = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, env=child_env(), timeout=180)
+    # A hang fails the test (subprocess.run kills the job at the timeout), with the
+    # job's whole output.
+    try:
+        proc = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env=child_env(), timeout=180)
+    except subprocess.TimeoutExpired as error:
+        output = error.output.decode(errors="replace") if isinstance(error.output, bytes) \
+            else (error.output or "")
+        pytest.fail(f"the job ran past 180 s; its output:\n{output[-6000:]}")
     reports = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert reports, proc.stdout[-3000:]
