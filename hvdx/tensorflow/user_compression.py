@@ -40,6 +40,8 @@ import tensorflow as tf
 from hvdx.compression_registry import UserCompression
 from hvdx.mpi import communicator_for
 from hvdx.mpi.user_compression_exchange import UserCompressionSynchronizer
+# One string that the owner's _serialize/_deserialize make, as TopK's residuals are saved.
+from hvdx.tensorflow.topk import _SerializedResiduals as _Serialized
 
 __all__ = ["CompressionState", "compression_state", "install_on_keras_optimizer",
            "install_on_tape"]
@@ -53,19 +55,6 @@ def check_arguments(op, gradient_predivide_factor) -> None:
     if gradient_predivide_factor != 1.0:
         raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor!r} is not "
                          "supported with a registered compressor; leave it 1.0")
-
-
-class _Serialized(tf.train.experimental.PythonState):
-    """What ``tf.train.Checkpoint`` saves of a :class:`CompressionState`: one string."""
-
-    def __init__(self, owner):
-        self._owner = weakref.ref(owner)
-
-    def serialize(self):
-        return self._owner()._serialize()
-
-    def deserialize(self, string_value):
-        self._owner()._deserialize(string_value)
 
 
 class CompressionState(tf.Module):

@@ -41,17 +41,22 @@ def job(compression, process_set) -> Job:
                framework="torch")
 
 
+def _outside_the_set(optimizer, args: OptimizerArguments):
+    """A compression strategy's optimizer on a rank outside ``process_set``: it
+    synchronizes nothing and steps on its own gradients, as Horovod's optimizer does
+    there; that is Horovod's optimizer."""
+    return _hvd.DistributedOptimizer(
+        optimizer, named_parameters=args.named_parameters,
+        backward_passes_per_step=args.backward_passes_per_step, op=args.op,
+        gradient_predivide_factor=args.gradient_predivide_factor,
+        sparse_as_dense=args.sparse_as_dense, process_set=args.process_set)
+
+
 def _topk(optimizer, strategy, plan, args: OptimizerArguments):
     from hvdx.torch.topk_optimizer import make_topk_optimizer
 
     if args.comm is None:
-        # Outside process_set a rank synchronizes nothing and steps on its own gradients,
-        # as Horovod's optimizer does there: that is Horovod's optimizer.
-        return _hvd.DistributedOptimizer(
-            optimizer, named_parameters=args.named_parameters,
-            backward_passes_per_step=args.backward_passes_per_step, op=args.op,
-            gradient_predivide_factor=args.gradient_predivide_factor,
-            sparse_as_dense=args.sparse_as_dense, process_set=args.process_set)
+        return _outside_the_set(optimizer, args)
     return make_topk_optimizer(
         optimizer, args.named_parameters, strategy, args.backward_passes_per_step,
         args.op, args.gradient_predivide_factor, args.sparse_as_dense, args.process_set,
@@ -75,12 +80,8 @@ def _decentralized(optimizer, strategy, plan, args: OptimizerArguments):
 def _user_compression(optimizer, strategy, plan, args: OptimizerArguments):
     from hvdx.torch.user_compression import make_user_compression_optimizer
 
-    if args.comm is None:  # outside process_set: Horovod's optimizer, as for TopK
-        return _hvd.DistributedOptimizer(
-            optimizer, named_parameters=args.named_parameters,
-            backward_passes_per_step=args.backward_passes_per_step, op=args.op,
-            gradient_predivide_factor=args.gradient_predivide_factor,
-            sparse_as_dense=args.sparse_as_dense, process_set=args.process_set)
+    if args.comm is None:
+        return _outside_the_set(optimizer, args)
     return make_user_compression_optimizer(
         optimizer, args.named_parameters, strategy, args.backward_passes_per_step,
         args.op, args.gradient_predivide_factor, args.comm)
