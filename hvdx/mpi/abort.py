@@ -21,6 +21,7 @@ import time
 import traceback
 
 from hvdx.environment_variables import VariableError
+from hvdx.mpi import timeline
 from hvdx.mpi.init_environment import init_arguments
 
 __all__ = ["install_abort_on_error", "wrap_init"]
@@ -106,13 +107,17 @@ def wrap_init(horovod_init, check=None):
     job and the ranks' check of ``HVDX_COMPRESSION`` and ``HVDX_SYNC`` (each value by
     ``check``, :func:`hvdx.environment.check_at_init`; dynamic process sets where DS-Sync
     is asked for: :mod:`hvdx.mpi.init_environment`), then hvdx's own communicator
-    (:func:`hvdx.mpi.comm.world`)."""
+    (:func:`hvdx.mpi.comm.world`) and, on the rank that writes ``HOROVOD_TIMELINE``,
+    the recording of hvdx's exchanges for it (:mod:`hvdx.mpi.timeline`)."""
 
     @functools.wraps(horovod_init)
     def init(*args, **kwargs):
         # First: a refused HVDX_* value ends the job from init_arguments, through the hook.
         install_abort_on_error()
         args, kwargs = init_arguments(args, kwargs, check)
+        # Before Horovod registers its shutdown at exit, so that hvdx's merge into the
+        # timeline file runs after it (hvdx.mpi.timeline).
+        timeline.install_exit_hook()
         result = horovod_init(*args, **kwargs)
         # hvdx's duplicate of Horovod's communicator, made here where every rank calls:
         # its first user may be a process set's members alone (an optimizer with
@@ -121,7 +126,7 @@ def wrap_init(horovod_init, check=None):
 
         from hvdx.mpi.comm import world
 
-        world(global_process_set)
+        timeline.after_init(world(global_process_set).Get_rank())
         return result
 
     return init

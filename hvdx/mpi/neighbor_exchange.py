@@ -64,7 +64,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hvdx.core.counters import Counters
-from hvdx.mpi import sparse
+from hvdx.mpi import sparse, timeline
 
 __all__ = ["DEFAULT_TAG", "ExchangeStats", "FusedExchange", "NeighborExchange",
            "consensus_distance", "exchange"]
@@ -128,6 +128,7 @@ class NeighborExchange:
         self._requests: List[MPI.Request] = []
         self._statuses: List[MPI.Status] = []
         self._complete = False
+        self._began = 0  # timeline.now() at start(), while a timeline records
 
     @property
     def pending(self) -> bool:
@@ -161,6 +162,7 @@ class NeighborExchange:
 
         receive = self._receive_buffers(buffer, len(sources))
         send_spec = _spec(buffer)
+        self._began = timeline.now() if timeline.active else 0
         # Sends first (step 1): a swap of 5.4 MB through an emulated 20 Mbit uplink, two
         # pairs across it, took 4.6-5.4 s in 20 of 20 rounds posted this way, and
         # 4.7-9.0 s (median 6.3) posted receives first: then one direction often waited
@@ -307,18 +309,25 @@ class NeighborExchange:
         """Count and check the received bytes, end the exchange; the receive buffers."""
         expected = self._buffer.nbytes
         received = self._pool[:len(self._sources)]
+        total = 0
         for source, status in zip(self._sources, self._statuses):
             count = status.Get_count(MPI.BYTE)
             self.stats.bytes_received += count
+            total += count
             if count != expected:
                 self._clear()
                 raise RuntimeError(
                     f"hvdx.NeighborExchange: rank {source} sent {count} bytes, this rank "
                     f"expected {expected} (same buffer size and dtype on every rank)")
+        if self._began:
+            # From start() to the last message's arrival: the exchange in flight.
+            timeline.record("HVDX_NEIGHBOR_EXCHANGE", f"neighbors {self._buffer.dtype}",
+                            self._began, self.stats.last_bytes_sent, total)
         self._clear()
         return received
 
     def _clear(self) -> None:
+        self._began = 0
         self._buffer = None
         self._sources = ()
         self._requests = []

@@ -75,6 +75,7 @@ from hvdx.core.error_feedback import ResidualMemory
 from hvdx.core.global_topk import agree_shares
 from hvdx.core.sharding import shard_bounds, split_by_shard
 from hvdx.core.sparsity_warmup import config_at
+from hvdx.mpi import timeline
 from hvdx.mpi.sparse import (allgather_int, allgatherv_floats, allgatherv_pairs,
                               alltoallv_pairs, wait)
 
@@ -437,7 +438,11 @@ class TopKSynchronizer:
            Rank 0 says so on stderr the first time only: a loss scaler meets such steps
            routinely while its scale settles, and a line per step would bury the log.
         """
+        began = timeline.now() if timeline.active else 0
         everyone = [int(i) for i in allgather_int(self.comm, int(first_bad))]
+        if began:
+            others = 8 * (self.size - 1)
+            timeline.record("HVDX_TOPK_FINITE_CHECK", self._row(), began, others, others)
         self.everyone_joined = all(i == JOINED for i in everyone)
         if self.everyone_joined:
             return False  # nothing left to synchronize (joined_step)
@@ -659,11 +664,15 @@ class TopKSynchronizer:
             return None
         send = np.concatenate([flat(p) for p, _ in tensors]).astype(np.float32, copy=False)
         total = np.empty_like(send)
+        began = timeline.now() if timeline.active else 0
         request = self.comm.Iallreduce(send, total)
         self._count_dense([p for p, _ in tensors], dict(tensors), None)
 
         def finish():
             wait(request)
+            if began:
+                ring = 2 * (self.size - 1) * send.nbytes // self.size
+                timeline.record("HVDX_TOPK_SMALL_ALLREDUCE", self._row(), began, ring, ring)
             if not self.sum_op:
                 np.divide(total, np.float32(self.size), out=total)
             cuts = np.cumsum([0] + [d for _, d in tensors])
@@ -675,6 +684,10 @@ class TopKSynchronizer:
         self.stats.last_sparse_tensors, self.stats.last_dense_tensors = sparse, dense
         self.stats.steps += 1
         self.step += 1
+
+    def _row(self) -> str:
+        """This synchronizer's row in Horovod's timeline (:mod:`hvdx.mpi.timeline`)."""
+        return "topk autotune dry run" if self._timing_target else "topk"
 
     def _name(self, position: int) -> str:
         """The residuals' key of ``position`` (the virtual global tensor included)."""
@@ -735,8 +748,11 @@ class TopKSynchronizer:
             moved[1] += 2 * others * array.nbytes // max(self.size, 1)
             return total
 
+        began = timeline.now() if timeline.active else 0
         shares = agree_shares(compensated, ks, self.rank, allgather, allreduce)
         self.stats._add(moved[0], moved[1], "agree")
+        if began:
+            timeline.record("HVDX_TOPK_AGREE", self._row(), began, moved[0], moved[1])
         return shares
 
     def _exchange_group(self, group, flat) -> Dict[int, object]:
@@ -775,8 +791,11 @@ class TopKSynchronizer:
         indices = np.concatenate([i.astype(np.int64) + offsets[t]
                                   for t, (i, _) in enumerate(ups)])
         values = np.concatenate([v for _, v in ups])
+        began = timeline.now() if timeline.active else 0
         gathered, sent, received = allgatherv_pairs(self.comm, indices, values)
         self.stats._add(sent, received, "up")
+        if began:
+            timeline.record("HVDX_TOPK_ALLGATHER", self._row(), began, sent, received)
         cuts = [np.searchsorted(i, offsets) for i, _ in gathered]
         updates = []
         for t, (position, d) in enumerate(group):
@@ -810,8 +829,11 @@ class TopKSynchronizer:
                 outgoing[owner].append((i.astype(np.int64) + offsets[t], v))
         pieces = [(np.concatenate([i for i, _ in out]), np.concatenate([v for _, v in out]))
                   for out in outgoing]
+        began = timeline.now() if timeline.active else 0
         incoming, sent, received = alltoallv_pairs(self.comm, pieces)
         self.stats._add(sent, received, "up")
+        if began:
+            timeline.record("HVDX_TOPK_ALLTOALL", self._row(), began, sent, received)
         cuts = [np.searchsorted(i, offsets) for i, _ in incoming]
         chosen, compensated = [], {}
         for t, ((position, d), bounds) in enumerate(zip(group, all_bounds)):
@@ -838,10 +860,13 @@ class TopKSynchronizer:
                 if feedback:
                     self.server.set(self._name(position), residual, copy=False)
                 chosen[t] = (local + (offsets[t] + lo), values)
+        began = timeline.now() if timeline.active else 0
         selected, sent, received = allgatherv_pairs(
             self.comm, np.concatenate([i for i, _ in chosen]),
             np.concatenate([v for _, v in chosen]))
         self.stats._add(sent, received, "down")
+        if began:
+            timeline.record("HVDX_TOPK_SHARD_ALLGATHER", self._row(), began, sent, received)
         cuts = [np.searchsorted(i, offsets) for i, _ in selected]
         updates = []
         for t, (_, d) in enumerate(group):

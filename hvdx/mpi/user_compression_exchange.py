@@ -23,6 +23,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from hvdx.core.user_compression import Compressor, combine, compress_with_feedback
+from hvdx.mpi import timeline
 
 __all__ = ["JOINED", "UserCompressionSynchronizer"]
 
@@ -67,7 +68,7 @@ class UserCompressionSynchronizer:
                 payloads, fresh[name] = compress_with_feedback(
                     self.compressor, array, self.residuals.get(name), self.step, name)
                 sent.append(payloads)
-        everyone = self.comm.allgather((first_bad, sent))
+        everyone = self._allgather((first_bad, sent))
         if self._any_bad(everyone):
             return None
         self.residuals.update(fresh)
@@ -84,12 +85,26 @@ class UserCompressionSynchronizer:
         it sends nothing and counts as zeros in their average, as in Horovod; its
         residuals stay, its step counter follows theirs. ``True`` once every rank has
         joined (then nothing else happens). Collective."""
-        everyone = self.comm.allgather((JOINED, None))
+        everyone = self._allgather((JOINED, None))
         if all(i == JOINED for i, _ in everyone):
             return True
         if not self._any_bad(everyone):
             self.step += 1
         return False
+
+    def _allgather(self, mine):
+        """The step's one collective; a span in Horovod's timeline while one records
+        (:mod:`hvdx.mpi.timeline`; the bytes are the payloads' array bytes)."""
+        began = timeline.now() if timeline.active else 0
+        everyone = self.comm.allgather(mine)
+        if began:
+            rank = self.comm.Get_rank()
+            nbytes = [_payload_bytes(payloads) for _, payloads in everyone]
+            timeline.record("HVDX_COMPRESSION_ALLGATHER",
+                            f"compression {type(self.compressor).__name__}", began,
+                            nbytes[rank] * (len(everyone) - 1),
+                            sum(nbytes) - nbytes[rank])
+        return everyone
 
     def _any_bad(self, everyone) -> bool:
         bad = [(r, i) for r, (i, _) in enumerate(everyone) if i not in (None, JOINED)]
@@ -128,3 +143,10 @@ class UserCompressionSynchronizer:
                 "hvd.load_checkpoint, which keep every rank's state in one file")
         self.step = int(state["step"])
         self.residuals = {n: np.array(r, copy=True) for n, r in state["residuals"].items()}
+
+
+def _payload_bytes(payloads) -> int:
+    """The array bytes of one rank's payloads (``None`` when it sent none)."""
+    if not payloads:
+        return 0
+    return sum(int(np.asarray(p).nbytes) for tensor in payloads for p in tensor)

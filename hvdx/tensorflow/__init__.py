@@ -27,7 +27,10 @@ unchanged, except:
 - :func:`join` refuses, with what to do instead, once a tape or Keras optimizer was
   built with an hvdx strategy (:mod:`hvdx.tensorflow.join_guard`);
 - :class:`Stanza`: layer separation, conv workers train the features and FC workers
-  the head (:mod:`hvdx.tensorflow.stanza`); a trainer, called on every rank each step.
+  the head (:mod:`hvdx.tensorflow.stanza`); a trainer, called on every rank each step;
+- :func:`shutdown`, :func:`start_timeline`, :func:`stop_timeline` are Horovod's, then
+  add hvdx's own exchanges to Horovod's timeline file once it is closed
+  (:mod:`hvdx.mpi.timeline`).
 
 With no hvdx feature switched on, the tape is Horovod's own, so training is bitwise
 identical to Horovod's. Keras users import :mod:`hvdx.tensorflow.keras`.
@@ -41,7 +44,7 @@ _hvd = import_framework("tensorflow")
 from horovod.tensorflow import *  # noqa: E402,F401,F403
 
 from hvdx.tensorflow.compression import Compression  # noqa: E402,F401
-from hvdx.tensorflow.runtime import init  # noqa: E402,F401
+from hvdx.tensorflow.runtime import init, shutdown, start_timeline, stop_timeline  # noqa: E402,F401,E501
 from hvdx.tensorflow.gradient_tape import DistributedGradientTape  # noqa: E402,F401
 from hvdx.tensorflow.topk import TopKState, topk_state  # noqa: E402,F401
 from hvdx.tensorflow.user_compression import CompressionState, compression_state  # noqa: E402,F401,E501

@@ -1,4 +1,6 @@
-"""``hvd.init`` for hvdx on TensorFlow, and the once-per-object consistency check."""
+"""``hvd.init`` for hvdx on TensorFlow (and ``shutdown``, ``start_timeline``,
+``stop_timeline``: Horovod's, plus hvdx's exchanges in the timeline), and the
+once-per-object consistency check."""
 
 import functools
 
@@ -7,12 +9,16 @@ import tensorflow as tf
 
 from hvdx import environment
 from hvdx.core.fingerprint import Fingerprint
-from hvdx.mpi import check_consistent, communicator_for, wrap_init
+from hvdx.mpi import check_consistent, communicator_for, timeline, wrap_init
 
-__all__ = ["init", "check_variables_once"]
+__all__ = ["init", "shutdown", "start_timeline", "stop_timeline", "check_variables_once"]
 
 
 init = wrap_init(_hvd.init, environment.check_at_init)
+# Horovod's, then hvdx's exchanges added to the timeline file (hvdx.mpi.timeline).
+shutdown = timeline.wrap_shutdown(_hvd.shutdown)
+start_timeline = timeline.wrap_start_timeline(_hvd.start_timeline, _hvd.rank)
+stop_timeline = timeline.wrap_stop_timeline(_hvd.stop_timeline)
 
 
 def check_variables_once(owner, method_name: str, variables_of, settings, what: str,

@@ -18,7 +18,10 @@ except the ones hvdx extends without changing their behaviour:
 - :func:`broadcast_optimizer_state` also handles hvdx's optimizers, for Horovod's
   rank-0 resume recipe (:mod:`hvdx.torch.optimizer_state`);
 - :func:`join` refuses, with what to do instead, while an hvdx strategy trains
-  (:mod:`hvdx.torch.join`).
+  (:mod:`hvdx.torch.join`);
+- :func:`shutdown`, :func:`start_timeline`, :func:`stop_timeline` are Horovod's, then
+  add hvdx's own exchanges to Horovod's timeline file once it is closed
+  (:mod:`hvdx.mpi.timeline`).
 
 With no hvdx feature switched on, :func:`DistributedOptimizer` returns Horovod's own
 optimizer, so training is bitwise identical to Horovod's.
@@ -32,7 +35,7 @@ _hvd = import_framework("torch")
 from horovod.torch import *  # noqa: E402,F401,F403
 
 from hvdx.torch.compression import Compression  # noqa: E402,F401
-from hvdx.torch.runtime import init  # noqa: E402,F401
+from hvdx.torch.runtime import init, shutdown, start_timeline, stop_timeline  # noqa: E402,F401,E501
 from hvdx.torch.optimizer import DistributedOptimizer  # noqa: E402,F401
 from hvdx.torch.dssync_optimizer import dssync_process_sets  # noqa: E402,F401
 from hvdx.torch.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402,F401
