@@ -1,13 +1,18 @@
 """hvdx's exchanges merged into a Horovod timeline file (hvdx.mpi.timeline), file in,
 file out: a hand-written timeline in Horovod 0.28.1's format (timeline.cc: a metadata
 header whose first event carries start_time_since_epoch_in_micros, one process per
-tensor, the file always ending in "}]")."""
+tensor, the file always ending in "}]"); the recorder's state as the wrappers of
+Horovod's start_timeline, stop_timeline and shutdown drive it; a registered compressor's
+span."""
 
 import json
 
+import numpy as np
 import pytest
 
+from hvdx.core.user_compression import Compressor
 from hvdx.mpi import timeline
+from hvdx.mpi.user_compression_exchange import UserCompressionSynchronizer
 
 START = 1_700_000_000_000_000  # microseconds since the epoch
 
@@ -160,3 +165,35 @@ def test_nothing_recorded_leaves_horovods_file_untouched(recorder, tmp_path):
     recorder.finish()
     assert (tmp_path / "timeline.json").read_text() == HOROVOD
     assert (tmp_path / "timeline.json").stat().st_mtime_ns == before
+
+
+class Half(Compressor):
+    """A registered compressor's shape: the values as float16."""
+
+    def compress(self, x, step, name):
+        return [x.astype("float16")]
+
+    def decompress(self, payloads, shape, dtype, step, name):
+        return payloads[0].astype(dtype).reshape(shape)
+
+
+class TwoRanks:
+    """A communicator whose other rank sends what this one does."""
+
+    def Get_rank(self):
+        return 0
+
+    def allgather(self, value):
+        return [value, value]
+
+
+def test_a_registered_compressors_allgather_is_a_span_with_its_payload_bytes(recorder):
+    sync = UserCompressionSynchronizer(["w", "b"], Half(), TwoRanks())
+    arrays = [np.ones(10, np.float32), np.ones(3, np.float32)]
+    sync.synchronize(arrays)  # no timeline: nothing kept
+    assert recorder._spans == []
+    recorder.active = True
+    sync.synchronize(arrays)
+    assert [s[:2] + s[4:] for s in recorder._spans] == \
+        [("HVDX_COMPRESSION_ALLGATHER", "compression Half", 26, 26)]
+    assert recorder._spans[0][2] <= recorder._spans[0][3]
