@@ -10,15 +10,11 @@ def test_on_localhost_a_strategys_environment_is_given_to_mpirun():
     assert env == {"OMP_NUM_THREADS": "1", "HOROVOD_CYCLE_TIME": "50"}
 
 
-def test_only_strategies_that_leave_horovod_idle_during_a_step_lengthen_its_cycle():
-    # A longer cycle delays every collective Horovod runs: it costs nothing only where
-    # Horovod carries nothing during a step (TopK with small_tensors="in_topk_step"; decentralized
-    # SGD, whose exchange is mpi4py point-to-point, with global_every=0; Stanza, whose
-    # messages are mpi4py too; the floor, which communicates not at all).
-    slow = {name for name, s in STRATEGIES.items() if "HOROVOD_CYCLE_TIME" in s.env}
-    assert slow == {"topk_dgc", "topk_masked", "decentralized", "decentralized_static",
-                    "decentralized_cta", "stanza", "stanza_f2", "stanza_auto",
-                    "stanza_micro", "floor"}
+def test_every_run_keeps_horovods_defaults_as_the_baseline_does():
+    # A longer cycle would give the strategies that leave Horovod idle during a step
+    # (the tuned TopKs, decentralized SGD, Stanza) CPU the baseline does not get.
+    assert {name: s.env for name, s in STRATEGIES.items()
+            if any(k.startswith("HOROVOD_") for k in s.env)} == {}
     for name in ("decentralized", "decentralized_static", "decentralized_cta"):
         assert "global_every" not in STRATEGIES[name].cost_options
     assert TOPK_DGC_OPTIONS["small_tensors"] == TOPK_MASKED_OPTIONS["small_tensors"] == \
