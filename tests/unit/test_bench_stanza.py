@@ -10,7 +10,7 @@ from hvdx.bench.harness import _add_predictions, summarize
 from hvdx.bench.strategies import DEFAULT_STRATEGIES, STRATEGIES, stanza_bytes
 from hvdx.bench.workloads import WORKLOADS
 from hvdx.cluster import ClusterSpec
-from hvdx.core.cost_model import Cluster, Workload, predict
+from hvdx.core.cost_model import Prediction
 from hvdx.core.stanza_roles import stanza_roles
 from hvdx.mpi.stanza_exchange import StanzaStats
 
@@ -22,8 +22,8 @@ def test_a_plain_bench_runs_stanza_with_one_fc_worker_and_its_variants_when_name
     for name in ("stanza", "stanza_f2", "stanza_auto", "stanza_micro"):
         strategy = STRATEGIES[name]
         assert strategy.roles and strategy.cost_model == "stanza"
-        # No Horovod collective runs during a Stanza step: the long cycle.
-        assert strategy.env == {"HOROVOD_CYCLE_TIME": "50"}
+        # Horovod's defaults, as the baseline's.
+        assert strategy.env == {}
     assert not any(s.roles for n, s in STRATEGIES.items() if not n.startswith("stanza"))
 
 
@@ -66,19 +66,46 @@ def stanza_run(strategy, fc_workers):
             "stanza": {"activation_size": 1024, "fc_compute_fraction": 0.3}}
 
 
-def test_the_prediction_uses_the_layout_the_run_used_and_the_measured_split():
+class RecordedPredict:
+    """Stands in for the cost model's ``predict``: records what the harness asks it and
+    answers a step of its own, so the test checks the harness's wiring, not the model."""
+
+    def __init__(self, step_s=0.123):
+        self.calls, self.step_s = [], step_s
+
+    def __call__(self, strategy, cluster, workload, local_step_s=None, local_wait_s=None,
+                 local_cores=None, **options):
+        self.calls.append(dict(strategy=strategy, cluster=cluster, workload=workload,
+                               local_step_s=local_step_s, options=options))
+        return Prediction(strategy, strategy, self.step_s, 0.0, 0.0, "none", (), 3)
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    import hvdx.core.cost_model
+
+    fake = RecordedPredict()
+    monkeypatch.setattr(hvdx.core.cost_model, "predict", fake)
+    return fake
+
+
+def test_the_prediction_uses_the_layout_the_run_used_and_the_measured_split(recorded):
     spec = ClusterSpec(racks=2, hosts_per_rack=2, nic="1gbit", uplink="100mbit")
     run = stanza_run("stanza_auto", 2)
     rows = [summarize(run, 0.95, "net")]
     _add_predictions(rows, [run], spec)
-    expected = predict("stanza", Cluster(racks=2, hosts_per_rack=2, nic_bps=1e9, uplink_bps=1e8),
-                       Workload(conv_params=55_000, fc_params=1_350_000, compute_s=0.05,
-                                batch_size=32, activation_size=1024, fc_compute_fraction=0.3),
-                       fc_workers=2)
-    assert rows[0].predicted_step_s == pytest.approx(expected.step_s)
+    (call,) = recorded.calls
+    assert call["strategy"] == "stanza" and call["options"] == {"fc_workers": 2}
+    c, w = call["cluster"], call["workload"]
+    assert (c.racks, c.hosts_per_rack, c.nic_bps, c.uplink_bps) == (2, 2, 1e9, 1e8)
+    assert (w.conv_params, w.fc_params, w.compute_s, w.batch_size) == (55_000, 1_350_000,
+                                                                        0.05, 32)
+    assert (w.activation_size, w.fc_compute_fraction) == (1024, 0.3)
+    assert rows[0].predicted_step_s == 0.123
 
 
-def test_a_calibrated_prediction_adds_the_runs_local_step_to_the_priced_phases():
+def test_a_calibrated_prediction_prices_the_runs_local_step_on_the_calibrated_links(
+        recorded):
     from hvdx.core.calibration import Calibration
 
     spec = ClusterSpec(racks=2, hosts_per_rack=2, nic="1gbit", uplink="100mbit")
@@ -88,13 +115,11 @@ def test_a_calibrated_prediction_adds_the_runs_local_step_to_the_priced_phases()
     local = dict(run, local_step_s=0.04)
     rows = [summarize(run, 0.95, "net"), summarize(local, 0.95, "net")]
     _add_predictions(rows, [run, local], spec, calibration)
-    cluster = Cluster(racks=2, hosts_per_rack=2, nic_bps=1e9, uplink_bps=1e8,
-                      calibration=calibration)
-    comm = predict("stanza", cluster, Workload(conv_params=55_000, fc_params=1_350_000,
-                                               compute_s=0.05, batch_size=32,
-                                               activation_size=1024)).comm_s
-    # With its local step, the run's plan is that step plus the phases; without, the
-    # modelled compute (head for three conv workers) plus the same phases.
-    assert rows[1].predicted_step_s == pytest.approx(0.04 + comm)
-    assert rows[0].predicted_step_s == pytest.approx(0.05 * (0.7 + 3 * 0.3) + comm)
-    assert rows[1].uncalibrated_step_s == rows[0].uncalibrated_step_s
+    # Per run: first on the configured rates, then on the calibrated links.
+    plain, calibrated, plain_local, calibrated_local = recorded.calls
+    assert plain["cluster"].calibration is None and plain["local_step_s"] is None
+    assert calibrated["cluster"].calibration is not None
+    assert calibrated["local_step_s"] is None  # no local run: the modelled compute
+    assert plain_local["local_step_s"] is None
+    assert calibrated_local["local_step_s"] == 0.04
+    assert rows[1].uncalibrated_step_s == rows[0].uncalibrated_step_s == 0.123
