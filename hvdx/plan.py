@@ -47,6 +47,7 @@ import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from hvdx.cli_help import DefaultsHelpFormatter
+from hvdx.core.cost.verdict import COMPUTE_BOUND_WIRE_SHARE, PLAN_TOLERANCE, tied, wire_share
 from hvdx.core.cost_model import (
     DEFAULT_STRATEGIES,
     PLACEMENTS,
@@ -85,12 +86,15 @@ JSON_KEYS = (
     "bottleneck), placement, calibration (where --calibration was measured, or null)); 'workload' (params, fc_params, bytes_per_element, "
     "compute_ms, batch_size, activation_size); without --sweep, 'strategies': the table's "
     "rows, fastest first, each with strategy (the cost model's key), label, model_only, "
-    "step_ms, comm_ms, hidden_ms (of comm_ms, what runs inside --local-waits), "
+    "step_ms, compute_ms (the compute or --local-steps' step it holds), comm_ms, hidden_ms (of comm_ms, what runs inside --local-waits), "
     "mb_per_rank_per_step, bottleneck, vs_horovod (speedup per batch), "
     "data_ranks (ranks that train) and run (what a script writes to run it, as the text's "
     "'to run' lines; null for a model-only strategy), and 'verdict': label, strategy, vs_horovod, "
-    "step_ms and bottleneck of the fastest hvdx strategy, and faster_model_only (labels "
-    "of model-only strategies predicted faster still); with --sweep, 'sweep': one entry "
+    "step_ms and bottleneck of the fastest hvdx strategy, faster_model_only (labels "
+    "of model-only strategies predicted faster still), tied (labels of the strategies "
+    "within the plan's 20% error of it per batch), wire_share (of its step, the wire "
+    "nothing hides) and compute_bound (wire_share under 25%: with any tie, the text "
+    "then calls no winner); with --sweep, 'sweep': one entry "
     "per point with uplink_bps, oversubscription, strategies (rows as above, in the "
     "table's order) and winner (as verdict).")
 
@@ -364,7 +368,8 @@ def _workload_figures(w: Workload) -> Dict[str, object]:
 
 def _row(p: Prediction, baseline: Prediction, run: Optional[str]) -> Dict[str, object]:
     return {"strategy": p.strategy, "label": p.label, "model_only": p.strategy in MODEL_ONLY,
-            "step_ms": p.step_s * 1e3, "comm_ms": p.comm_s * 1e3,
+            "step_ms": p.step_s * 1e3, "compute_ms": p.compute_s * 1e3,
+            "comm_ms": p.comm_s * 1e3,
             "hidden_ms": p.hidden_s * 1e3,
             "mb_per_rank_per_step": p.bytes_per_rank / 1e6, "bottleneck": p.bottleneck,
             "vs_horovod": speedup(p, baseline), "data_ranks": p.data_ranks, "run": run}
@@ -435,11 +440,16 @@ def _winner(rows: List[Dict[str, object]]) -> Dict[str, object]:
     strategies predicted faster still: a verdict must name something one can use."""
     ranked = sorted(rows, key=lambda r: -r["vs_horovod"])  # stable: ties keep row order
     best = next(r for r in ranked if not r["model_only"])
+    # Time per batch is proportional to 1 / vs_horovod; the best is first.
+    close = tied({r["label"]: 1.0 / r["vs_horovod"] for r in ranked if not r["model_only"]})
+    share = wire_share(best["step_ms"], best["compute_ms"])
     return {"label": best["label"], "strategy": best["strategy"],
             "vs_horovod": best["vs_horovod"], "step_ms": best["step_ms"],
             "bottleneck": best["bottleneck"],
             "faster_model_only": [r["label"] for r in ranked
-                                  if r["model_only"] and r["vs_horovod"] > best["vs_horovod"]]}
+                                  if r["model_only"] and r["vs_horovod"] > best["vs_horovod"]],
+            "tied": close[1:], "wire_share": share,
+            "compute_bound": share < COMPUTE_BOUND_WIRE_SHARE}
 
 
 def _sweep_point(cluster: Cluster, workload: Workload, options: Dict[str, object],
@@ -508,12 +518,22 @@ def _faster_model_only(winner: Dict[str, object]) -> str:
 
 
 def _verdict(v: Dict[str, object]) -> str:
+    if v["tied"] and v["compute_bound"]:
+        names = [v["label"]] + v["tied"]
+        return (f"verdict: too close to call between {', '.join(names)} (within "
+                f"{PLAN_TOLERANCE:.0%} of the fastest per batch): the step is mostly "
+                f"compute (wire {v['wire_share']:.0%} of {v['label']}'s step), so the "
+                "ranking rests on each strategy's compute and CPU work, where the plan's "
+                "error (a quarter on shared cores) exceeds their differences; time them "
+                "on your own job: `hvdx bench --script YOUR_SCRIPT`" + _faster_model_only(v))
+    tie = (f"; within the plan's {PLAN_TOLERANCE:.0%} error of it: {', '.join(v['tied'])}"
+           if v["tied"] else "")
     if v["strategy"] == "horovod":
         return ("verdict: horovod wins; no hvdx strategy is predicted to pay here"
-                + _faster_model_only(v))
+                + tie + _faster_model_only(v))
     return (f"verdict: {v['label']} wins, {v['vs_horovod']:.2f}x horovod per batch "
             f"({v['step_ms']:.1f} ms/step, bottleneck {v['bottleneck']})"
-            + _faster_model_only(v))
+            + tie + _faster_model_only(v))
 
 
 def _sweep_lines(points: List[Dict[str, object]]) -> List[str]:

@@ -25,12 +25,18 @@ import argparse
 import sys
 from typing import List, Optional
 
-__all__ = ["add_arguments", "main", "run"]
+__all__ = ["FULL_WORKLOADS", "QUICK_WORKLOADS", "add_arguments", "main", "run"]
+
+#: A plain ``hvdx bench`` compares every strategy on the communication-bound workload,
+#: within ten minutes on 2 cores with the calibration; ``--full`` adds the compute-bound
+#: one.
+QUICK_WORKLOADS = "digits_vgg"
+FULL_WORKLOADS = "digits_vgg,digits_cnn"
 
 
 def add_arguments(bench: argparse.ArgumentParser) -> None:
     """Adds the ``hvdx bench`` flags (the emulated cluster's among them) to ``bench``."""
-    from hvdx.bench.strategies import ALIASES, DEFAULT_STRATEGIES, STRATEGIES
+    from hvdx.bench.strategies import ALIASES, DEFAULT_STRATEGIES, FULL_STRATEGIES, STRATEGIES
     from hvdx.cluster import add_cluster_arguments
 
     add_cluster_arguments(bench)
@@ -40,10 +46,21 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
                        help="ranks with --localhost, --overlap and --soak")
     bench.add_argument("--ranks-per-host", type=int, default=1,
                        help="ranks per emulated host")
-    bench.add_argument("--workloads", default="digits_vgg,digits_cnn",
-                       help="comma-separated workloads (hvdx.bench.workloads)")
-    bench.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
-                       help=f"comma-separated, from {','.join(STRATEGIES)}; "
+    bench.add_argument("--workloads",
+                       help="comma-separated workloads (hvdx.bench.workloads) (default: "
+                            f"{QUICK_WORKLOADS}, the communication-bound one; with --full "
+                            f"{FULL_WORKLOADS})")
+    bench.add_argument("--full", action="store_true",
+                       help=f"the whole comparison, about three times as long as the "
+                            f"default run: both built-in workloads ({FULL_WORKLOADS}, the "
+                            "second compute-bound), TopK without the presets' tuning too, "
+                            "and a plan priced more closely (each strategy's local run "
+                            "before and after its cluster run, DS-Sync's and TopK's "
+                            "collectives timed again around theirs)")
+    bench.add_argument("--strategies",
+                       help=f"comma-separated, from {','.join(STRATEGIES)} (default: "
+                            f"{','.join(DEFAULT_STRATEGIES)}; with --full "
+                            f"{','.join(FULL_STRATEGIES)}); "
                             + ", ".join(f"{alias} is {name}" for alias, name in
                                         ALIASES.items())
                             + " (the presets of HVDX_COMPRESSION)")
@@ -107,7 +124,16 @@ def run(args: argparse.Namespace) -> int:
     from hvdx.bench.strategies import strategy_names
     from hvdx.cluster import ClusterSpec
 
+    from hvdx.bench.strategies import DEFAULT_STRATEGIES, FULL_STRATEGIES
+
+    if args.strategies is None:
+        args.strategies = ",".join(FULL_STRATEGIES if args.full else DEFAULT_STRATEGIES)
     args.strategies = ",".join(strategy_names(args.strategies.split(",")))  # fast, safe
+    if args.full and args.workloads is not None:
+        raise ValueError(f"--full with --workloads={args.workloads}: --full runs "
+                         f"{FULL_WORKLOADS}; give one of the two")
+    if args.workloads is None:
+        args.workloads = FULL_WORKLOADS if args.full else QUICK_WORKLOADS
 
     say = lambda s: print(s, flush=True)  # noqa: E731
     if args.selection:
@@ -148,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
                      args.steps, args.eval_every, args.out,
                      ranks_per_host=args.ranks_per_host, localhost_ranks=args.ranks,
                      timeout=args.timeout, say=say, placements=placements,
-                     floor=not args.no_floor, calibrate=not args.no_calibrate)
+                     floor=not args.no_floor, calibrate=not args.no_calibrate,
+                     full=args.full)
     print()
     print(render_table(rows))
     for line in fastest_lines(rows):

@@ -32,8 +32,10 @@ from typing import Callable, Dict, List, NamedTuple, Optional
 
 import numpy as np
 
+from hvdx.bench.progress import TimeLeft, format_duration
 from hvdx.bench.strategies import STRATEGIES
 from hvdx.bench.workloads import WORKLOADS
+from hvdx.core.cost.verdict import PLAN_TOLERANCE, tied
 from hvdx.info import usable_cores
 
 __all__ = ["Summary", "fastest_lines", "mean_step", "placement_hosts", "render_table",
@@ -58,7 +60,7 @@ WARMUP_STEPS = 2
 #: before the strategy's cluster run: the machine's speed drifts by a third over
 #: minutes (Horovod's local step read 150, 129 and 91 ms in three benches),
 #: and a local step timed minutes before its cluster run had drifted away from it.
-#: A second local run right after the cluster run brackets it, and the plan takes the
+#: In a full run (``--full``), a second local run right after the cluster run brackets it, and the plan takes the
 #: mean of the two: a drift over the minute of the cluster run then cancels (one local
 #: run alone put topk_dgc's step 12% above topk_masked's, whose step does the same and
 #: more). As many steps as a cluster run of the built-in workloads takes by default, so
@@ -422,14 +424,18 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
               localhost_ranks: int = 4, timeout: float = 900.0,
               say: Callable[[str], None] = print,
               placements: Optional[List[str]] = None, floor: bool = True,
-              calibrate: bool = True):
+              calibrate: bool = True, full: bool = False):
     """Run every strategy on every workload (and rank placement), and the floor (every
     rank training alone) unless ``floor`` is false; on an emulated cluster, unless
     ``calibrate`` is false, first the calibration job (:mod:`hvdx.mpi.calibrate`), whose
     measurements price the ``plan`` column, right before each priced strategy's first
-    run its local step (:func:`_local_step`), and before and after each run the
-    collectives it is priced by that drift with the machine (:func:`_retiming`); write
-    and return the summaries."""
+    run its local step (:func:`_local_step`), and, with ``full``, its local step again
+    right after that run and, before and after each run, the collectives it is priced by
+    that drift with the machine (:func:`_retiming`); write and return the summaries.
+
+    Without ``full`` the run is the quick one ``bash scripts/main`` starts with: the
+    calibration is minutes old at every run, so nothing is timed again, and one local
+    run per strategy prices it (:data:`LOCAL_STEPS` explains what a second one adds)."""
     for name, known, what in ((workloads, WORKLOADS, "workload"),
                               (strategies, STRATEGIES, "strategy")):
         for item in name:
@@ -453,13 +459,22 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
         local_steps: Dict[tuple, Optional[LocalRun]] = {}
         bracketed: Dict[tuple, List[LocalRun]] = {}
         priced = cluster_used and calibrate
+        left = TimeLeft(([CALIBRATION_ESTIMATE_S] if priced else []) +
+                        [_run_estimate_s(spec if cluster_used else None, w, s,
+                                         steps or WORKLOADS[w].default_steps, ranks, priced,
+                                         full)
+                         for w in workloads for s, _ in runs])
         if priced:
+            left.start()
             calibration = _calibrate(cluster, ranks_per_host, out_dir, timeout, say)
+            left.finish()
         total = len(workloads) * len(runs)
         for w in workloads:
             for s, placement in runs:
                 where = f"{network}, {placement} placement" if cluster_used else network
-                say(f"[{len(raw) + 1}/{total}] {w} with {STRATEGIES[s].label} on {where}")
+                say(f"[{len(raw) + 1}/{total}, {left.line()}] {w} with "
+                    f"{STRATEGIES[s].label} on {where}")
+                left.start()
                 if priced and STRATEGIES[s].cost_model is not None and \
                         (w, s) not in local_steps:
                     # Just before the cluster run, so that both meet the machine in the
@@ -467,7 +482,7 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
                     local_steps[w, s] = _local_step(w, s, out_dir, ranks, timeout, say,
                                                     spec, ranks_per_host)
                 # The collectives the plan prices the run by, timed again around it.
-                retime = _retiming(w, s, calibration) if priced else None
+                retime = _retiming(w, s, calibration) if priced and full else None
                 again = [retime(cluster, ranks_per_host, out_dir, timeout, say)] \
                     if retime else []
                 result = run_one(cluster, w, s, steps or WORKLOADS[w].default_steps,
@@ -479,15 +494,18 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
                     if timed:
                         result[retime.field] = timed
                 if local_steps.get((w, s)) is not None and (w, s) not in bracketed:
-                    # And just after it, once per strategy (see LOCAL_STEPS).
+                    # And, in a full run, just after it, once per strategy (see
+                    # LOCAL_STEPS).
                     after = _local_step(w, s, out_dir, ranks, timeout, say, spec,
-                                        ranks_per_host)
+                                        ranks_per_host) if full else None
                     bracketed[w, s] = [local_steps[w, s]] + ([] if after is None
                                                              else [after])
                 if (w, s) in bracketed:
                     _add_local_runs(result, bracketed[w, s])
                 raw.append(result)
                 rows.append(summarize(result, WORKLOADS[w].target_accuracy, network))
+                left.finish()
+        say(f"done in {format_duration(left.elapsed_s())}")
     finally:
         if cluster is not None:
             cluster.close()
@@ -533,6 +551,41 @@ def local_wait(result: Dict) -> Optional[float]:
         return None
     period = result.get("schedule_period", 1)
     return min(mean_step(w, period) for w in waits)
+
+
+#: A priori seconds of the calibration job (about three minutes on 2 cores for 2x2
+#: hosts), of launching one MPI job of the bench (importing torch and Horovod on every
+#: rank), and of one training step on every rank of one host, for the first estimate of
+#: the time left (:class:`hvdx.bench.progress.TimeLeft` corrects them as stages finish).
+CALIBRATION_ESTIMATE_S = 180.0
+LAUNCH_ESTIMATE_S = 12.0
+LOCAL_STEP_ESTIMATE_S = 0.1
+
+
+def _run_estimate_s(spec, workload: str, strategy: str, steps: int, ranks: int,
+                    priced: bool, full: bool = False) -> float:
+    """A priori seconds of one strategy's turn: its cluster run (steps at the step the
+    cost model gives on the configured rates, ``LOCAL_STEP_ESTIMATE_S`` of compute),
+    and, where the plan is priced, its local run (two with ``full``)."""
+    from hvdx.bench.workloads import parameter_split
+    from hvdx.core.cost_model import Cluster, Workload, predict
+
+    model = STRATEGIES[strategy].cost_model
+    step = LOCAL_STEP_ESTIMATE_S
+    if spec is not None and model is not None:
+        conv, fc = parameter_split(WORKLOADS[workload].make_model())
+        cluster = Cluster(racks=spec.racks, hosts_per_rack=spec.hosts_per_rack,
+                          nic_bps=spec.nic, uplink_bps=spec.uplink,
+                          ranks_per_host=max(1, ranks // spec.num_hosts))
+        step = predict(model, cluster, Workload(conv_params=conv, fc_params=max(fc, 1),
+                                                compute_s=LOCAL_STEP_ESTIMATE_S),
+                       **STRATEGIES[strategy].cost_options).step_s
+    jobs, local = 1, 0.0
+    if priced and model is not None:
+        runs = 2 if full else 1
+        jobs += runs  # (the collectives timed again are short: the pace absorbs them)
+        local = runs * LOCAL_STEPS * LOCAL_STEP_ESTIMATE_S
+    return jobs * LAUNCH_ESTIMATE_S + steps * step + local
 
 
 def _local_step(workload: str, strategy: str, out_dir: str, ranks: int, timeout: float,
@@ -765,7 +818,9 @@ def fastest_lines(rows: List[Summary]) -> List[str]:
         where = key[0] + (f" ({key[1]} placement)" if key[1] not in (None, "blocked") else "")
         verdict = "the plan names it" if named == best else (
             f"the plan names {named} ({planned[named] * 1e3:.1f} ms), which took "
-            f"{measured[named] / measured[best] - 1:.0%} longer")
+            f"{measured[named] / measured[best] - 1:.0%} longer"
+            + (f"; the plan had {best} within its {PLAN_TOLERANCE:.0%} error of it"
+               if best in tied(planned) else ""))
         lines.append(f"{where}: fastest per batch {best} ({measured[best] * 1e3:.1f} ms "
                      f"measured, {planned[best] * 1e3:.1f} planned); {verdict}")
     return lines

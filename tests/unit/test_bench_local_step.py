@@ -1,7 +1,9 @@
-"""Each priced strategy's local step (every rank on this host) is timed right before and
-right after its cluster run, and so are Horovod's averages around DS-Sync's and sharded
-TopK's step around each TopK's, so that both meet the machine in the same state and a
-drift in between cancels (no MPI job here)."""
+"""Each priced strategy's local step (every rank on this host) is timed right before its
+cluster run, and, in a full run, right after it too, and so are Horovod's averages
+around DS-Sync's and sharded TopK's step around each TopK's, so that both meet the
+machine in the same state and a drift in between cancels (no MPI job here)."""
+
+import re
 
 import pytest
 
@@ -86,11 +88,28 @@ def fake_bench(monkeypatch, local_fails=(), calibration=None, set_averages=(),
     return cluster, jobs, said, raw_out
 
 
+def test_the_quick_run_times_each_priced_strategy_locally_once_and_nothing_again(
+        monkeypatch, tmp_path):
+    cluster, jobs, said, raw = fake_bench(monkeypatch)
+    harness.run_bench(ClusterSpec(), ["digits_vgg"], ["horovod", "dssync", "topk"], 6, 3,
+                      str(tmp_path), say=said.append)
+    assert jobs == [("local", "digits_vgg", "horovod"), ("cluster", "digits_vgg", "horovod"),
+                    ("cluster", "digits_vgg", FLOOR),
+                    ("local", "digits_vgg", "dssync"), ("cluster", "digits_vgg", "dssync"),
+                    ("local", "digits_vgg", "topk"), ("cluster", "digits_vgg", "topk")]
+    assert fake_bench.set_average_args == [] and fake_bench.sharded_args == []
+    # Each turn says where the run stands and what is left; the end says how long.
+    turns = [line for line in said if line.startswith("[")]
+    assert len(turns) == 4 and all(re.match(r"\[\d/4, \d+ s in, about \d+ (s|min) left\] ",
+                                            line) for line in turns)
+    assert said[-1].startswith("done in ")
+
+
 def test_each_priced_strategy_is_timed_locally_just_before_and_after_its_cluster_run(
         monkeypatch, tmp_path):
     cluster, jobs, said, raw = fake_bench(monkeypatch)
     harness.run_bench(ClusterSpec(), ["digits_vgg"], ["horovod", "topk"], 6, 3, str(tmp_path),
-                      say=said.append)
+                      say=said.append, full=True)
     assert jobs == [("local", "digits_vgg", "horovod"), ("cluster", "digits_vgg", "horovod"),
                     ("local", "digits_vgg", "horovod"),
                     ("cluster", "digits_vgg", FLOOR),  # the floor is not priced
@@ -111,7 +130,7 @@ def test_a_strategy_under_two_placements_is_timed_locally_around_its_first_run(
         monkeypatch, tmp_path):
     _, jobs, _, raw = fake_bench(monkeypatch)
     harness.run_bench(ClusterSpec(), ["digits_vgg"], ["topk"], 6, 3, str(tmp_path),
-                      placements=["blocked", "interleaved"], floor=False, say=lambda l: None)
+                      placements=["blocked", "interleaved"], floor=False, say=lambda l: None, full=True)
     assert [j[0] + "/" + j[2] for j in jobs] == [
         "local/horovod", "cluster/horovod", "local/horovod",
         "local/topk", "cluster/topk", "local/topk", "cluster/topk"]
@@ -121,7 +140,7 @@ def test_a_strategy_under_two_placements_is_timed_locally_around_its_first_run(
 def test_a_failed_local_run_is_said_and_its_plan_falls_back(monkeypatch, tmp_path):
     _, jobs, said, raw = fake_bench(monkeypatch, local_fails=("topk",))
     harness.run_bench(ClusterSpec(), ["digits_vgg"], ["horovod", "topk"], 6, 3, str(tmp_path),
-                      floor=False, say=said.append)
+                      floor=False, say=said.append, full=True)
     assert ("cluster", "digits_vgg", "topk") in jobs  # the cluster run still happens
     assert _ms(r.get("local_step_s") for r in raw) == [125, None]
     assert "  digits_vgg / topk: the local run failed (local job failed (exit 9):); its " \
@@ -133,7 +152,7 @@ def test_a_failed_local_run_after_the_cluster_run_leaves_the_one_before(
     # topk's third job is its local run after the cluster run.
     _, jobs, _, raw = fake_bench(monkeypatch, local_fails=(("topk", 3),))
     harness.run_bench(ClusterSpec(), ["digits_vgg"], ["topk"], 6, 3, str(tmp_path),
-                      floor=False, say=lambda l: None)
+                      floor=False, say=lambda l: None, full=True)
     assert _ms(r.get("local_steps_s") for r in raw) == [[100, 150], [100]]
     assert _ms(r.get("local_step_s") for r in raw) == [125, 100]
 
@@ -141,7 +160,7 @@ def test_a_failed_local_run_after_the_cluster_run_leaves_the_one_before(
 def test_without_calibration_nothing_runs_locally(monkeypatch, tmp_path):
     _, jobs, _, _ = fake_bench(monkeypatch)
     harness.run_bench(ClusterSpec(), ["digits_vgg"], ["horovod", "topk"], 6, 3, str(tmp_path),
-                      floor=False, calibrate=False, say=lambda l: None)
+                      floor=False, calibrate=False, say=lambda l: None, full=True)
     assert [j[0] for j in jobs] == ["cluster", "cluster"]
 
 
@@ -151,7 +170,7 @@ def test_the_local_run_stands_in_for_the_cluster_s_topology_and_rates(monkeypatc
     _, jobs, _, _ = fake_bench(monkeypatch)
     spec = ClusterSpec(racks=2, hosts_per_rack=3, nic="1gbit", uplink="20mbit")
     harness.run_bench(spec, ["digits_vgg"], ["dssync"], 6, 3, str(tmp_path), floor=False,
-                      ranks_per_host=2, say=lambda l: None)
+                      ranks_per_host=2, say=lambda l: None, full=True)
     local = [e for j, e in zip(jobs, fake_bench.envs) if j[0] == "local"]
     assert local == [{TOPOLOGY_ENV: "2x3x2",
                       "HVDX_CLUSTER_LINK_RATES": "1000000000bit,20000000bit"}] * 4
@@ -168,7 +187,7 @@ def test_dssyncs_averages_are_timed_again_around_its_run_and_the_plan_takes_thei
     _, jobs, _, raw = fake_bench(monkeypatch, calibration=calibration, set_averages=(
         {"rack": [[1e3, 0.01], [1e6, 0.1]]}, {"rack": [[1e6, 0.3]]}))
     harness.run_bench(ClusterSpec(), ["digits_vgg"], ["horovod", "dssync"], 6, 3,
-                      str(tmp_path), floor=False, say=lambda l: None)
+                      str(tmp_path), floor=False, say=lambda l: None, full=True)
     assert [j[0] + ("/" + j[2] if j[2] else "") for j in jobs] == [
         "local/horovod", "cluster/horovod", "local/horovod",  # Horovod's own: not again
         "local/dssync", "set averages", "cluster/dssync", "set averages", "local/dssync"]
@@ -187,7 +206,7 @@ def test_the_averages_around_dssyncs_run_are_timed_at_the_models_own_size(
     fake_bench(monkeypatch, calibration=calibration,
                set_averages=({"rack": [[1e6, 0.1]]}, {"rack": [[1e6, 0.3]]}))
     harness.run_bench(ClusterSpec(), ["digits_vgg"], ["dssync"], 6, 3, str(tmp_path),
-                      floor=False, say=lambda l: None)
+                      floor=False, say=lambda l: None, full=True)
     assert fake_bench.set_average_args == [(4 * 1_370_634,)] * 2
 
 
@@ -202,7 +221,7 @@ def test_a_failed_timing_of_the_averages_leaves_the_other_and_two_leave_the_cali
         _, _, _, raw = fake_bench(monkeypatch, calibration=calibration,
                                   set_averages=timings)
         harness.run_bench(ClusterSpec(), ["digits_vgg"], ["dssync"], 6, 3, str(tmp_path),
-                          floor=False, say=lambda l: None)
+                          floor=False, say=lambda l: None, full=True)
         assert raw[-1].get("set_allreduce_times") == expected
 
 
@@ -256,7 +275,7 @@ def test_sharded_topks_step_is_timed_again_around_each_topk_run_at_its_own_size(
         {dgc: [[DIGITS_UP, 0.1]]}, {dgc: [[DIGITS_UP, 0.2]]},
         {masked: [[DIGITS_UP, 0.3]]}, {masked: [[DIGITS_UP, 0.5]]}))
     harness.run_bench(ClusterSpec(), ["digits_vgg"], ["horovod", "topk_dgc", "topk_masked"],
-                      6, 3, str(tmp_path), floor=False, say=lambda l: None)
+                      6, 3, str(tmp_path), floor=False, say=lambda l: None, full=True)
     assert [j[0] + ("/" + j[2] if j[2] else "") for j in jobs] == [
         "local/horovod", "cluster/horovod", "local/horovod",  # Horovod's own: not again
         "local/topk_dgc", "sharded topk", "cluster/topk_dgc", "sharded topk",
@@ -278,7 +297,7 @@ def test_without_a_timed_sharded_step_topk_runs_without_timing_it_again(
     calibration = Calibration(tables={"nic": {1: [(0, 0.001)]}})
     _, jobs, _, raw = fake_bench(monkeypatch, calibration=calibration)
     harness.run_bench(ClusterSpec(), ["digits_vgg"], ["topk"], 6, 3, str(tmp_path),
-                      floor=False, say=lambda l: None)
+                      floor=False, say=lambda l: None, full=True)
     assert "sharded topk" not in [j[0] for j in jobs]
     assert "sharded_topk_times" not in raw[0]
 
@@ -334,7 +353,7 @@ def test_the_local_runs_record_the_least_wait_of_any_rank_and_the_plan_takes_the
     _, _, said, raw = fake_bench(monkeypatch, local_waits=(
         None, None, (0.03, 0.02, 0.04, 0.05), (0.04, 0.045, 0.06, 0.07)))
     harness.run_bench(ClusterSpec(), ["digits_vgg"], ["topk"], 6, 3, str(tmp_path),
-                      floor=False, say=said.append)
+                      floor=False, say=said.append, full=True)
     assert [r["strategy"] for r in raw] == ["horovod", "topk"]
     assert "local_wait_s" not in raw[0]
     assert _ms(raw[1]["local_waits_s"]) == [20, 40]
@@ -349,7 +368,7 @@ def test_a_local_run_without_waits_leaves_the_plan_without_one(monkeypatch, tmp_
     # a run that recorded no waits (an older runner) gives none, not zero.
     _, _, _, raw = fake_bench(monkeypatch, local_waits=(None, None, (0.03,) * 4, None))
     harness.run_bench(ClusterSpec(), ["digits_vgg"], ["topk"], 6, 3, str(tmp_path),
-                      floor=False, say=lambda l: None)
+                      floor=False, say=lambda l: None, full=True)
     assert raw[1]["strategy"] == "topk" and raw[1]["local_step_s"] == pytest.approx(0.125)
     assert "local_wait_s" not in raw[1] and "local_waits_s" not in raw[1]
 

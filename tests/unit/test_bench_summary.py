@@ -115,5 +115,10 @@ def test_the_verdict_ranks_by_time_per_batch_and_says_when_the_plan_named_anothe
     assert fastest_lines(rows) == [
         "w: fastest per batch b (25.0 ms measured, 27.5 planned); the plan names stanza "
         "(20.0 ms), which took 20% longer"]
+    # At 70 ms (23.3 ms a batch) the plan still names stanza, but with b within 20% of it.
+    rows[2].predicted_step_s = 0.070
+    assert fastest_lines(rows) == [
+        "w: fastest per batch b (25.0 ms measured, 27.5 planned); the plan names stanza "
+        "(23.3 ms), which took 20% longer; the plan had b within its 20% error of it"]
     # Nothing priced (localhost): no verdict.
     assert fastest_lines([summarize(result("b", 0.1, CURVE), 0.9, "net")]) == []

@@ -164,7 +164,8 @@ def test_a_faster_model_only_strategy_never_wins_the_verdict(capsys):
     code, out, _ = run(capsys, *argv)
     assert code == 0 and out.splitlines()[3].startswith("hierarchical (model only)")
     assert out.splitlines()[-1] == ("verdict: horovod wins; no hvdx strategy is predicted "
-                                    "to pay here; faster in the model only: hierarchical")
+                                    "to pay here; within the plan's 20% error of it: "
+                                    "stanza F=1; faster in the model only: hierarchical")
     _, out, _ = run(capsys, *argv, "--json")
     verdict = json.loads(out)["verdict"]
     assert verdict["strategy"] == "horovod" and verdict["faster_model_only"] == ["hierarchical"]
@@ -287,3 +288,32 @@ def test_a_topk_row_a_preset_sends_the_same_bytes_as_names_the_preset(
     lines = run_lines(text)
     assert lines[label].endswith(f", or HVDX_COMPRESSION={preset} (tuned, the same bytes)")
     assert sum("HVDX_COMPRESSION=" in line for line in lines.values()) == 1
+
+
+# --- what the verdict may claim -----------------------------------------------------------
+
+def test_a_compute_bound_step_with_strategies_close_together_names_no_winner(capsys):
+    """A small model on a fast network: every step is its compute, the plan cannot order
+    the strategies within its error, and says so instead of naming one."""
+    argv = ["--preset", "emulated", "--params", "40000", "--fc-fraction", "0.1",
+            "--compute-ms", "30"]
+    code, out, _ = run(capsys, *argv)
+    verdict = out.splitlines()[-1]
+    assert code == 0 and verdict.startswith("verdict: too close to call between ")
+    assert " wins" not in verdict and "hvdx bench --script" in verdict
+    _, out, _ = run(capsys, *argv, "--json")
+    v = json.loads(out)["verdict"]
+    assert v["compute_bound"] and v["tied"] and v["wire_share"] < 0.25
+    rows = {r["label"]: r for r in json.loads(out)["strategies"]}
+    best = 1 / rows[v["label"]]["vs_horovod"]
+    for label in v["tied"]:  # each within 20% of the fastest per batch
+        assert 1 / rows[label]["vs_horovod"] <= 1.2 * best
+    assert all(name in verdict for name in [v["label"]] + v["tied"])
+
+
+def test_a_network_bound_step_names_its_winner(capsys):
+    code, out, _ = run(capsys, "--preset", "emulated", "--json")
+    v = json.loads(out)["verdict"]
+    assert code == 0 and not v["compute_bound"] and v["wire_share"] > 0.25
+    _, text, _ = run(capsys, "--preset", "emulated")
+    assert text.splitlines()[-1].startswith(f"verdict: {v['label']} wins")
