@@ -25,10 +25,32 @@ import numpy as np
 from hvdx.core.user_compression import Compressor, combine, compress_with_feedback
 from hvdx.mpi import timeline
 
-__all__ = ["JOINED", "UserCompressionSynchronizer"]
+__all__ = ["JOINED", "UserCompressionStats", "UserCompressionSynchronizer"]
 
 #: What a rank that has joined (``hvd.join()``) sends instead of its first bad position.
 JOINED = "joined"
+
+
+class UserCompressionStats:
+    """Bytes this rank's exchanges sent and received, since construction, as TopK's
+    counters (``total_sent``, ``total_received``, ``steps``: the exchanges)."""
+
+    __slots__ = ("total_sent", "total_received", "steps")
+
+    def __init__(self):
+        self.total_sent = self.total_received = 0
+        self.steps = 0
+
+    def add(self, sent: int, received: int) -> None:
+        self.total_sent += sent
+        self.total_received += received
+        self.steps += 1
+
+    def as_dict(self) -> Dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __repr__(self):
+        return f"UserCompressionStats({self.as_dict()})"
 
 
 class UserCompressionSynchronizer:
@@ -52,6 +74,7 @@ class UserCompressionSynchronizer:
         self.step = 0
         self.residuals: Dict[str, np.ndarray] = {}
         self._reported_nonfinite = False
+        self.stats = UserCompressionStats()
 
     def synchronize(self, arrays: Sequence[np.ndarray]) -> Optional[List[np.ndarray]]:
         """Every tensor's result (the average of every rank's decompressed payloads),
@@ -93,17 +116,20 @@ class UserCompressionSynchronizer:
         return False
 
     def _allgather(self, mine):
-        """The step's one collective; a span in Horovod's timeline while one records
-        (:mod:`hvdx.mpi.timeline`; the bytes are the payloads' array bytes)."""
+        """The step's one collective, its bytes counted (:attr:`stats`) and, while a
+        timeline records, a span there (:mod:`hvdx.mpi.timeline`). The bytes are the
+        payloads' array bytes: this rank's go to each of the others, and each other
+        rank's come here (pickling's few bytes of framing are not counted)."""
         began = timeline.now() if timeline.active else 0
         everyone = self.comm.allgather(mine)
+        rank = self.comm.Get_rank()
+        nbytes = [_payload_bytes(payloads) for _, payloads in everyone]
+        sent, received = nbytes[rank] * (len(everyone) - 1), sum(nbytes) - nbytes[rank]
+        self.stats.add(sent, received)
         if began:
-            rank = self.comm.Get_rank()
-            nbytes = [_payload_bytes(payloads) for _, payloads in everyone]
             timeline.record("HVDX_COMPRESSION_ALLGATHER",
                             f"compression {type(self.compressor).__name__}", began,
-                            nbytes[rank] * (len(everyone) - 1),
-                            sum(nbytes) - nbytes[rank])
+                            sent, received)
         return everyone
 
     def _any_bad(self, everyone) -> bool:

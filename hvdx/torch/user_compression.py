@@ -87,6 +87,9 @@ class _UserCompressionOptimizer:
     hvdx_strategy = property(lambda self: self._hvdx_compression,
                              doc="The :class:`~hvdx.compression_registry.UserCompression` "
                                  "spec this optimizer runs (read-only).")
+    hvdx_stats = property(lambda self: self._hvdx_sync.stats,
+                          doc="Bytes this rank's exchanges sent and received "
+                              "(``total_sent``, ``total_received``, ``steps``).")
 
     def set_backward_passes_per_step(self, passes):
         if passes <= 0:

@@ -44,3 +44,67 @@ def test_a_horovod_script_runs_under_horovod_and_topk_with_step_times_and_bytes(
     with open(out / "results.csv") as f:
         assert [r["strategy"] for r in csv.DictReader(f)] == ["horovod", "topk_dgc"]
     assert (out / "results.png").stat().st_size > 0
+
+
+#: A Horovod script that defines and registers a compressor of its own (scaled signSGD),
+#: as a user would: hvdx bench knows nothing of it but the variable's value.
+OWN_COMPRESSOR = '''
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import horovod.torch as hvd
+import hvdx
+from hvdx.core.user_compression import Compressor
+
+
+class ScaledSign(Compressor):
+    def __init__(self, scale=1.0):
+        self.scale = scale
+
+    def compress(self, x, step, name):
+        return [np.signbit(x), np.array(np.abs(x).mean(), x.dtype)]
+
+    def decompress(self, payloads, shape, dtype, step, name):
+        negative, mean = payloads
+        return np.where(negative, -1.0, 1.0).astype(dtype) * (mean * dtype.type(self.scale))
+
+    def settings(self):
+        return {"scale": self.scale}
+
+
+hvdx.register_compressor("scaled_sign", ScaledSign)
+hvd.init()
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+data = torch.Generator().manual_seed(hvd.rank())
+for step in range(4):
+    x, y = torch.randn(16, 64, generator=data), torch.randint(0, 10, (16,), generator=data)
+    optimizer.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    optimizer.step()
+'''
+
+
+def test_a_compressor_the_script_registers_runs_as_a_strategy_by_its_variable(tmp_path):
+    script = tmp_path / "own_compressor.py"
+    script.write_text(OWN_COMPRESSOR)
+    out = tmp_path / "bench"
+    proc, _ = run([sys.executable, "-m", "hvdx.cli", "bench", "--localhost", "--ranks", "2",
+                   "--script", str(script), "--strategies",
+                   "horovod,HVDX_COMPRESSION=scaled_sign(scale=0.5)", "--out", str(out)],
+                  timeout=150)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads((out / "results.json").read_text())
+    horovod, own = data["summary"]
+    assert own["strategy"] == "HVDX_COMPRESSION=scaled_sign(scale=0.5)"
+    assert own["steps"] == horovod["steps"] == 4 and own["median_step_s"] > 0
+    log = (out / "own_compressor-HVDX_COMPRESSION_scaled_sign_scale_0.5.log").read_text()
+    assert "HVDX_COMPRESSION='scaled_sign(scale=0.5)'" in log
+    # hvdx's count: per tensor one sign per entry (a byte, pickled) and the mean, far
+    # below the 4 bytes per entry of the allreduce's count.
+    assert 0 < own["hvdx_bytes_per_step"] < 0.5 * horovod["hvdx_bytes_per_step"]
