@@ -64,7 +64,10 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
                             f"{','.join(FULL_STRATEGIES)}); "
                             + ", ".join(f"{alias} is {name}" for alias, name in
                                         ALIASES.items())
-                            + " (the presets of HVDX_COMPRESSION)")
+                            + " (the presets of HVDX_COMPRESSION); with --script also "
+                            "HVDX_COMPRESSION=<value> or HVDX_SYNC=<value>, e.g. a "
+                            "compressor the script registers: "
+                            "\"horovod,HVDX_COMPRESSION=sign(scale=True)\"")
     bench.add_argument("--placement", default="blocked", metavar="blocked[,interleaved]",
                        help="how ranks fill the emulated hosts: blocked (rack by rack) or "
                             "interleaved (rank r in rack r mod racks: the exponential "
@@ -125,11 +128,18 @@ def run(args: argparse.Namespace) -> int:
     from hvdx.bench.strategies import strategy_names
     from hvdx.cluster import ClusterSpec
 
+    from hvdx.bench.script import split_items, variable_strategy
     from hvdx.bench.strategies import DEFAULT_STRATEGIES, FULL_STRATEGIES
 
     if args.strategies is None:
         args.strategies = ",".join(FULL_STRATEGIES if args.full else DEFAULT_STRATEGIES)
-    args.strategies = ",".join(strategy_names(args.strategies.split(",")))  # fast, safe
+    items = strategy_names(split_items(args.strategies))  # fast, safe
+    given = [item for item in items if variable_strategy(item) is not None]
+    if given and not args.script:
+        raise ValueError(f"--strategies {given[0]}: a variable's value runs with --script "
+                         "only (the built-in workloads run the benchmark's strategies by "
+                         "name)")
+    args.strategies = ",".join(items)
     if args.workloads is None:
         args.workloads = FULL_WORKLOADS if args.full else QUICK_WORKLOADS
 
@@ -187,7 +197,7 @@ def _script(args: argparse.Namespace) -> int:
     import shlex
 
     from hvdx.bench.harness import check_placements
-    from hvdx.bench.script import script_strategies
+    from hvdx.bench.script import script_strategies, split_items
     from hvdx.bench.script_run import prepare, render_table, run_script_bench
     from hvdx.bench.strategies import DEFAULT_STRATEGIES
     from hvdx.cluster import ClusterSpec
@@ -198,7 +208,7 @@ def _script(args: argparse.Namespace) -> int:
                          "steps; pass its own flags with --script-args")
     prepare(args.script)  # refused before anything starts
     named = args.strategies != ",".join(DEFAULT_STRATEGIES)
-    strategies, notes = script_strategies(args.strategies.split(","), named)
+    strategies, notes = script_strategies(split_items(args.strategies), named)
     if not args.no_floor and "floor skipped" not in " ".join(notes):
         notes.append("no floor for a script: every rank training alone cannot be had "
                      "without changing it (its broadcasts and any metric allreduce still "

@@ -20,7 +20,8 @@ import re
 from typing import Dict, List, Optional, Tuple
 
 __all__ = ["NOT_FOR_SCRIPTS", "SCRIPT_STRATEGIES", "parse_throughput",
-           "script_strategies", "strategy_environment", "switch_imports"]
+           "script_strategies", "split_items", "strategy_environment", "switch_imports",
+           "variable_strategy"]
 
 #: Horovod's framework modules and hvdx's drop-in for each.
 FRAMEWORKS = {"horovod.torch": "hvdx.torch", "horovod.tensorflow": "hvdx.tensorflow",
@@ -169,23 +170,56 @@ def _why_not(name: str) -> Optional[str]:
     return NOT_FOR_SCRIPTS.get(name)
 
 
+def variable_strategy(name: str) -> Optional[Tuple[str, str]]:
+    """``(variable, value)`` of a ``--strategies`` item that sets one of hvdx's two
+    variables itself, ``HVDX_COMPRESSION=<value>`` or ``HVDX_SYNC=<value>`` (a
+    compressor the script registers, ``hvdx.register_compressor``; TopK, DS-Sync or a
+    graph with other arguments); ``None`` for a benchmark strategy's name.
+
+    Only the value's form is checked here (a name, or a call of one with literal
+    arguments): a registered compressor exists in the script's own process alone, and
+    the script's ranks check the rest as every job does.
+
+    Raises:
+        ValueError: naming the item, for an empty value or one that is not such an
+            expression.
+    """
+    from hvdx.environment_variables import COMPRESSION_VARIABLE, SYNC_VARIABLE, call_of
+
+    variable, sep, value = name.partition("=")
+    if not sep or variable.strip() not in (COMPRESSION_VARIABLE, SYNC_VARIABLE):
+        return None
+    variable, value = variable.strip(), value.strip()
+    if not value:
+        raise ValueError(f"--strategies {name!r}: give {variable} a value, e.g. "
+                         f"{variable}=my_compressor(0.01)")
+    call_of(variable, value)  # its form; ValueError naming the variable and the value
+    return variable, value
+
+
 def strategy_environment(name: str) -> Dict[str, str]:
     """The variables of a script's MPI job under strategy ``name``: hvdx's two
     (``none`` for Horovod, so that a value in the launching shell cannot leak into the
-    baseline) and the strategy's Horovod settings (``HOROVOD_CYCLE_TIME``).
+    baseline) and the strategy's Horovod settings (none: every run keeps Horovod's
+    defaults, as the baseline does). ``name`` may also set one of the two itself
+    (:func:`variable_strategy`).
 
     Raises:
         ValueError: for a strategy that needs code, or an unknown one.
     """
     from hvdx.bench.strategies import STRATEGIES
 
+    env = {"HVDX_COMPRESSION": "none", "HVDX_SYNC": "none"}
+    given = variable_strategy(name)
+    if given is not None:
+        env[given[0]] = given[1]
+        return env
     why = _why_not(name)
     if why is not None:
         raise ValueError(f"--strategies {name} cannot run a script: {why}")
     if name not in STRATEGIES:
         raise ValueError(f"strategy={name!r} is unknown; choose from "
                          f"{', '.join(SCRIPT_STRATEGIES)}")
-    env = {"HVDX_COMPRESSION": "none", "HVDX_SYNC": "none"}
     env.update(_environment_values()[name])
     return dict(STRATEGIES[name].env, **env)
 
@@ -198,6 +232,10 @@ def script_strategies(names: List[str], named: bool) -> Tuple[List[str], List[st
 
     run, notes = [], []
     for name in names:
+        if variable_strategy(name) is not None:
+            if name not in run:
+                run.append(name)
+            continue
         if name not in STRATEGIES:
             raise ValueError(f"strategy={name!r} is unknown; choose from "
                              f"{', '.join(SCRIPT_STRATEGIES)}")
@@ -211,6 +249,26 @@ def script_strategies(names: List[str], named: bool) -> Tuple[List[str], List[st
             notes.append(f"{name} skipped: {why}")
     run = ["horovod"] + [n for n in run if n != "horovod"]
     return run, notes
+
+
+def split_items(text: str) -> List[str]:
+    """``text`` split at the commas outside parentheses, brackets and quotes, each item
+    stripped: ``"horovod,HVDX_COMPRESSION=sign(0.5, scale=True)"`` is two items."""
+    items, depth, quote, start = [], 0, None, 0
+    for i, c in enumerate(text):
+        if quote:
+            quote = None if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth = max(0, depth - 1)
+        elif c == "," and depth == 0:
+            items.append(text[start:i].strip())
+            start = i + 1
+    items.append(text[start:].strip())
+    return items
 
 
 # --- the script's own output -------------------------------------------------------------

@@ -30,6 +30,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -190,7 +191,9 @@ def run_one(cluster, script: str, source: str, script_args: List[str], strategy:
     from hvdx.bench.harness import _launch_command, _run_name, placement_hosts
 
     stem = os.path.splitext(os.path.basename(script))[0]
-    name = _run_name(stem, strategy, placement if cluster is not None else None)
+    # A variable's value (HVDX_COMPRESSION=sign(0.5)) is no file name as it is.
+    name = _run_name(stem, re.sub(r"[^A-Za-z0-9_.-]+", "_", strategy).strip("_"),
+                     placement if cluster is not None else None)
     copy = os.path.join(out_dir, f"{name}.py")  # the script, its imports switched
     with open(copy, "w", encoding="utf-8") as f:
         f.write(source)
@@ -281,7 +284,7 @@ def run_script_bench(spec, script: str, script_args: List[str], strategies: List
         for s, placement in runs:
             where = f"{network}, {placement} placement" if cluster is not None else network
             say(f"[{len(raw) + 1}/{len(runs)}] {shlex.join([script] + script_args)} with "
-                f"{STRATEGIES[s].label} on {where}")
+                f"{STRATEGIES[s].label if s in STRATEGIES else s} on {where}")
             result = run_one(cluster, script, source, script_args, s, out_dir, ranks,
                              ranks_per_host, timeout, say, placement)
             raw.append(result)

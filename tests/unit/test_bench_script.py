@@ -315,3 +315,46 @@ def test_the_presets_names_fast_and_safe_run_the_tuned_topks(tmp_path, monkeypat
     with pytest.raises(Started) as info:
         main(argv)
     assert info.value.args[0] == ["horovod", "topk_dgc", "topk_masked"]
+
+
+# --- a variable's value as a strategy: the script's own compressor ------------------------
+
+def test_items_split_at_commas_outside_parentheses_and_quotes():
+    from hvdx.bench.script import split_items
+
+    assert split_items("horovod, fast") == ["horovod", "fast"]
+    assert split_items("horovod,HVDX_COMPRESSION=sign(0.5, scale=[1, 2]),safe") == \
+        ["horovod", "HVDX_COMPRESSION=sign(0.5, scale=[1, 2])", "safe"]
+    assert split_items("HVDX_SYNC=DSSync(topology='2,2')") == ["HVDX_SYNC=DSSync(topology='2,2')"]
+
+
+def test_a_variables_value_is_a_strategy_that_sets_that_variable_alone():
+    from hvdx.bench.script import variable_strategy
+
+    assert variable_strategy("topk_dgc") is None
+    assert variable_strategy("HVDX_COMPRESSION=scaled_sign(scale=0.5)") == \
+        ("HVDX_COMPRESSION", "scaled_sign(scale=0.5)")
+    assert strategy_environment("HVDX_COMPRESSION=scaled_sign(scale=0.5)") == {
+        "HVDX_COMPRESSION": "scaled_sign(scale=0.5)", "HVDX_SYNC": "none"}
+    assert strategy_environment("HVDX_SYNC=DSSync(intra_phases=3)") == {
+        "HVDX_COMPRESSION": "none", "HVDX_SYNC": "DSSync(intra_phases=3)"}
+    runs, notes = script_strategies(["horovod", "HVDX_COMPRESSION=mine(1)"], named=True)
+    assert runs == ["horovod", "HVDX_COMPRESSION=mine(1)"] and notes == []
+
+
+@pytest.mark.parametrize("item, match", [
+    ("HVDX_COMPRESSION=", "give HVDX_COMPRESSION a value"),
+    ("HVDX_COMPRESSION=mine(open('x'))", r"is not a Python literal"),
+    ("HVDX_SYNC=1+", "HVDX_SYNC")])
+def test_a_bad_value_is_refused_before_anything_runs_naming_it(item, match):
+    from hvdx.bench.script import variable_strategy
+
+    with pytest.raises(ValueError, match=match):
+        variable_strategy(item)
+
+
+def test_a_variables_value_is_refused_for_the_built_in_workloads(capsys):
+    from hvdx.bench.cli import main
+
+    assert main(["--localhost", "--strategies", "horovod,HVDX_COMPRESSION=mine(1)"]) == 2
+    assert "runs with --script only" in capsys.readouterr().err
