@@ -25,12 +25,13 @@ Pure functions of ``(size, fc_workers)``: every rank computes the same roles.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Mapping, Sequence, Tuple
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 __all__ = ["AUTO", "CONV", "FC", "StanzaRoles", "auto_fc_workers", "fc_samples",
-           "loss_weights", "median_probe", "probe_counts", "stanza_roles"]
+           "loss_weights", "mean_loss", "median_probe", "probe_counts", "stanza_roles",
+           "weighted_loss"]
 
 CONV = "conv"
 FC = "fc"
@@ -134,6 +135,39 @@ def loss_weights(batch_sizes: Sequence[int], global_batch: int) -> np.ndarray:
         raise ValueError(f"global_batch={global_batch!r} must be an integer of at least "
                          f"{max(1, int(sizes.sum()))} (this FC worker's samples)")
     return sizes.astype(np.float64) / float(global_batch)
+
+
+def weighted_loss(sizes: Sequence[int], bounds: Sequence[int], global_batch: int,
+                  loss_of: Callable[[int, int], Tuple[object, float]],
+                  scale: Callable[[object, float], object]) -> Tuple[Optional[object], np.ndarray]:
+    """Step 3 on the samples one FC worker received (source ``k``'s at
+    ``bounds[k]:bounds[k + 1]``): ``(objective, losses)``.
+
+    1. each source's weight is ``b_k / B`` (:func:`loss_weights`; ``B`` at least 1);
+    2. a source that sent no samples is skipped: it adds nothing, and its mean loss is
+       undefined (``nan`` in ``losses``);
+    3. ``loss_of(lo, hi)`` gives the framework's mean loss over those samples and its
+       value; ``scale(loss, weight)`` multiplies it in the framework (so that the
+       backward pass goes through it); the objective is the sum of the scaled losses,
+       in source order, ``None`` when no source sent samples.
+    """
+    losses = np.full(len(sizes), np.nan)
+    objective = None
+    weights = loss_weights(sizes, max(global_batch, 1))
+    for k, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+        if hi == lo:
+            continue
+        part, losses[k] = loss_of(lo, hi)
+        weighted = scale(part, weights[k])
+        objective = weighted if objective is None else objective + weighted
+    return objective, losses
+
+
+def mean_loss(sizes: Sequence[int], losses: np.ndarray) -> Tuple[float, int]:
+    """``(sum of b_k * loss_k, samples)`` over the sources that sent samples (the
+    others' losses are ``nan``): the parts of an FC worker's mean loss."""
+    counted = ~np.isnan(losses)
+    return float(np.dot(np.asarray(sizes)[counted], losses[counted])), int(sum(sizes))
 
 
 def fc_samples(size: int, fc_workers: int, batch: int) -> int:

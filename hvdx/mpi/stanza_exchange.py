@@ -26,7 +26,10 @@ counts every byte it hands to MPI (Horovod's timeline does not see mpi4py traffi
    gradients' bytes). :meth:`global_batch` sums the FC workers' sample counts (8 bytes);
 5. :meth:`first_error`: one small allgather over the world, so that an error found on
    one rank (a head that does not fit the activations) is raised on every rank with the
-   same message instead of leaving the others waiting.
+   same message instead of leaving the others waiting;
+6. the whole model on one rank (``full_model``): :meth:`agree_on_target` checks that
+   every rank asked for the same rank of the job, then :meth:`assemble` hands it each
+   part from the first rank of the part's role (its own part it copies itself).
 
 Byte counters (:class:`StanzaStats`) per kind: ``activations`` (activations and labels,
 conv to FC), ``activation_gradients`` (FC to conv), ``conv_allreduce`` and
@@ -48,6 +51,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
+from hvdx.core.stanza_checks import target_error
 from hvdx.core.stanza_roles import CONV, FC, StanzaRoles, auto_fc_workers, median_probe
 from hvdx.mpi import sparse
 
@@ -339,6 +343,37 @@ class StanzaExchange:
                 self.recv(buffer, 0)
             self.broadcast_role(buffer, root=0)
             load(FC, buffer)
+
+    def agree_on_target(self, rank, error: Optional[str] = None) -> int:
+        """``full_model(rank=...)`` (collective): ``rank`` as an ``int``, or the same
+        ``ValueError`` on every rank if the ranks asked for different ranks, for one
+        outside the job, or if some rank gave ``error`` (the first in rank order)."""
+        integer = isinstance(rank, (int, np.integer)) and not isinstance(rank, bool)
+        everyone = self.gather_all((int(rank) if integer else repr(rank), error))
+        error = target_error([t for t, _ in everyone], self.roles.size) or \
+            next((e for _, e in everyone if e is not None), None)
+        if error is not None:
+            raise ValueError(error)
+        return int(rank)
+
+    def assemble(self, target: int, parts) -> None:
+        """Every part of the model onto rank ``target`` (collective): ``parts`` is
+        ``[(role, own, to_bytes, nbytes, load), ...]``; on ``target``, its own role's
+        part comes from ``own()``, the other from the first rank of that role
+        (``to_bytes()`` there, ``load(buffer)`` on ``target``)."""
+        roots = {CONV: self.roles.conv_ranks[0], FC: self.roles.fc_ranks[0]}
+        target_role = self.roles.role(target)
+        for role, own, to_bytes, nbytes, load in parts:
+            if target_role == role:
+                if self.rank == target:
+                    own()  # its own part is current
+                continue
+            if self.rank == roots[role]:
+                self.send(to_bytes(), target)
+            elif self.rank == target:
+                buffer = np.empty(nbytes(), np.uint8)
+                self.recv(buffer, roots[role])
+                load(buffer)
 
     def broadcast_role(self, buffer: np.ndarray, root: int = 0) -> None:
         """Broadcast ``buffer`` (bytes) from role rank ``root`` over the role."""

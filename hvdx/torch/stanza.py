@@ -5,8 +5,9 @@ Learning", arXiv 1812.10624): in a CNN most bytes are in the fully connected hea
 most compute in the feature extractor, so most ranks (the ``S`` *conv workers*) train
 only the features and a few (the ``F`` *FC workers*, the last ``F`` ranks) only the
 head; head parameters and gradients never travel to a conv worker. Roles and scaling:
-:mod:`hvdx.core.stanza_roles`; messages: :mod:`hvdx.mpi.stanza_exchange`. One
-:meth:`Stanza.step`, called on every rank:
+:mod:`hvdx.core.stanza_roles`; messages: :mod:`hvdx.mpi.stanza_exchange`; the step's
+protocol, the same in TensorFlow: :mod:`hvdx.mpi.stanza_step` (this module runs
+PyTorch's part of it). One :meth:`Stanza.step`, called on every rank:
 
 1. conv worker ``i``: ``a_i = features(x_i)`` on its ``b_i`` samples; ``a_i`` and the
    labels go (host memory, non-blocking) to its FC worker;
@@ -72,9 +73,8 @@ Example::
 from __future__ import annotations
 
 import copy
-import sys
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import horovod.torch as _hvd
 import numpy as np
@@ -82,13 +82,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from hvdx.core.fingerprint import Fingerprint
-from hvdx.core.fused_layout import FusedLayout
-from hvdx.core.stanza_checks import Samples, describe_layout, timed
-from hvdx.core.stanza_roles import AUTO, CONV, FC, loss_weights, probe_counts, stanza_roles
-from hvdx.mpi import check_consistent, communicator_for
-from hvdx.mpi.stanza_exchange import (StanzaExchange, StanzaStats, agree_on_probe,
-                                      role_communicators)
+from hvdx.core.stanza_checks import (Samples, check_settings, head_error, layout_error,
+                                     micro_batch_bounds)
+from hvdx.core.stanza_roles import AUTO, CONV, FC, weighted_loss
+from hvdx.mpi import communicator_for
+from hvdx.mpi.stanza_exchange import StanzaExchange, StanzaStats, role_communicators
+from hvdx.mpi.stanza_gradients import RoleGradientSum
+from hvdx.mpi.stanza_setup import agree_on_arguments, probe_roles
+from hvdx.mpi.stanza_step import StanzaStep
 from hvdx.torch.host_buffers import family_dtype, pack, unpack
 
 __all__ = ["FORMAT", "Stanza", "StanzaStats"]
@@ -154,23 +155,13 @@ class Stanza:
             # In the order of the arguments: the model, then fc_workers.
             features, head, keep_names = _parts(features, head, split)
             _check_training(features, head, optimizer, loss_fn)
-            _check_micro_batches(micro_batches)
-            if auto:
-                _check_example(example, size)
-            else:
-                roles = stanza_roles(size, fc_workers)
+            roles = check_settings(size, fc_workers, micro_batches, _is_batch(example),
+                                   _what(example), "loader")
         except (TypeError, ValueError) as exc:
             error = exc
-        # Fingerprint: the model and the settings, and the local error if any, so that a
-        # rank that failed, or was given other arguments, fails every rank alike.
-        settings: List[Tuple[str, object]] = [("fc_workers", fc_workers), ("split", split),
-                                              ("micro_batches", micro_batches)]
-        if error is not None:
-            settings.append(("stanza.error", f"{type(error).__name__}: {error}"))
-        check_consistent(Fingerprint.build(_entries(features, head) if error is None else (),
-                                           settings), comm, "Stanza")
-        if error is not None:
-            raise error
+        agree_on_arguments(comm, _entries(features, head) if error is None else (),
+                           [("fc_workers", fc_workers), ("split", split),
+                            ("micro_batches", micro_batches)], error)
         #: fc_workers="auto": the agreed probe ``{"conv_s", "head_s", "fc_workers"}``.
         self.probe: Optional[Dict[str, object]] = None
         if example is not None:
@@ -179,15 +170,8 @@ class Stanza:
             if error is not None:
                 raise ValueError(error)
         if auto:
-            self.probe = _probe(features, head, example, comm)
-            roles = stanza_roles(size, self.probe["fc_workers"])
-            if rank == 0:
-                head_ms = ", ".join(f"{count} samples {1e3 * t:.1f} ms"
-                                    for count, t in self.probe["head_s"].items())
-                print(f"[hvdx] Stanza fc_workers='auto': features {1e3 * self.probe['conv_s']:.1f}"
-                      f" ms per batch of {len(example)}, head {head_ms} (forward + backward, "
-                      f"median over ranks): {roles.fc_workers} FC worker(s) of {size} ranks",
-                      file=sys.stderr, flush=True)
+            roles, self.probe = probe_roles(comm, len(example), _what(example),
+                                            lambda: _probe(features, head, example))
 
         self.features, self.head, self.optimizer, self.loss_fn = features, head, optimizer, loss_fn
         self.micro_batches = int(micro_batches)
@@ -197,12 +181,10 @@ class Stanza:
         self.stats = StanzaStats()
         self._keep_names = keep_names
         self._steps = 0
-        self._samples: Optional[Samples] = None
         world, role_comm = role_communicators(comm, roles)
         self._exchange = StanzaExchange(world, role_comm, roles, self.stats)
-        # Step 5's host buffers, one per dtype family (the role's gradients).
-        self._layout: Optional[FusedLayout] = None
-        self._buffers: Dict[np.dtype, torch.Tensor] = {}
+        self._protocol = StanzaStep(self._exchange, rank, micro_batches)
+        self._adapter = _Adapter(self)
         self._broadcast_initial()
 
     # --- training ---------------------------------------------------------------------
@@ -221,240 +203,19 @@ class Stanza:
         """
         self.stats.begin_step()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self._conv_step(x, y) if self.role == CONV else self._fc_step()
+        if self.role == CONV:
+            loss = self._protocol.conv(_micro_batches(x, y, self.micro_batches),
+                                      self._adapter)
+        else:
+            loss = self._protocol.fc(self._adapter)
         self.optimizer.step()
         self._steps += 1
         self.stats.steps += 1
         return loss
 
-    def _conv_step(self, x, y) -> float:
-        first = self._samples is None
-        chunks = _micro_batches(x, y, self.micro_batches)
-        try:
-            activations, samples = self._forward_features(*chunks[0])
-        except Exception as exc:  # whatever the user's features raise at the first step
-            if not first:
-                raise
-            self._agree(None, exc)  # raises, on every rank
-        if first:
-            self._agree(samples, None)
-        else:
-            self._check_samples(samples)
-        ex = self._exchange
-        if self.micro_batches > 1:
-            ex.send_batch_size(len(y))
-        # Steps 1 and 4 per micro-batch: every forward pass and send first, so that the
-        # FC workers run the head on micro-batch k while this rank computes k + 1; then
-        # each backward pass as its activation gradient comes back.
-        pending = []
-        for k, (xk, yk) in enumerate(chunks):
-            if k:
-                activations = None
-                if len(yk):
-                    activations, samples = self._forward_features(xk, yk)
-                    self._check_samples(samples)
-            sent = self._host_activations(activations, len(yk))
-            labels = yk.detach().to("cpu").contiguous()
-            gradient = torch.empty(sent.shape, dtype=sent.dtype)  # host: MPI's buffer
-            loss = np.zeros(1)
-            check_head = first and k == 0
-            requests = None if check_head else ex.post_gradient_receive(_bytes(gradient), loss)
-            ex.send_activations(_bytes(sent), _bytes(labels))
-            if check_head:
-                # The FC workers run the head on these activations before answering: a
-                # head that does not fit fails every rank here (they have received them).
-                error = ex.first_error(None)
-                if error is not None:
-                    ex.wait()
-                    self._samples = None  # the next step checks the data again, everywhere
-                    raise ValueError(error)
-                requests = ex.post_gradient_receive(_bytes(gradient), loss)
-            pending.append((activations, gradient, loss, requests, len(yk)))
-        total = 0.0
-        for activations, gradient, loss, requests, samples_k in pending:
-            ex.wait_for(requests)
-            if activations is not None and activations.requires_grad:
-                activations.backward(gradient.to(activations.device))
-            total += samples_k * float(loss[0])
-        ex.wait()
-        self._sum_gradients(self.features, "conv_allreduce")
-        if self.micro_batches == 1:
-            return float(pending[0][2][0])
-        return total / max(1, len(y))
-
-    def _fc_step(self) -> float:
-        first = self._samples is None
-        if first:
-            self._agree(None, None)
-        samples, ex = self._samples, self._exchange
-        sample_bytes = _sample_bytes(samples.activation_shape, samples.activation_dtype)
-        global_batch = None
-        if self.micro_batches > 1:
-            # The conv workers' batch sizes come first: every micro-batch's loss is
-            # weighed by the global batch.
-            global_batch = ex.global_batch(sum(ex.receive_batch_sizes()))
-        received, loss_sum, kept = 0, 0.0, []
-        for k in range(self.micro_batches):
-            sizes = ex.probe_batches(sample_bytes)
-            total = sum(sizes)
-            activations = torch.empty((total,) + samples.activation_shape,
-                                      dtype=_dtype(samples.activation_dtype))
-            labels = torch.empty((total,) + samples.label_shape,
-                                 dtype=_dtype(samples.label_dtype))
-            bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
-            ex.receive_activations(_slices(activations, bounds), _slices(labels, bounds))
-            if global_batch is None:
-                global_batch = ex.global_batch(total)
-            gradient, losses = self._fc_micro_batch(activations, labels, sizes, bounds,
-                                                    global_batch, first and k == 0)
-            ex.send_gradients(_slices(gradient, bounds), losses)
-            kept.append(gradient)  # alive until the sends complete
-            counted = ~np.isnan(losses)
-            received += total
-            loss_sum += float(np.dot(np.asarray(sizes)[counted], losses[counted]))
-        # The conv workers run their backward passes while the FC workers sum.
-        self._sum_gradients(self.head, "fc_allreduce")
-        ex.wait()
-        return loss_sum / received if received else float("nan")
-
-    def _fc_micro_batch(self, activations, labels, sizes, bounds, global_batch, check):
-        """Step 3 on one (micro-)batch: the head forward and backward, the head's
-        gradients accumulated; returns the activation gradient (host) and each source's
-        mean loss (``nan`` for a source that sent no samples)."""
-        device = _device(self.head)
-        inputs = activations.to(device).requires_grad_(True)
-        targets = labels.to(device)
-        losses = np.full(len(sizes), np.nan)
-        error: Optional[str] = None
-        objective, outputs = None, None
-        try:
-            if len(inputs):
-                outputs = self.head(inputs)
-                weights = loss_weights(sizes, max(global_batch, 1))
-                for k, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
-                    if hi == lo:
-                        continue  # an empty batch adds nothing (and its mean is undefined)
-                    part = self.loss_fn(outputs[lo:hi], targets[lo:hi])
-                    if not torch.is_tensor(part) or part.dim() != 0:
-                        raise ValueError(f"loss_fn returned {_what(part)}, not a scalar "
-                                         "tensor (the mean over the samples)")
-                    losses[k] = part.item()
-                    weighted = part * weights[k]
-                    objective = weighted if objective is None else objective + weighted
-        except Exception as exc:  # whatever the user's head or loss raise at the first step
-            if not check:
-                raise
-            error = _head_error(self.head, self.rank, inputs, targets, outputs, exc)
-        if check:
-            error = self._exchange.first_error(error)
-            if error is not None:
-                self._samples = None  # as on the conv workers
-                raise ValueError(error)
-        if objective is not None:
-            objective.backward()
-        gradient = inputs.grad if inputs.grad is not None else torch.zeros_like(inputs)
-        return gradient.detach().to("cpu").contiguous(), losses
-
-    def _check_samples(self, samples: "Samples") -> None:
-        if samples != self._samples:
-            # Alone: the FC worker cannot learn of it without a collective per step.
-            raise ValueError(f"Stanza.step: rank {self.rank}'s batch gives "
-                             f"{samples.describe()}, but the first step agreed on "
-                             f"{self._samples.describe()}")
-
-    def _host_activations(self, activations, count: int) -> torch.Tensor:
-        """The activations as a host, contiguous tensor (an empty micro-batch: none)."""
-        if activations is None:
-            return torch.empty((count,) + self._samples.activation_shape,
-                               dtype=_dtype(self._samples.activation_dtype))
-        return activations.detach().to("cpu").contiguous()
-
-    def _forward_features(self, x, y):
-        if not torch.is_tensor(x) or not torch.is_tensor(y):
-            raise ValueError(f"Stanza.step: rank {self.rank} is a conv worker and needs a "
-                             f"batch and its labels, got x={_what(x)}, y={_what(y)}")
-        activations = self.features(x)
-        if not torch.is_tensor(activations) or activations.dim() < 1:
-            raise ValueError(f"Stanza.step: rank {self.rank}'s features returned "
-                             f"{_what(activations)}, not a batch of activations")
-        if y.dim() < 1 or y.shape[0] != activations.shape[0]:
-            raise ValueError(f"Stanza.step: rank {self.rank} has {activations.shape[0]} "
-                             f"samples of activations but labels of shape {tuple(y.shape)}")
-        samples = Samples(tuple(activations.shape[1:]), str(activations.dtype),
-                           tuple(y.shape[1:]), str(y.dtype))
-        if _sample_bytes(samples.activation_shape, samples.activation_dtype) == 0:
-            raise ValueError(f"Stanza.step: rank {self.rank}'s features give "
-                             f"{samples.describe()}: no bytes per sample")
-        return activations, samples
-
-    def _agree(self, samples: Optional[Samples], error: Optional[Exception]) -> None:
-        """The first step's check of the data, on every rank (collective): the same
-        ``ValueError`` everywhere, or ``self._samples`` set alike everywhere."""
-        message = None
-        if error is not None:
-            message = str(error) if str(error).startswith("Stanza.step") else \
-                f"Stanza.step: rank {self.rank}: features(x) raised {type(error).__name__}: {error}"
-        everyone = self._exchange.gather_all((samples, message))
-        message = next((m for _, m in everyone if m is not None), None)
-        if message is None:
-            conv = [(r, s) for r, (s, _) in enumerate(everyone) if s is not None]
-            first_rank, agreed = conv[0]
-            for r, s in conv[1:]:
-                if s != agreed:
-                    message = (f"Stanza.step: the conv workers' batches differ: rank "
-                               f"{first_rank}'s gives {agreed.describe()}, rank {r}'s gives "
-                               f"{s.describe()}")
-                    break
-        if message is not None:
-            raise ValueError(message) from error
-        self._samples = agreed
-
-    def _sum_gradients(self, module: nn.Module, kind: str) -> None:
-        """Step 5: sum this role's gradients over its ranks, in one host buffer per
-        dtype family (reused):
-
-        1. a parameter without a gradient on this rank is packed as zeros, and its
-           presence flag (one element per parameter at the end of the first family's
-           buffer, :class:`~hvdx.core.fused_layout.FusedLayout`) is 0, else 1;
-        2. the allreduce sums gradients and flags alike: each flag then counts the
-           role's ranks that had a gradient for the parameter, the same on every rank;
-        3. a parameter that some rank had a gradient for gets the sum on every rank of
-           the role (missing ones count as zeros, as in Horovod's allreduce); one that
-           no rank had keeps ``grad = None`` everywhere, so that the optimizer skips it
-           (momentum and weight decay leave it as it is), as single-process training
-           does.
-        """
-        if self._exchange.role_comm.Get_size() == 1:
-            return  # grad None stays None: nothing to agree on
-        params = _trainable(module)
-        with torch.no_grad():
-            present = [p.grad is not None for p in params]
-            for p in params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            grads = [p.grad for p in params]
-            layout, buffers = self._gradient_buffers(grads)
-            views = {family: buffer.numpy() for family, buffer in buffers.items()}
-            layout.set_flags(views, present)
-            for family, slots in layout.slots.items():
-                buffer = buffers[family]
-                pack([grads[s.index] for s in slots], buffer[:layout.ends[family]])
-                self._exchange.allreduce_sum(views[family], kind)
-                unpack(buffer, grads, slots)
-            counts = layout.flag_counts(views)
-            for p, count in zip(params, counts):
-                if count == 0:
-                    p.grad = None
-
-    def _gradient_buffers(self, grads: List[torch.Tensor]):
-        """``(layout, {family: host buffer})`` (built once; rebuilt if the tensors
-        change); the layout carries a presence flag per tensor."""
-        key = tuple((str(g.dtype), g.numel()) for g in grads)
-        if self._layout is None or key != self._layout.key:
-            self._layout = FusedLayout(key, flags=True)
-            self._buffers = {family: torch.empty(count, dtype=family_dtype(family))
-                             for family, count in self._layout.families.items()}
-        return self._layout, self._buffers
+    @property
+    def _samples(self) -> Optional[Samples]:
+        return self._protocol.samples
 
     # --- the whole model, checkpoints ---------------------------------------------------
 
@@ -470,34 +231,18 @@ class Stanza:
             ValueError: on every rank, if ``rank`` is not a rank of the job or the ranks
                 asked for different ones.
         """
-        ex = self._exchange
-        integer = isinstance(rank, (int, np.integer)) and not isinstance(rank, bool)
-        targets = ex.gather_all(int(rank) if integer else repr(rank))
-        if len(set(targets)) != 1:
-            raise ValueError(f"Stanza.full_model: the ranks asked for different ranks: "
-                             f"{targets}")
-        if not integer or not 0 <= rank < self.roles.size:
-            raise ValueError(f"Stanza.full_model: rank={rank!r} is not a rank of this job of "
-                             f"{self.roles.size} ranks")
-        target = int(rank)
-        conv_root, fc_root = self.roles.conv_ranks[0], self.roles.fc_ranks[0]
-        target_role = self.roles.role(target)
-        parts = {"features": (self.features, CONV, conv_root),
-                 "head": (self.head, FC, fc_root)}
+        target = self._exchange.agree_on_target(rank)
         copies = {}
-        for name, (module, role, root) in parts.items():
-            if target_role == role:
-                if self.rank == target:
-                    copies[name] = copy.deepcopy(module)  # its own part is current
-                continue
-            if self.rank == root:
-                ex.send(_state_bytes(module), target)
-            elif self.rank == target:
-                received = copy.deepcopy(module)
-                buffer = np.empty(_state_size(received), np.uint8)
-                ex.recv(buffer, root)
-                _load_state_bytes(received, buffer)
-                copies[name] = received
+
+        def part(name, module, role):
+            def received(buffer):
+                copies[name] = copy.deepcopy(module)
+                _load_state_bytes(copies[name], buffer)
+            return (role, lambda: copies.__setitem__(name, copy.deepcopy(module)),
+                    lambda: _state_bytes(module), lambda: _state_size(module), received)
+
+        self._exchange.assemble(target, [part("features", self.features, CONV),
+                                         part("head", self.head, FC)])
         if self.rank != target:
             return None
         if self._keep_names:
@@ -525,17 +270,13 @@ class Stanza:
         """
         module = self.features if self.role == CONV else self.head
         expected = dict(self.roles.layout(), rank=self.rank, role=self.role)
-        error = None
         if not isinstance(state, dict) or state.get("format") != FORMAT:
             error = (f"Stanza.load_state_dict: rank {self.rank} got {_what(state)}, not a "
                      "Stanza.state_dict()")
-        elif state.get("layout") != expected:
-            saved = state.get("layout") or {}
-            error = (f"Stanza.load_state_dict: rank {self.rank}'s state was saved as "
-                     f"{describe_layout(saved)}; this trainer runs it as {describe_layout(expected)}: resume "
-                     "with the same number of ranks and fc_workers")
         else:
-            error = _module_mismatch(module, state.get("module"), self.rank)
+            error = layout_error("Stanza.load_state_dict", self.rank, state.get("layout"),
+                                 expected) or _module_mismatch(module, state.get("module"),
+                                                               self.rank)
         error = self._exchange.first_error(error)
         if error is not None:
             raise ValueError(error)
@@ -551,6 +292,108 @@ class Stanza:
         self._exchange.share_initial(lambda role: _state_bytes(parts[role]),
                                      lambda role: _state_size(parts[role]),
                                      lambda role, buffer: _load_state_bytes(parts[role], buffer))
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+
+class _Adapter:
+    """PyTorch's part of a step (:mod:`hvdx.mpi.stanza_step` calls it): the passes
+    forward and backward, the head and its loss, the role's sum (step 5)."""
+
+    def __init__(self, trainer: Stanza):
+        self.t = trainer
+        # Step 5, in host buffers (one per dtype family) of this role's gradients.
+        self._sum = RoleGradientSum(
+            trainer._exchange, "conv_allreduce" if trainer.role == CONV else "fc_allreduce",
+            lambda family, count: torch.empty(count, dtype=family_dtype(family)),
+            lambda buffer: buffer.numpy())
+        self._fc = None  # the FC worker's inputs, labels and outputs of the part in hand
+
+    def forward(self, x, y):
+        """Conv worker, step 1: ``(activations, samples)``; checks the batch."""
+        if not torch.is_tensor(x) or not torch.is_tensor(y):
+            raise ValueError(f"Stanza.step: rank {self.t.rank} is a conv worker and needs a "
+                             f"batch and its labels, got x={_what(x)}, y={_what(y)}")
+        activations = self.t.features(x)
+        if not torch.is_tensor(activations) or activations.dim() < 1:
+            raise ValueError(f"Stanza.step: rank {self.t.rank}'s features returned "
+                             f"{_what(activations)}, not a batch of activations")
+        if y.dim() < 1 or y.shape[0] != activations.shape[0]:
+            raise ValueError(f"Stanza.step: rank {self.t.rank} has {activations.shape[0]} "
+                             f"samples of activations but labels of shape {tuple(y.shape)}")
+        return activations, Samples(tuple(activations.shape[1:]), str(activations.dtype),
+                                    tuple(y.shape[1:]), str(y.dtype))
+
+    @staticmethod
+    def count(y) -> int:
+        return len(y)
+
+    def host(self, activations, y, count: int):
+        """Conv worker: the host buffers of one micro-batch (an empty one: no
+        activations), and the buffer its activation gradient comes back in."""
+        if activations is None:
+            samples = self.t._samples
+            sent = self.empty((count,) + samples.activation_shape, samples.activation_dtype)[0]
+        else:
+            sent = activations.detach().to("cpu").contiguous()
+        labels = y.detach().to("cpu").contiguous()
+        gradient = torch.empty(sent.shape, dtype=sent.dtype)  # host: MPI's buffer
+        return _bytes(sent), _bytes(labels), _bytes(gradient), gradient
+
+    @staticmethod
+    def backward(activations, gradient) -> None:
+        """Conv worker, step 4: the features' gradients add up over micro-batches."""
+        if activations is not None and activations.requires_grad:
+            activations.backward(gradient.to(activations.device))
+
+    @staticmethod
+    def itemsize(dtype: str) -> int:
+        return torch.empty(0, dtype=_dtype(dtype)).element_size()
+
+    @staticmethod
+    def empty(shape, dtype: str):
+        """FC worker: a host tensor to receive into, and its byte view."""
+        tensor = torch.empty(shape, dtype=_dtype(dtype))
+        return tensor, _bytes(tensor)
+
+    def run_head(self, activations, labels, sizes, bounds, global_batch):
+        """FC worker, step 3 on one (micro-)batch: ``(objective, losses)``."""
+        device = _device(self.t.head)
+        inputs = activations.to(device).requires_grad_(True)
+        self._fc = [inputs, labels.to(device), None]
+        outputs = self._fc[2] = self.t.head(inputs) if len(inputs) else None
+
+        def loss_of(lo, hi):
+            part = self.t.loss_fn(outputs[lo:hi], self._fc[1][lo:hi])
+            if not torch.is_tensor(part) or part.dim() != 0:
+                raise ValueError(f"loss_fn returned {_what(part)}, not a scalar "
+                                 "tensor (the mean over the samples)")
+            return part, part.item()
+
+        return weighted_loss(sizes, bounds, global_batch, loss_of,
+                             lambda part, weight: part * weight)
+
+    def head_error(self, exc: Exception) -> str:
+        return _head_error(self.t.head, self.t.rank, *self._fc, exc)
+
+    def head_backward(self, objective) -> np.ndarray:
+        """FC worker: the head's gradients accumulate; the activation gradient's bytes."""
+        inputs = self._fc[0]
+        if objective is not None:
+            objective.backward()
+        gradient = inputs.grad if inputs.grad is not None else torch.zeros_like(inputs)
+        return _bytes(gradient.detach().to("cpu").contiguous())
+
+    def sum_gradients(self) -> None:
+        """Step 5 (:class:`~hvdx.mpi.stanza_gradients.RoleGradientSum`): each
+        parameter's ``grad`` is the role's sum, ``None`` where no rank had one."""
+        params = _trainable(self.t.features if self.t.role == CONV else self.t.head)
+        with torch.no_grad():
+            summed = self._sum([p.grad for p in params], lambda i: torch.zeros_like(params[i]),
+                               lambda g: (str(g.dtype), g.numel()), _pack, _unpack)
+            for p, grad in zip(params, summed):
+                p.grad = grad
 
 
 # --- helpers -----------------------------------------------------------------------------
@@ -595,30 +438,19 @@ def _check_training(features, head, optimizer, loss_fn) -> None:
                                  "it over the parameters of both parts")
 
 
-def _check_micro_batches(micro_batches) -> None:
-    if isinstance(micro_batches, bool) or not isinstance(micro_batches, (int, np.integer)) \
-            or micro_batches < 1:
-        raise ValueError(f"micro_batches={micro_batches!r} must be an integer of at least 1 "
-                         "(1: the whole batch at once)")
-
-
 def _micro_batches(x, y, count: int) -> List[Tuple[Any, Any]]:
     """``count`` consecutive parts of a conv worker's batch, sizes differing by at most
-    one, the larger first (``torch.tensor_split``; some are empty if the batch has fewer
-    samples). Anything but two tensors stays whole, for the first step's check."""
+    one, the larger first (:func:`hvdx.core.stanza_checks.micro_batch_bounds`; some
+    are empty if the batch has fewer samples). Anything but two tensors stays whole,
+    for the first step's check."""
     if count == 1 or not torch.is_tensor(x) or not torch.is_tensor(y) or x.dim() < 1 \
             or y.dim() < 1 or len(x) != len(y):
         return [(x, y)]
-    return list(zip(torch.tensor_split(x, count), torch.tensor_split(y, count)))
+    return [(x[lo:hi], y[lo:hi]) for lo, hi in micro_batch_bounds(len(x), count)]
 
 
-def _check_example(example, size: int) -> None:
-    if not torch.is_tensor(example) or example.dim() < 1 or len(example) < 1:
-        raise ValueError(f"fc_workers='auto' times both sides on a batch before training: "
-                         f"pass example= (a batch of the features' input, e.g. the first "
-                         f"batch of your loader), got example={_what(example)}")
-    if size < 2:
-        stanza_roles(size, 1)  # raises: Stanza needs two ranks
+def _is_batch(example) -> bool:
+    return torch.is_tensor(example) and example.dim() >= 1 and len(example) >= 1
 
 
 def _fit_error(features: nn.Module, head: nn.Module, example, rank: int) -> Optional[str]:
@@ -644,35 +476,24 @@ def _fit_error(features: nn.Module, head: nn.Module, example, rank: int) -> Opti
             module.training = training
 
 
-def _probe(features: nn.Module, head: nn.Module, example: torch.Tensor,
-           comm) -> Dict[str, object]:
-    """fc_workers="auto" (collective): time features and head forward + backward on
-    copies (the model's parameters, gradients and BatchNorm statistics stay as they
-    are), agree on the median over ranks, choose ``F``
-    (:func:`hvdx.core.stanza_roles.auto_fc_workers`). The same ``ValueError`` on every
-    rank if the example does not go through the model."""
-    size, batch = comm.Get_size(), len(example)
-    figures, error = None, None
-    try:
-        features, head = copy.deepcopy(features), copy.deepcopy(head)
-        with torch.no_grad():
-            activations = features(example)
-        activations = activations.detach()
+def _probe(features: nn.Module, head: nn.Module, example: torch.Tensor):
+    """fc_workers="auto"'s timed runs (:func:`hvdx.mpi.stanza_setup.probe_roles`):
+    features and head forward + backward on copies, so that the model's parameters,
+    gradients and BatchNorm statistics stay as they are."""
+    features, head = copy.deepcopy(features), copy.deepcopy(head)
+    with torch.no_grad():
+        activations = features(example)
+    activations = activations.detach()
 
-        def conv():
-            features(example).sum().backward()
+    def conv():
+        features(example).sum().backward()
 
-        def fc(count):
-            index = torch.arange(count, device=activations.device) % batch
-            inputs = activations[index].requires_grad_(True)
-            return lambda: head(inputs).sum().backward()
+    def fc(count):
+        index = torch.arange(count, device=activations.device) % len(example)
+        inputs = activations[index].requires_grad_(True)
+        return lambda: head(inputs).sum().backward()
 
-        figures = (timed(conv), {count: timed(fc(count)) for count in probe_counts(size, batch)})
-    except Exception as exc:  # whatever the user's model raises on the example
-        error = (f"Stanza fc_workers='auto': rank {comm.Get_rank()}'s example "
-                 f"({_what(example)}) does not go through features and head: "
-                 f"{type(exc).__name__}: {exc}")
-    return agree_on_probe(comm, batch, figures, error)
+    return conv, fc
 
 
 def _entries(features, head):
@@ -694,18 +515,20 @@ def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name.rsplit(".", 1)[-1])
 
 
-def _sample_bytes(shape: Sequence[int], dtype: str) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=_dtype(dtype)).element_size()
-
-
 def _bytes(tensor: torch.Tensor) -> np.ndarray:
     """A host, C-contiguous tensor's bytes as a numpy view (any dtype, bfloat16 too)."""
     return tensor.reshape(-1).view(torch.uint8).numpy()
 
 
-def _slices(tensor: torch.Tensor, bounds: np.ndarray) -> List[np.ndarray]:
-    """The byte views of ``tensor[lo:hi]`` for consecutive ``bounds`` (host, contiguous)."""
-    return [_bytes(tensor[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:])]
+def _pack(layout, buffers, grads) -> None:
+    for family, slots in layout.slots.items():
+        pack([grads[s.index] for s in slots], buffers[family][:layout.ends[family]])
+
+
+def _unpack(layout, buffers, grads) -> List[torch.Tensor]:
+    for family, slots in layout.slots.items():
+        unpack(buffers[family], grads, slots)
+    return grads
 
 
 def _state(module: nn.Module) -> List[torch.Tensor]:
@@ -756,28 +579,23 @@ def _module_mismatch(module: nn.Module, state, rank: int) -> Optional[str]:
 
 
 def _head_error(head, rank, inputs, targets, outputs, exc) -> str:
-    """The first step's message for a head (or loss) that cannot take the activations."""
+    """The message for a head (or loss) that cannot take the activations
+    (:func:`hvdx.core.stanza_checks.head_error`); ``targets=None``: on ``example=``."""
     if outputs is not None:
-        shape = tuple(outputs.shape) if torch.is_tensor(outputs) else _what(outputs)
-        return (f"Stanza.step: on FC rank {rank}, loss_fn cannot take the head's output of "
-                f"shape {shape} and labels of shape {tuple(targets.shape)} "
-                f"({targets.dtype}): {type(exc).__name__}: {exc}")
+        outputs = tuple(outputs.shape) if torch.is_tensor(outputs) else _what(outputs)
+    labels = None if targets is None else (targets.shape, targets.dtype)
+    return head_error(rank, exc, (inputs.shape, inputs.dtype), labels, outputs, _takes(head))
+
+
+def _takes(head) -> str:
+    """What the head's first layer takes, in words, or ``""``."""
     first = next((m for m in head.modules()
                   if hasattr(m, "in_features") or hasattr(m, "in_channels")), None)
-    takes = ""
-    if first is not None:
-        attribute = "in_features" if hasattr(first, "in_features") else "in_channels"
-        takes = (f"; the head's first layer, {type(first).__name__}, takes "
-                 f"{attribute}={getattr(first, attribute)}")
-    if targets is None:  # the construction's check on example=
-        where, labels = f"Stanza: on rank {rank}'s example, the head", ""
-    else:
-        where = f"Stanza.step: the head on FC rank {rank}"
-        labels = f" and labels of shape {tuple(targets.shape)}"
-    return (f"{where} cannot take the features' output: "
-            f"activations of shape {tuple(inputs.shape)} ({inputs.dtype}, per sample "
-            f"{list(inputs.shape[1:])}){labels}{takes}: "
-            f"{type(exc).__name__}: {exc}")
+    if first is None:
+        return ""
+    attribute = "in_features" if hasattr(first, "in_features") else "in_channels"
+    return (f"; the head's first layer, {type(first).__name__}, takes "
+            f"{attribute}={getattr(first, attribute)}")
 
 
 def _what(value) -> str:
