@@ -1,12 +1,12 @@
 """Stanza for TensorFlow (Keras): conv workers train the feature extractor, FC workers the head.
 
-Stanza (Wu, Xu, Li, Xiong, "Layer Separation for Distributed Training in Deep
-Learning", arXiv 1812.10624): in a CNN most bytes are in the fully connected head and
-most compute in the feature extractor, so most ranks (the ``S`` *conv workers*) train
-only the features and a few (the ``F`` *FC workers*, the last ``F`` ranks) only the
-head; head variables and gradients never travel to a conv worker. Roles and scaling:
-:mod:`hvdx.core.stanza_roles`; messages: :mod:`hvdx.mpi.stanza_exchange`; the same
-algorithm as :mod:`hvdx.torch.stanza`. One :meth:`Stanza.step`, called on every rank,
+Stanza (arXiv 1812.10624; the idea: :mod:`hvdx.torch.stanza`) in Keras: the ``S``
+*conv workers* train only the feature extractor, the ``F`` *FC workers* (the last
+``F`` ranks) only the head, whose variables and gradients never travel to a conv
+worker. Roles and scaling:
+:mod:`hvdx.core.stanza_roles`; messages: :mod:`hvdx.mpi.stanza_exchange`; the step's
+protocol, the same as :mod:`hvdx.torch.stanza`'s: :mod:`hvdx.mpi.stanza_step` (this
+module runs TensorFlow's part of it). One :meth:`Stanza.step`, called on every rank,
 eagerly (the exchange is mpi4py, plain Python):
 
 1. conv worker ``i``: ``a_i = features(x_i)`` on its ``b_i`` samples, under a
@@ -37,6 +37,14 @@ eagerly (the exchange is mpi4py, plain Python):
    that momentum and weight decay leave them as they are, as in single-process
    training). With ``loss_fn`` a mean over samples, the variables equal
    single-process training on the concatenated global batch (up to rounding).
+
+Overlap, as in PyTorch: the FC workers' sum (step 5) runs while the conv workers run
+their backward pass (step 4); with ``micro_batches=m > 1`` a conv worker splits its
+batch into ``m`` parts, runs every forward pass (a tape each) and sends each part's
+activations as soon as they exist, then runs each part's backward pass as its
+activation gradient comes back, adding the parts' gradients; the FC worker adds its
+head gradients over the parts. The conv workers first send their batch sizes, so that
+the weights stay ``b / B``: the step is the same SGD step (up to rounding).
 
 Start: every rank must build the same model (checked, like ``DistributedGradientTape``:
 variables in order, shapes and dtypes; TensorFlow's variable names may differ between
@@ -82,20 +90,20 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import horovod.tensorflow as _hvd
 import numpy as np
 import tensorflow as tf
 
-from hvdx.core.fingerprint import Fingerprint
-from hvdx.core.fused_layout import FusedLayout
-from hvdx.core.stanza_checks import Samples, describe_layout, timed
-from hvdx.core.stanza_roles import AUTO, CONV, FC, loss_weights, probe_counts, stanza_roles
-from hvdx.mpi import check_consistent, communicator_for
-from hvdx.mpi.stanza_exchange import (StanzaExchange, StanzaStats, agree_on_probe,
-                                      role_communicators)
+from hvdx.core.stanza_checks import (Samples, check_settings, head_error, layout_error,
+                                     micro_batch_bounds)
+from hvdx.core.stanza_roles import AUTO, CONV, FC, weighted_loss
+from hvdx.mpi import communicator_for
+from hvdx.mpi.stanza_exchange import StanzaExchange, StanzaStats, role_communicators
+from hvdx.mpi.stanza_gradients import RoleGradientSum
+from hvdx.mpi.stanza_setup import agree_on_arguments, probe_roles
+from hvdx.mpi.stanza_step import StanzaStep
 
 __all__ = ["FORMAT", "Stanza", "StanzaState", "StanzaStats"]
 
@@ -155,14 +163,17 @@ class Stanza:
         example: a batch of the features' input (the first batch of the dataset does):
             required by ``fc_workers="auto"``, and used to build a model whose
             variables do not exist yet.
+        micro_batches: parts each conv worker's batch is split into, so that its
+            sends overlap its forward and backward passes (as in
+            :mod:`hvdx.torch.stanza`); 1 (the default) sends the batch whole. The
+            step is the same SGD step, up to rounding.
 
     Attributes:
-        role: ``"conv"`` or ``"fc"``.
-        roles: the :class:`~hvdx.core.stanza_roles.StanzaRoles` (shard the data over
-            ``roles.conv_ranks``: the FC workers read none).
-        stats: :class:`~hvdx.mpi.stanza_exchange.StanzaStats`, bytes by kind.
-        probe: with ``fc_workers="auto"``, ``{"conv_s", "head_s", "fc_workers"}``: the
-            agreed times (median over ranks) and the choice; ``None`` otherwise.
+        role, roles, stats, probe: as in :class:`hvdx.torch.stanza.Stanza`: this
+            rank's role (``"conv"`` or ``"fc"``), the
+            :class:`~hvdx.core.stanza_roles.StanzaRoles` (shard the data over
+            ``roles.conv_ranks``), the bytes by kind, and with ``fc_workers="auto"``
+            the agreed probe (``None`` otherwise).
         steps: steps taken (restored from a checkpoint).
 
     Raises:
@@ -172,7 +183,7 @@ class Stanza:
 
     def __init__(self, features, head=None, optimizer=None, loss_fn=None,
                  fc_workers: Union[int, str] = 1, *, split: Optional[int] = None,
-                 example=None):
+                 example=None, micro_batches: int = 1):
         comm = communicator_for(_hvd.global_process_set, _hvd.global_process_set,
                                 _hvd.size())
         size, rank = comm.Get_size(), comm.Get_rank()
@@ -186,37 +197,25 @@ class Stanza:
             parts = _parts(features, head, split)
             _build(*parts, example)
             _check_training(*parts, optimizer, loss_fn)
-            if auto:
-                _check_example(example, size)
-            else:
-                roles = stanza_roles(size, fc_workers)
+            roles = check_settings(size, fc_workers, micro_batches, _is_batch(example),
+                                   _what(example), "dataset")
         except (TypeError, ValueError) as exc:
             error = exc
-        # Fingerprint: the model and the settings, and the local error if any, so that a
-        # rank that failed, or was given other arguments, fails every rank alike.
-        settings: List[Tuple[str, object]] = [("fc_workers", fc_workers), ("split", split)]
-        if error is not None:
-            settings.append(("stanza.error", f"{type(error).__name__}: {error}"))
         entries = _entries(*parts) if error is None else []
-        check_consistent(Fingerprint.build([e[:3] for e in entries], settings,
-                                           labels=[e[3] for e in entries]), comm, "Stanza")
-        if error is not None:
-            raise error
+        agree_on_arguments(comm, [e[:3] for e in entries],
+                           [("fc_workers", fc_workers), ("split", split),
+                            ("micro_batches", micro_batches)], error,
+                           labels=[e[3] for e in entries])
         self._features, self._head = parts
         #: fc_workers="auto": the agreed probe ``{"conv_s", "head_s", "fc_workers"}``.
         self.probe: Optional[Dict[str, object]] = None
         if auto:
-            self.probe = _probe(self._features, self._head, example, comm)
-            roles = stanza_roles(size, self.probe["fc_workers"])
-            if rank == 0:
-                head_ms = ", ".join(f"{count} samples {1e3 * t:.1f} ms"
-                                    for count, t in self.probe["head_s"].items())
-                print(f"[hvdx] Stanza fc_workers='auto': features {1e3 * self.probe['conv_s']:.1f}"
-                      f" ms per batch of {example.shape[0]}, head {head_ms} (forward + backward, "
-                      f"median over ranks): {roles.fc_workers} FC worker(s) of {size} ranks",
-                      file=sys.stderr, flush=True)
+            roles, self.probe = probe_roles(
+                comm, int(example.shape[0]), _what(example),
+                lambda: _probe(self._features, self._head, example))
 
         self.optimizer, self.loss_fn = optimizer, loss_fn
+        self.micro_batches = int(micro_batches)
         self.roles = roles
         self.rank = rank
         self.role = roles.role(rank)
@@ -224,15 +223,13 @@ class Stanza:
         self.steps = 0
         self._model = features if split is not None else None
         self._split = split
-        self._samples: Optional[Samples] = None
         # The features' per-sample input shape, for full_model's copy of a layer built
-        # without one on record: the example's, then the first conv worker's at step 1.
-        self._input_shape = None if example is None else _per_sample(example)
+        # without one on record: the first conv worker's at step 1, else the example's.
+        self._example_shape = None if example is None else _per_sample(example)
         world, role_comm = role_communicators(comm, roles)
         self._exchange = StanzaExchange(world, role_comm, roles, self.stats)
-        # Step 5's host buffers, one per dtype family (the role's gradients).
-        self._layout: Optional[FusedLayout] = None
-        self._buffers: Dict[np.dtype, np.ndarray] = {}
+        self._protocol = StanzaStep(self._exchange, rank, micro_batches)
+        self._adapter = _Adapter(self)
         self._broadcast_initial()
         _build_optimizer(optimizer, self._mine.trainable_variables)
         self._state = StanzaState(self)
@@ -242,221 +239,41 @@ class Stanza:
         """This rank's role's part."""
         return self._features if self.role == CONV else self._head
 
+    @property
+    def _samples(self) -> Optional[Samples]:
+        return self._protocol.samples
+
+    @property
+    def _input_shape(self):
+        return self._protocol.extra or self._example_shape
+
     # --- training ---------------------------------------------------------------------
 
     def step(self, x=None, y=None) -> float:
         """One training step (module docstring, steps 1-6); collective, eager.
 
-        Args:
-            x: a conv worker's batch (a tensor on any device, or a numpy array; the
-                features' input).
-            y: its labels (``loss_fn``'s target), as many as samples in ``x``. An FC
-                worker's ``x`` and ``y`` are ignored: pass nothing.
-
-        Returns:
-            conv worker: the mean loss over its samples; FC worker: the mean loss over
-            the samples it received (with one FC worker, the global batch).
+        A conv worker passes its batch ``x`` (a tensor on any device, or a numpy array:
+        the features' input) and its labels ``y`` (``loss_fn``'s target, one per
+        sample); an FC worker passes nothing. Returns the mean loss over the samples
+        this rank trained on: a conv worker's own, an FC worker's received ones (with
+        one FC worker, the global batch).
         """
         self.stats.begin_step()
-        loss, gradients = self._conv_step(x, y) if self.role == CONV else self._fc_step()
+        if self.role == CONV:
+            loss = self._protocol.conv(_micro_batches(x, y, self.micro_batches),
+                                       self._adapter, _per_sample(x))
+        else:
+            loss = self._protocol.fc(self._adapter)
         # Variables without a gradient (step 5: no rank of the role had one) are left
         # out, so that the optimizer does not move them; the same ones on every rank
         # of the role, so its replicas stay equal.
-        pairs = [(g, v) for g, v in zip(gradients, self._mine.trainable_variables)
-                 if g is not None]
+        pairs = [(g, v) for g, v in zip(self._adapter.take_summed(),
+                                        self._mine.trainable_variables) if g is not None]
         if pairs:
             self.optimizer.apply_gradients(pairs)
         self.steps += 1
         self.stats.steps += 1
         return loss
-
-    def _conv_step(self, x, y) -> Tuple[float, List[tf.Tensor]]:
-        first = self._samples is None
-        try:
-            tape, activations, labels, samples = self._forward_features(x, y)
-        except Exception as exc:  # whatever the user's features raise at the first step
-            if not first:
-                raise
-            self._agree(None, exc)  # raises, on every rank
-        if first:
-            self._agree(samples, None, _per_sample(x))
-        elif samples != self._samples:
-            # Alone: the FC worker cannot learn of it without a collective per step.
-            raise ValueError(f"Stanza.step: rank {self.rank}'s batch gives "
-                             f"{samples.describe()}, but the first step agreed on "
-                             f"{self._samples.describe()}")
-        ex = self._exchange
-        sent = np.ascontiguousarray(activations.numpy())  # host: MPI's buffers
-        gradient = np.empty_like(sent)
-        loss = np.zeros(1)
-        if not first:
-            ex.post_gradient_receive(_bytes(gradient), loss)
-        ex.send_activations(_bytes(sent), _bytes(labels))
-        if first:
-            # The FC workers run the head on these activations before answering: a head
-            # that does not fit fails every rank here (they have received them all).
-            error = ex.first_error(None)
-            if error is not None:
-                ex.wait()
-                self._samples = None  # the next step checks the data again, everywhere
-                raise ValueError(error)
-            ex.post_gradient_receive(_bytes(gradient), loss)
-        ex.wait()
-        variables = self._features.trainable_variables
-        with tf.device(activations.device):
-            upstream = tf.convert_to_tensor(gradient)
-        gradients = tape.gradient(activations, variables, output_gradients=upstream)
-        return float(loss[0]), self._sum_gradients(gradients, variables, "conv_allreduce")
-
-    def _fc_step(self) -> Tuple[float, List[tf.Tensor]]:
-        first = self._samples is None
-        if first:
-            self._agree(None, None)
-        samples, ex = self._samples, self._exchange
-        sizes = ex.probe_batches(_sample_bytes(samples.activation_shape,
-                                               samples.activation_dtype))
-        total = sum(sizes)
-        activations = np.empty((total,) + samples.activation_shape,
-                               _np_dtype(samples.activation_dtype))
-        labels = np.empty((total,) + samples.label_shape, _np_dtype(samples.label_dtype))
-        bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
-        ex.receive_activations(_slices(activations, bounds), _slices(labels, bounds))
-        global_batch = ex.global_batch(total)
-
-        variables = self._head.trainable_variables
-        with tf.device(variables[0].device):
-            inputs = tf.convert_to_tensor(activations)
-            targets = tf.convert_to_tensor(labels)
-        losses = np.full(len(sizes), np.nan)
-        error: Optional[str] = None
-        objective, outputs = None, None
-        with tf.GradientTape() as tape:
-            tape.watch(inputs)
-            try:
-                outputs = self._head(inputs, training=True)
-                weights = loss_weights(sizes, max(global_batch, 1))
-                for k, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
-                    if hi == lo:
-                        continue  # an empty batch adds nothing (and its mean is undefined)
-                    part = self.loss_fn(targets[lo:hi], outputs[lo:hi])
-                    if not tf.is_tensor(part) or part.shape.rank != 0:
-                        raise ValueError(f"loss_fn returned {_what(part)}, not a scalar "
-                                         "tensor (the mean over the samples)")
-                    losses[k] = float(part.numpy())
-                    weighted = part * tf.constant(weights[k], dtype=part.dtype)
-                    objective = weighted if objective is None else objective + weighted
-            except Exception as exc:  # whatever the user's head or loss raise at step 1
-                if not first:
-                    raise
-                error = _head_error(self._head, self.rank, inputs, targets, outputs, exc)
-        if first:
-            error = ex.first_error(error)
-            if error is not None:
-                self._samples = None  # as on the conv workers
-                raise ValueError(error)
-        if objective is not None:
-            gradients = tape.gradient(objective, [inputs] + variables)
-        else:
-            gradients = [None] * (1 + len(variables))
-        upstream = gradients[0] if gradients[0] is not None else tf.zeros_like(inputs)
-        sent = np.ascontiguousarray(upstream.numpy())
-        ex.send_gradients(_slices(sent, bounds), losses)
-        # The conv workers run their backward pass while the FC workers sum.
-        summed = self._sum_gradients(gradients[1:], variables, "fc_allreduce")
-        ex.wait()
-        counted = ~np.isnan(losses)
-        loss = float(np.dot(np.asarray(sizes)[counted], losses[counted]) / total) if total \
-            else float("nan")
-        return loss, summed
-
-    def _forward_features(self, x, y):
-        if x is None or y is None:
-            raise ValueError(f"Stanza.step: rank {self.rank} is a conv worker and needs a "
-                             f"batch and its labels, got x={_what(x)}, y={_what(y)}")
-        with tf.GradientTape() as tape:
-            activations = self._features(x, training=True)
-        if not tf.is_tensor(activations) or activations.shape.rank is None or \
-                activations.shape.rank < 1:
-            raise ValueError(f"Stanza.step: rank {self.rank}'s features returned "
-                             f"{_what(activations)}, not a batch of activations")
-        labels = np.ascontiguousarray(y.numpy() if tf.is_tensor(y) else np.asarray(y))
-        if labels.ndim < 1 or labels.shape[0] != activations.shape[0]:
-            raise ValueError(f"Stanza.step: rank {self.rank} has {activations.shape[0]} "
-                             f"samples of activations but labels of shape {labels.shape}")
-        samples = Samples(tuple(int(d) for d in activations.shape[1:]),
-                           _dtype_name(activations.dtype), tuple(labels.shape[1:]),
-                           labels.dtype.name)
-        if _sample_bytes(samples.activation_shape, samples.activation_dtype) == 0:
-            raise ValueError(f"Stanza.step: rank {self.rank}'s features give "
-                             f"{samples.describe()}: no bytes per sample")
-        return tape, activations, labels, samples
-
-    def _agree(self, samples: Optional[Samples], error: Optional[Exception],
-               input_shape: Optional[tuple] = None) -> None:
-        """The first step's check of the data, on every rank (collective): the same
-        ``ValueError`` everywhere, or ``self._samples`` set alike everywhere (and the
-        first conv worker's per-sample input shape kept)."""
-        message = None
-        if error is not None:
-            message = str(error) if str(error).startswith("Stanza.step") else \
-                f"Stanza.step: rank {self.rank}: features(x) raised {type(error).__name__}: {error}"
-        everyone = self._exchange.gather_all((samples, message, input_shape))
-        message = next((m for _, m, _ in everyone if m is not None), None)
-        if message is None:
-            conv = [(r, s) for r, (s, _, _) in enumerate(everyone) if s is not None]
-            first_rank, agreed = conv[0]
-            for r, s in conv[1:]:
-                if s != agreed:
-                    message = (f"Stanza.step: the conv workers' batches differ: rank "
-                               f"{first_rank}'s gives {agreed.describe()}, rank {r}'s gives "
-                               f"{s.describe()}")
-                    break
-        if message is not None:
-            raise ValueError(message) from error
-        self._samples = agreed
-        self._input_shape = everyone[conv[0][0]][2] or self._input_shape
-
-    def _sum_gradients(self, gradients, variables, kind: str) -> List[Optional[tf.Tensor]]:
-        """Step 5: this role's gradients summed over its ranks, in one host buffer per
-        dtype family (reused); ``None`` for a variable that no rank of the role had a
-        gradient for:
-
-        1. a variable without a gradient on this rank is packed as zeros, and its
-           presence flag (one element per variable at the end of the first family's
-           buffer, :class:`~hvdx.core.fused_layout.FusedLayout`) is 0, else 1;
-        2. the allreduce sums gradients and flags alike: each flag then counts the
-           role's ranks that had a gradient for the variable, the same on every rank;
-        3. a variable that some rank had a gradient for gets the sum on every rank of
-           the role (missing ones count as zeros, as in Horovod's allreduce); one that
-           no rank had gets ``None`` everywhere, and :meth:`step` leaves it out of
-           ``apply_gradients`` (momentum and weight decay leave it as it is), as
-           single-process training does.
-        """
-        gradients = [None if g is None else tf.convert_to_tensor(g) for g in gradients]
-        if self._exchange.role_comm.Get_size() == 1:
-            return gradients  # None stays None: nothing to agree on
-        present = [g is not None for g in gradients]
-        arrays = [np.zeros(v.shape, v.dtype.as_numpy_dtype) if g is None else g.numpy()
-                  for g, v in zip(gradients, variables)]
-        key = tuple((a.dtype.name, a.size) for a in arrays)
-        if self._layout is None or key != self._layout.key:
-            self._layout = FusedLayout(key, flags=True)
-            self._buffers = {family: np.empty(count, family)
-                             for family, count in self._layout.families.items()}
-        self._layout.pack(arrays, out=self._buffers)
-        self._layout.set_flags(self._buffers, present)
-        for buffer in self._buffers.values():
-            self._exchange.allreduce_sum(buffer, kind)
-        counts = self._layout.flag_counts(self._buffers)
-        summed: List[Optional[tf.Tensor]] = []
-        for v, value, count in zip(variables, self._layout.unpack(self._buffers, arrays),
-                                   counts):
-            if count == 0:
-                summed.append(None)
-                continue
-            with tf.device(v.device):
-                summed.append(tf.convert_to_tensor(value))
-        return summed
 
     # --- the whole model, checkpoints ---------------------------------------------------
 
@@ -472,7 +289,6 @@ class Stanza:
             ValueError: on every rank, if ``rank`` is not a rank of the job, the ranks
                 asked for different ones, or the model cannot be copied.
         """
-        ex = self._exchange
         integer = isinstance(rank, (int, np.integer)) and not isinstance(rank, bool)
         copy, copy_error = None, None
         if integer and int(rank) == self.rank:
@@ -481,33 +297,16 @@ class Stanza:
             except Exception as exc:  # whatever Keras raises on a model it cannot clone
                 copy_error = (f"Stanza.full_model: rank {self.rank} cannot copy the model: "
                               f"{type(exc).__name__}: {exc}")
-        everyone = ex.gather_all((int(rank) if integer else repr(rank), copy_error))
-        targets = [t for t, _ in everyone]
-        if len(set(targets)) != 1:
-            raise ValueError(f"Stanza.full_model: the ranks asked for different ranks: "
-                             f"{targets}")
-        if not integer or not 0 <= rank < self.roles.size:
-            raise ValueError(f"Stanza.full_model: rank={rank!r} is not a rank of this job of "
-                             f"{self.roles.size} ranks")
-        error = next((e for _, e in everyone if e is not None), None)
-        if error is not None:
-            raise ValueError(error)
-        target = int(rank)
-        conv_root, fc_root = self.roles.conv_ranks[0], self.roles.fc_ranks[0]
-        target_role = self.roles.role(target)
+        target = self._exchange.agree_on_target(rank, copy_error)
         model, (features, head) = copy if copy is not None else (None, (None, None))
-        for mine, theirs, role, root in ((self._features, features, CONV, conv_root),
-                                         (self._head, head, FC, fc_root)):
-            if target_role == role:
-                if self.rank == target:
-                    _load_bytes(theirs.weights, _weights_bytes(mine))  # its own part is current
-                continue
-            if self.rank == root:
-                ex.send(_weights_bytes(mine), target)
-            elif self.rank == target:
-                buffer = np.empty(_weights_size(mine), np.uint8)
-                ex.recv(buffer, root)
-                _load_bytes(theirs.weights, buffer)
+
+        def part(role, mine, theirs):
+            return (role, lambda: _load_bytes(theirs.weights, _weights_bytes(mine)),
+                    lambda: _weights_bytes(mine), lambda: _weights_size(mine),
+                    lambda buffer: _load_bytes(theirs.weights, buffer))
+
+        self._exchange.assemble(target, [part(CONV, self._features, features),
+                                         part(FC, self._head, head)])
         return model if self.rank == target else None
 
     def _copy(self) -> Tuple[tf.keras.Model, Tuple[_Part, _Part]]:
@@ -566,13 +365,10 @@ class Stanza:
             if not isinstance(header, dict) or header.get("format") != FORMAT:
                 error = (f"Stanza.state: rank {self.rank}'s checkpoint holds "
                          f"{_what(header)}, not a Stanza state")
-            elif header.get("layout") != expected:
-                saved = header.get("layout") or {}
-                error = (f"Stanza.state: rank {self.rank}'s state was saved as "
-                         f"{describe_layout(saved)}; this trainer runs it as {describe_layout(expected)}: "
-                         "resume with the same number of ranks and fc_workers")
             else:
-                error = (_mismatch("module", module_vars, header.get("module"), self.rank)
+                error = (layout_error("Stanza.state", self.rank, header.get("layout"),
+                                      expected)
+                         or _mismatch("module", module_vars, header.get("module"), self.rank)
                          or _mismatch("optimizer", optimizer_vars, header.get("optimizer"),
                                       self.rank))
         error = self._exchange.first_error(error)
@@ -620,6 +416,158 @@ class StanzaState(tf.Module):
     def _restore_from_tensors(self, restored_tensors):
         self._trainer._load_payload(restored_tensors["state"].numpy())
         return None
+
+
+class _Adapter:
+    """TensorFlow's part of a step (:mod:`hvdx.mpi.stanza_step` calls it): the passes
+    forward and backward under ``tf.GradientTape``, the head and its loss, the role's
+    sum (step 5). Gradients add up over micro-batches here, since Keras variables
+    hold none."""
+
+    def __init__(self, trainer: Stanza):
+        self.t = trainer
+        # Step 5, in host buffers (numpy, one per dtype family) of this role's gradients.
+        self._sum = RoleGradientSum(trainer._exchange, "conv_allreduce"
+                                    if trainer.role == CONV else "fc_allreduce")
+        self._gradients: Optional[List[Optional[tf.Tensor]]] = None  # this step's, so far
+        self._summed: List[Optional[tf.Tensor]] = []
+        self._fc = None  # the FC worker's inputs, labels and outputs of the part in hand
+        self._tape = None
+
+    def take_summed(self) -> List[Optional[tf.Tensor]]:
+        """Step 5's result for this step's optimizer (once)."""
+        summed, self._summed = self._summed, []
+        return summed
+
+    def forward(self, x, y):
+        """Conv worker, step 1: ``((tape, activations, labels), samples)``; checks the
+        batch."""
+        if x is None or y is None:
+            raise ValueError(f"Stanza.step: rank {self.t.rank} is a conv worker and needs a "
+                             f"batch and its labels, got x={_what(x)}, y={_what(y)}")
+        with tf.GradientTape() as tape:
+            activations = self.t._features(x, training=True)
+        if not tf.is_tensor(activations) or activations.shape.rank is None or \
+                activations.shape.rank < 1:
+            raise ValueError(f"Stanza.step: rank {self.t.rank}'s features returned "
+                             f"{_what(activations)}, not a batch of activations")
+        labels = np.ascontiguousarray(y.numpy() if tf.is_tensor(y) else np.asarray(y))
+        if labels.ndim < 1 or labels.shape[0] != activations.shape[0]:
+            raise ValueError(f"Stanza.step: rank {self.t.rank} has {activations.shape[0]} "
+                             f"samples of activations but labels of shape {labels.shape}")
+        return (tape, activations, labels), Samples(
+            tuple(int(d) for d in activations.shape[1:]), _dtype_name(activations.dtype),
+            tuple(labels.shape[1:]), labels.dtype.name)
+
+    @staticmethod
+    def count(y) -> int:
+        return int(y.shape[0]) if hasattr(y, "shape") else len(y)
+
+    def host(self, handle, y, count: int):
+        """Conv worker: the host buffers of one micro-batch (an empty one: no
+        activations), and the buffer its activation gradient comes back in."""
+        if handle is None:
+            samples = self.t._samples
+            sent = self.empty((count,) + samples.activation_shape, samples.activation_dtype)[0]
+            labels = np.ascontiguousarray(np.asarray(y))
+        else:
+            _, activations, labels = handle
+            sent = np.ascontiguousarray(activations.numpy())  # host: MPI's buffers
+        gradient = np.empty_like(sent)
+        return _bytes(sent), _bytes(labels), _bytes(gradient), gradient
+
+    def backward(self, handle, gradient) -> None:
+        """Conv worker, step 4: the features' gradients of one micro-batch, added up."""
+        if handle is None:
+            return
+        tape, activations, _ = handle
+        with tf.device(activations.device):
+            upstream = tf.convert_to_tensor(gradient)
+        self._add(tape.gradient(activations, self.t._features.trainable_variables,
+                                output_gradients=upstream))
+
+    @staticmethod
+    def itemsize(dtype: str) -> int:
+        return _np_dtype(dtype).itemsize
+
+    @staticmethod
+    def empty(shape, dtype: str):
+        """FC worker: a host array to receive into, and its byte view."""
+        array = np.empty(shape, _np_dtype(dtype))
+        return array, _bytes(array)
+
+    def run_head(self, activations, labels, sizes, bounds, global_batch):
+        """FC worker, step 3 on one (micro-)batch, under a tape that watches the
+        activations: ``(objective, losses)``."""
+        variables = self.t._head.trainable_variables
+        with tf.device(variables[0].device):
+            inputs = tf.convert_to_tensor(activations)
+            targets = tf.convert_to_tensor(labels)
+        self._fc = [inputs, targets, None]
+        self._tape = tf.GradientTape()
+        with self._tape as tape:
+            tape.watch(inputs)
+            outputs = self._fc[2] = self.t._head(inputs, training=True)
+
+            def loss_of(lo, hi):
+                part = self.t.loss_fn(targets[lo:hi], outputs[lo:hi])
+                if not tf.is_tensor(part) or part.shape.rank != 0:
+                    raise ValueError(f"loss_fn returned {_what(part)}, not a scalar "
+                                     "tensor (the mean over the samples)")
+                return part, float(part.numpy())
+
+            return weighted_loss(sizes, bounds, global_batch, loss_of,
+                                 lambda part, weight: part * tf.constant(weight,
+                                                                         dtype=part.dtype))
+
+    def head_error(self, exc: Exception) -> str:
+        return _head_error(self.t._head, self.t.rank, *self._fc, exc)
+
+    def head_backward(self, objective) -> np.ndarray:
+        """FC worker: the head's gradients added up; the activation gradient's bytes."""
+        inputs = self._fc[0]
+        variables = self.t._head.trainable_variables
+        if objective is not None:
+            gradients = self._tape.gradient(objective, [inputs] + variables)
+        else:
+            gradients = [None] * (1 + len(variables))
+        self._tape = None
+        self._add(gradients[1:])
+        upstream = gradients[0] if gradients[0] is not None else tf.zeros_like(inputs)
+        return _bytes(np.ascontiguousarray(upstream.numpy()))
+
+    def _add(self, gradients) -> None:
+        """This step's gradients plus one micro-batch's (``None``: none yet)."""
+        if self._gradients is None:
+            self._gradients = list(gradients)
+            return
+        self._gradients = [a if b is None else b if a is None else
+                           tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
+                           for a, b in zip(self._gradients, gradients)]
+
+    def sum_gradients(self) -> None:
+        """Step 5 (:class:`~hvdx.mpi.stanza_gradients.RoleGradientSum`): the role's
+        sums, ``None`` where no rank had a gradient, for :meth:`take_summed`."""
+        variables = self.t._mine.trainable_variables
+        gradients = self._gradients or [None] * len(variables)
+        self._gradients = None
+        gradients = [None if g is None else tf.convert_to_tensor(g) for g in gradients]
+        arrays: List[np.ndarray] = []
+
+        def pack(layout, buffers, filled):
+            arrays[:] = [g if isinstance(g, np.ndarray) else g.numpy() for g in filled]
+            layout.pack(arrays, out=buffers)
+
+        def unpack(layout, buffers, filled):
+            summed = []
+            for v, value in zip(variables, layout.unpack(buffers, arrays)):
+                with tf.device(v.device):
+                    summed.append(tf.convert_to_tensor(value))
+            return summed
+
+        self._summed = self._sum(
+            gradients, lambda i: np.zeros(variables[i].shape, variables[i].dtype.as_numpy_dtype),
+            lambda g: (_dtype_name(g.dtype), int(np.prod(g.shape))), pack, unpack)
 
 
 # --- helpers -----------------------------------------------------------------------------
@@ -704,14 +652,9 @@ def _optimizer_variables(optimizer) -> List[tf.Variable]:
     return list(variables() if callable(variables) else variables)
 
 
-def _check_example(example, size: int) -> None:
-    if not (tf.is_tensor(example) or isinstance(example, np.ndarray)) or \
-            len(example.shape) < 1 or example.shape[0] < 1:
-        raise ValueError(f"fc_workers='auto' times both sides on a batch before training: "
-                         f"pass example= (a batch of the features' input, e.g. the first "
-                         f"batch of your dataset), got example={_what(example)}")
-    if size < 2:
-        stanza_roles(size, 1)  # raises: Stanza needs two ranks
+def _is_batch(example) -> bool:
+    return (tf.is_tensor(example) or isinstance(example, np.ndarray)) and \
+        len(example.shape) >= 1 and example.shape[0] >= 1
 
 
 def _finish(tensors) -> None:
@@ -719,38 +662,45 @@ def _finish(tensors) -> None:
     tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32)) for t in tensors if t is not None]).numpy()
 
 
-def _probe(features: _Part, head: _Part, example, comm) -> Dict[str, object]:
-    """fc_workers="auto" (collective): time features and head forward + backward
-    (``training=False``; a tape changes no variable), agree on the median over ranks,
-    choose ``F`` (:func:`hvdx.core.stanza_roles.auto_fc_workers`). The same
-    ``ValueError`` on every rank if the example does not go through the model."""
-    size, batch = comm.Get_size(), int(example.shape[0])
-    figures, error = None, None
-    try:
-        activations = features(example, training=False)
-        conv_vars, head_vars = features.trainable_variables, head.trainable_variables
+def _probe(features: _Part, head: _Part, example):
+    """fc_workers="auto"'s timed runs (:func:`hvdx.mpi.stanza_setup.probe_roles`):
+    features and head forward + backward with ``training=False`` (a tape changes no
+    variable, and BatchNorm statistics stay as they are)."""
+    batch = int(example.shape[0])
+    activations = features(example, training=False)
+    conv_vars, head_vars = features.trainable_variables, head.trainable_variables
 
-        def conv():
+    def conv():
+        with tf.GradientTape() as tape:
+            total = tf.reduce_sum(features(example, training=False))
+        _finish(tape.gradient(total, conv_vars) + [total])
+
+    def fc(count):
+        inputs = tf.gather(activations, tf.range(count) % batch)
+
+        def run():
             with tf.GradientTape() as tape:
-                total = tf.reduce_sum(features(example, training=False))
-            _finish(tape.gradient(total, conv_vars) + [total])
+                tape.watch(inputs)
+                total = tf.reduce_sum(head(inputs, training=False))
+            _finish(tape.gradient(total, [inputs] + head_vars))
+        return run
 
-        def fc(count):
-            inputs = tf.gather(activations, tf.range(count) % batch)
+    return conv, fc
 
-            def run():
-                with tf.GradientTape() as tape:
-                    tape.watch(inputs)
-                    total = tf.reduce_sum(head(inputs, training=False))
-                _finish(tape.gradient(total, [inputs] + head_vars))
-            return run
 
-        figures = (timed(conv), {count: timed(fc(count)) for count in probe_counts(size, batch)})
-    except Exception as exc:  # whatever the user's model raises on the example
-        error = (f"Stanza fc_workers='auto': rank {comm.Get_rank()}'s example "
-                 f"({_what(example)}) does not go through features and head: "
-                 f"{type(exc).__name__}: {exc}")
-    return agree_on_probe(comm, batch, figures, error)
+def _micro_batches(x, y, count: int) -> List[Tuple[object, object]]:
+    """``count`` consecutive parts of a conv worker's batch, sizes differing by at most
+    one, the larger first (:func:`hvdx.core.stanza_checks.micro_batch_bounds`; some are
+    empty if the batch has fewer samples). Anything that is not two batches of the same
+    length (a dict of inputs, say) stays whole, for the first step's check."""
+    if count == 1 or x is None or y is None:
+        return [(x, y)]
+    labels = y if tf.is_tensor(y) else np.asarray(y)
+    shape = getattr(x, "shape", None)
+    if shape is None or len(shape) < 1 or shape[0] is None or len(labels.shape) < 1 \
+            or int(shape[0]) != int(labels.shape[0]):
+        return [(x, y)]
+    return [(x[lo:hi], labels[lo:hi]) for lo, hi in micro_batch_bounds(int(shape[0]), count)]
 
 
 def _entries(features: _Part, head: _Part):
@@ -812,18 +762,9 @@ def _np_dtype(name: str) -> np.dtype:
         return np.dtype(name)
 
 
-def _sample_bytes(shape: Sequence[int], dtype: str) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * _np_dtype(dtype).itemsize
-
-
 def _bytes(array: np.ndarray) -> np.ndarray:
     """A host, C-contiguous array's bytes as a numpy view (any dtype, bfloat16 too)."""
     return array.reshape(-1).view(np.uint8)
-
-
-def _slices(array: np.ndarray, bounds: np.ndarray) -> List[np.ndarray]:
-    """The byte views of ``array[lo:hi]`` for consecutive ``bounds`` (host, contiguous)."""
-    return [_bytes(array[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:])]
 
 
 def _concat_bytes(arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -898,16 +839,12 @@ def _takes(head: _Part) -> str:
 
 
 def _head_error(head: _Part, rank, inputs, targets, outputs, exc) -> str:
-    """The first step's message for a head (or loss) that cannot take the activations."""
+    """The first step's message for a head (or loss) that cannot take the activations
+    (:func:`hvdx.core.stanza_checks.head_error`)."""
     if outputs is not None:
-        shape = tuple(outputs.shape) if tf.is_tensor(outputs) else _what(outputs)
-        return (f"Stanza.step: on FC rank {rank}, loss_fn cannot take the head's output of "
-                f"shape {shape} and labels of shape {tuple(targets.shape)} "
-                f"({_dtype_name(targets.dtype)}): {type(exc).__name__}: {exc}")
-    return (f"Stanza.step: the head on FC rank {rank} cannot take the features' output: "
-            f"activations of shape {tuple(inputs.shape)} ({_dtype_name(inputs.dtype)}, per "
-            f"sample {list(inputs.shape[1:])}) and labels of shape "
-            f"{tuple(targets.shape)}{_takes(head)}: {type(exc).__name__}: {exc}")
+        outputs = tuple(outputs.shape) if tf.is_tensor(outputs) else _what(outputs)
+    return head_error(rank, exc, (inputs.shape, _dtype_name(inputs.dtype)),
+                      (targets.shape, _dtype_name(targets.dtype)), outputs, _takes(head))
 
 
 def _what(value) -> str:

@@ -109,11 +109,12 @@ def reference(steps=STEPS, kind="mlp", momentum=0.0):
     return history
 
 
-def build(kind="mlp", fc_workers=1, momentum=0.0, seed=None):
+def build(kind="mlp", fc_workers=1, momentum=0.0, seed=None, micro_batches=1):
     """A trainer on this rank's own initial weights (rank 0's are broadcast)."""
     features, head = features_and_head(kind, hvd.rank() if seed is None else seed)
     opt = tf.keras.optimizers.SGD(LR, momentum=momentum)
-    return hvd.Stanza(features, head, opt, fc_workers=fc_workers), features, head
+    return hvd.Stanza(features, head, opt, fc_workers=fc_workers,
+                      micro_batches=micro_batches), features, head
 
 
 def train(trainer, steps, fc_workers=1, kind="mlp"):
@@ -676,3 +677,64 @@ def test_auto_without_a_fitting_example_fails_on_every_rank(example):
     else:
         assert "example= (" in message and "does not go through the features" in message
     everyone(None)
+
+
+# --- micro-batches ---------------------------------------------------------------------------
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("micro_batches", [2, 5])
+def test_micro_batches_train_the_same_model_as_single_process_sgd(micro_batches):
+    # 5 parts of a conv worker's 3 to 6 samples: some parts are empty.
+    fc_workers = 2 if hvd.size() >= 4 else 1
+    expected = reference(kind="conv", momentum=0.9)
+    trainer, features, head = build("conv", fc_workers, momentum=0.9,
+                                    micro_batches=micro_batches)
+    part, layer = mine(trainer, features, head)
+    for step in range(STEPS):
+        trainer.step(*share(step, fc_workers, "conv"))
+        assert_close(layer, expected[step][part])
+
+
+@pytest.mark.mpi(min_size=2)
+def test_micro_batches_give_the_losses_and_weights_of_one_batch_up_to_rounding():
+    fc_workers = 2 if hvd.size() >= 4 else 1
+    runs = []
+    for micro_batches in (1, 3):
+        trainer, features, head = build(fc_workers=fc_workers, micro_batches=micro_batches)
+        losses = [trainer.step(*share(step, fc_workers)) for step in range(STEPS)]
+        runs.append((losses, values(mine(trainer, features, head)[1])))
+    (losses, weights), (split_losses, split_weights) = runs
+    np.testing.assert_allclose(split_losses, losses, rtol=1e-12)
+    for a, b in zip(weights, split_weights):
+        np.testing.assert_allclose(b, a, rtol=1e-12, atol=ATOL)
+
+
+@pytest.mark.mpi(min_size=2)
+@ALSO_AT_TWO
+def test_micro_batches_move_the_same_activations_plus_one_batch_size_per_conv_worker():
+    trainer, _, _ = build(micro_batches=3)
+    x, y = share(0, 1)
+    loss = trainer.step(x, y)
+    sent, received = trainer.stats.last_sent, trainer.stats.last_received
+    s = conv_workers(1)
+    item = 8  # float64 activations, int64 labels
+    if trainer.role == "conv":
+        assert sent["activations"] == len(y) * (ACTIVATION + 1) * item
+        assert received["activation_gradients"] == len(y) * ACTIVATION * item
+        # Its batch size, and one loss per part.
+        assert sent["control"] == 8 and received["control"] == 3 * 8
+        # The loss is the mean over its samples, as without micro-batches.
+        features, head = features_and_head(seed=0)
+        np.testing.assert_allclose(loss, LOSS(y, head(features(x))).numpy(), rtol=1e-12)
+    else:
+        assert received["activations"] == len(global_batch(0)[1]) * (ACTIVATION + 1) * item
+        assert received["control"] == 8 * s and sent["control"] == 3 * 8 * s
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("micro_batches", [0, 1.5, True])
+def test_bad_micro_batches_fail_on_every_rank(micro_batches):
+    with pytest.raises(ValueError) as error:
+        build(micro_batches=micro_batches)
+    message = the_same_everywhere(error)
+    assert f"micro_batches={micro_batches!r} must be an integer of at least 1" in message
