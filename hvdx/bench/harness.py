@@ -35,7 +35,7 @@ import numpy as np
 from hvdx.bench.progress import TimeLeft, format_duration
 from hvdx.bench.strategies import STRATEGIES
 from hvdx.bench.workloads import WORKLOADS
-from hvdx.core.cost.verdict import PLAN_TOLERANCE, tied
+from hvdx.core.cost.verdict import COMPUTE_BOUND_WIRE_SHARE, PLAN_TOLERANCE, tied, wire_share
 from hvdx.info import usable_cores
 
 __all__ = ["Summary", "fastest_lines", "mean_step", "placement_hosts", "render_table",
@@ -116,6 +116,9 @@ class Summary:
     #: Of each step, the least mean time any rank spent waiting in hvdx's own exchanges
     #: (:func:`local_wait`): on localhost, ``hvdx plan --local-waits`` for this strategy.
     hvdx_wait_s: Optional[float] = None
+    #: Of :attr:`predicted_step_s`, the compute (or the local step) the plan priced:
+    #: the rest is wire (:func:`hvdx.core.cost.verdict.wire_share`).
+    predicted_compute_s: Optional[float] = None
 
     @property
     def prediction_error(self) -> Optional[float]:
@@ -217,6 +220,7 @@ def _add_predictions(rows: List[Summary], raw: List[Dict], spec,
         uncalibrated = predict(model_name, cluster, workload, **options)
         row.uncalibrated_step_s = uncalibrated.step_s
         row.predicted_step_s = row.uncalibrated_step_s
+        row.predicted_compute_s = uncalibrated.compute_s
         row.data_ranks = uncalibrated.data_ranks
         if calibration is not None:
             if row.workload in floors:
@@ -231,11 +235,12 @@ def _add_predictions(rows: List[Summary], raw: List[Dict], spec,
                 timed = dataclasses.replace(timed, sharded_topk_times={
                     float(m): [tuple(p) for p in points]
                     for m, points in result["sharded_topk_times"].items()})
-            row.predicted_step_s = predict(model_name, Cluster(**layout, calibration=timed),
-                                           workload, result.get("local_step_s"),
-                                           local_wait_s=result.get("local_wait_s"),
-                                           local_cores=result.get("local_cores"),
-                                           **options).step_s
+            calibrated = predict(model_name, Cluster(**layout, calibration=timed),
+                                 workload, result.get("local_step_s"),
+                                 local_wait_s=result.get("local_wait_s"),
+                                 local_cores=result.get("local_cores"), **options)
+            row.predicted_step_s = calibrated.step_s
+            row.predicted_compute_s = calibrated.compute_s
 
 
 def _add_speedups(rows: List[Summary]) -> None:
@@ -816,6 +821,18 @@ def fastest_lines(rows: List[Summary]) -> List[str]:
         planned = {r.strategy: r.predicted_step_s / r.data_ranks for r in priced}
         best, named = min(measured, key=measured.get), min(planned, key=planned.get)
         where = key[0] + (f" ({key[1]} placement)" if key[1] not in (None, "blocked") else "")
+        close = tied(planned)
+        first = next(r for r in priced if r.strategy == named)
+        if len(close) > 1 and first.predicted_compute_s is not None and \
+                wire_share(first.predicted_step_s, first.predicted_compute_s) < \
+                COMPUTE_BOUND_WIRE_SHARE:
+            # What hvdx plan says on these figures: no winner (hvdx.plan's verdict).
+            lines.append(f"{where}: fastest per batch {best} ({measured[best] * 1e3:.1f} ms "
+                         f"measured); mostly compute, the plan calls it too close to call "
+                         f"between {', '.join(close)}"
+                         + ("" if best in close else
+                            f", and {best} was not among them"))
+            continue
         verdict = "the plan names it" if named == best else (
             f"the plan names {named} ({planned[named] * 1e3:.1f} ms), which took "
             f"{measured[named] / measured[best] - 1:.0%} longer"

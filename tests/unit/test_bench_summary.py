@@ -120,5 +120,17 @@ def test_the_verdict_ranks_by_time_per_batch_and_says_when_the_plan_named_anothe
     assert fastest_lines(rows) == [
         "w: fastest per batch b (25.0 ms measured, 27.5 planned); the plan names stanza "
         "(23.3 ms), which took 20% longer; the plan had b within its 20% error of it"]
+    # Where the plan's steps are mostly compute and within 20% of each other, it names
+    # no winner, as hvdx plan does, and says whether the fastest was among them.
+    rows[2].predicted_step_s = 0.070
+    for row in rows:
+        row.predicted_compute_s = row.predicted_step_s * 0.9
+    assert fastest_lines(rows) == [
+        "w: fastest per batch b (25.0 ms measured); mostly compute, the plan calls it too "
+        "close to call between stanza, b"]
+    rows[1].predicted_step_s = 0.2  # b far behind in the plan: no tie, a winner named
+    rows[1].predicted_compute_s = 0.18
+    assert fastest_lines(rows)[0].endswith("the plan names stanza (23.3 ms), which took "
+                                           "20% longer")
     # Nothing priced (localhost): no verdict.
     assert fastest_lines([summarize(result("b", 0.1, CURVE), 0.9, "net")]) == []
