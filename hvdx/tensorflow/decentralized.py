@@ -52,7 +52,8 @@ from hvdx.tensorflow.mixing import (MixingState, average_over_all_ranks,
                                     mixing_keras_optimizer, mixing_tape, state_of)
 
 __all__ = ["DecentralizedState", "DecentralizedStats", "decentralized_state",
-           "make_decentralized_keras_optimizer", "make_decentralized_tape"]
+           "keras_adapter", "make_decentralized_keras_optimizer",
+           "make_decentralized_tape", "tape_adapter"]
 
 #: MPI tags of the fused buffers, per family: hvdx's communicator only (torch's are
 #: 0x4876 and 0x4877; one framework runs per process, but distinct tags cost nothing).
@@ -177,3 +178,19 @@ def make_decentralized_keras_optimizer(optimizer, sync: Decentralized, compressi
     ``backward_passes_per_step`` and its companions."""
     return mixing_keras_optimizer(DecentralizedState, optimizer, sync, compression,
                                   process_set, non_trainable_variables, **aggregation)
+
+
+# --- decentralized SGD's entries in hvdx.tensorflow.registry (the catalogue names them) --
+
+def tape_adapter(horovod, sync: Decentralized, args, gradtape):
+    """``DistributedGradientTape``: a graph-mixing tape in place of Horovod's."""
+    return make_decentralized_tape(gradtape, sync, args.compression, args.process_set,
+                                   args.non_trainable_variables, args.scale_local_gradients)
+
+
+def keras_adapter(horovod, sync: Decentralized, args, optimizer):
+    """Keras' ``DistributedOptimizer``: a graph-mixing optimizer in place of Horovod's."""
+    return make_decentralized_keras_optimizer(optimizer, sync, args.compression,
+                                              args.process_set,
+                                              args.non_trainable_variables,
+                                              **args.aggregation())

@@ -51,8 +51,8 @@ from hvdx.mpi.dssync_groups import DSSyncGroups, static_groups
 from hvdx.tensorflow.mixing import (MixingState, average_over_all_ranks,
                                     mixing_keras_optimizer, mixing_tape, state_of)
 
-__all__ = ["DSSyncState", "dssync_process_sets", "dssync_state",
-           "make_dssync_keras_optimizer", "make_dssync_tape"]
+__all__ = ["DSSyncState", "dssync_process_sets", "dssync_state", "keras_adapter",
+           "make_dssync_keras_optimizer", "make_dssync_tape", "tape_adapter"]
 
 def dssync_process_sets(sync: DSSync, size: int) -> List[_hvd.ProcessSet]:
     """The process sets to pass to ``hvd.init(process_sets=...)`` for static mode.
@@ -162,3 +162,17 @@ def make_dssync_keras_optimizer(optimizer, sync: DSSync, compression, process_se
     ``aggregation``: Horovod's ``backward_passes_per_step`` and its companions."""
     return mixing_keras_optimizer(DSSyncState, optimizer, sync, compression, process_set,
                                   non_trainable_variables, **aggregation)
+
+
+# --- DS-Sync's entries in hvdx.tensorflow.registry (the catalogue names them) ------------
+
+def tape_adapter(horovod, sync: DSSync, args, gradtape):
+    """``DistributedGradientTape``: a DS-Sync tape in place of Horovod's."""
+    return make_dssync_tape(gradtape, sync, args.compression, args.process_set,
+                            args.non_trainable_variables, args.scale_local_gradients)
+
+
+def keras_adapter(horovod, sync: DSSync, args, optimizer):
+    """Keras' ``DistributedOptimizer``: a DS-Sync optimizer in place of Horovod's."""
+    return make_dssync_keras_optimizer(optimizer, sync, args.compression, args.process_set,
+                                       args.non_trainable_variables, **args.aggregation())

@@ -49,7 +49,7 @@ from hvdx.tensorflow.jobs import job
 
 __all__ = ["MixingState", "average_over_all_ranks", "extra_variables", "loss_scaling",
            "make_mixing_keras_optimizer", "make_mixing_tape", "mixing_keras_optimizer",
-           "mixing_tape", "new_state", "state_of", "tape_state"]
+           "mixing_tape", "new_state", "state_of", "tape_counters", "tape_state"]
 
 # Run-time tape classes, one per (user tape class, state attribute).
 _TAPE_CLASSES: Dict[tuple, type] = {}
@@ -735,3 +735,9 @@ class _KerasMixing:
             if keep:
                 slots.append(v)
         return slots
+
+
+def tape_counters(tape, variables):
+    """The counters of DS-Sync's and the graphs' tapes (for the step log, through
+    :mod:`hvdx.tensorflow.registry`): the state the tape mixes with."""
+    return getattr(getattr(tape, "_hvdx_state", None), "hvdx_stats", None)

@@ -1,4 +1,6 @@
-"""Which TensorFlow adapter runs which hvdx strategy: the one place that names them.
+"""Which TensorFlow adapter runs which hvdx strategy, as the catalogue says
+(:mod:`hvdx.strategies.catalogue`: each descriptor's ``tensorflow_tape`` and
+``tensorflow_keras``; a new strategy changes nothing here).
 
 The entry points (:func:`hvdx.tensorflow.DistributedGradientTape`,
 :func:`hvdx.tensorflow.keras.DistributedOptimizer`) find the strategy among their
@@ -11,8 +13,9 @@ ranks itself, when it first sees them.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple
 
+from hvdx.strategies import catalogue
 from hvdx.strategy import Strategy, adapter_for, kept_for_every_rank
 
 __all__ = ["GradientArguments", "KERAS_ADAPTERS", "TAPE_ADAPTERS", "TAPE_COUNTERS",
@@ -45,76 +48,14 @@ class GradientArguments(NamedTuple):
                     scale_local_gradients=self.scale_local_gradients)
 
 
-def _topk_tape(horovod: Callable, strategy, args: GradientArguments, user):
-    from hvdx.tensorflow.topk import install_on_tape
-
-    return install_on_tape(horovod(), strategy, args.op, args.gradient_predivide_factor,
-                           args.process_set)
-
-
-def _topk_keras(horovod: Callable, strategy, args: GradientArguments, user):
-    from hvdx.tensorflow.topk import check_topk_arguments, install_on_keras_optimizer
-
-    check_topk_arguments(args.op, args.gradient_predivide_factor, strategy)  # first
-    return install_on_keras_optimizer(horovod(), strategy, args.op,
-                                      args.gradient_predivide_factor, args.process_set)
+#: Strategy name -> ``adapter(horovod, strategy, arguments, user_object)``: live views
+#: of the catalogue's ``tensorflow_tape`` and ``tensorflow_keras`` entries
+#: (:mod:`hvdx.strategies.catalogue`; a registered compressor's included).
+TAPE_ADAPTERS: Mapping[str, Callable] = catalogue.adapters("tensorflow_tape")
+KERAS_ADAPTERS: Mapping[str, Callable] = catalogue.adapters("tensorflow_keras")
 
 
-def _dssync_tape(horovod: Callable, strategy, args: GradientArguments, user):
-    from hvdx.tensorflow.dssync import make_dssync_tape
-
-    return make_dssync_tape(user, strategy, args.compression, args.process_set,
-                            args.non_trainable_variables, args.scale_local_gradients)
-
-
-def _dssync_keras(horovod: Callable, strategy, args: GradientArguments, user):
-    from hvdx.tensorflow.dssync import make_dssync_keras_optimizer
-
-    return make_dssync_keras_optimizer(user, strategy, args.compression, args.process_set,
-                                       args.non_trainable_variables, **args.aggregation())
-
-
-def _decentralized_tape(horovod: Callable, strategy, args: GradientArguments, user):
-    from hvdx.tensorflow.decentralized import make_decentralized_tape
-
-    return make_decentralized_tape(user, strategy, args.compression, args.process_set,
-                                   args.non_trainable_variables, args.scale_local_gradients)
-
-
-def _decentralized_keras(horovod: Callable, strategy, args: GradientArguments, user):
-    from hvdx.tensorflow.decentralized import make_decentralized_keras_optimizer
-
-    return make_decentralized_keras_optimizer(user, strategy, args.compression,
-                                              args.process_set,
-                                              args.non_trainable_variables,
-                                              **args.aggregation())
-
-
-def _user_compression_tape(horovod: Callable, strategy, args: GradientArguments, user):
-    from hvdx.tensorflow.user_compression import install_on_tape
-
-    return install_on_tape(horovod(), strategy, args.op, args.gradient_predivide_factor,
-                           args.process_set)
-
-
-def _user_compression_keras(horovod: Callable, strategy, args: GradientArguments, user):
-    from hvdx.tensorflow.user_compression import check_arguments, install_on_keras_optimizer
-
-    check_arguments(args.op, args.gradient_predivide_factor)  # before Horovod's own checks
-    return install_on_keras_optimizer(horovod(), strategy, args.op,
-                                      args.gradient_predivide_factor, args.process_set)
-
-
-#: Strategy name -> ``adapter(horovod, strategy, arguments, user_object)``.
-TAPE_ADAPTERS: Dict[str, Callable] = {
-    "topk": _topk_tape, "dssync": _dssync_tape, "decentralized": _decentralized_tape,
-    "user_compression": _user_compression_tape}
-KERAS_ADAPTERS: Dict[str, Callable] = {
-    "topk": _topk_keras, "dssync": _dssync_keras, "decentralized": _decentralized_keras,
-    "user_compression": _user_compression_keras}
-
-
-def _build(table: Dict[str, Callable], what: str, horovod: Callable,
+def _build(table: Mapping[str, Callable], what: str, horovod: Callable,
            strategy: Optional[Strategy], args: GradientArguments, user):
     if strategy is None:
         return horovod()
@@ -155,22 +96,9 @@ def checks_its_own_variables(strategy: Optional[Strategy]) -> bool:
     return strategy is not None and strategy.argument == "sync"
 
 
-def _topk_counters(tape, variables):
-    """TopK's counters: the state of the variables the tape reduced."""
-    from hvdx.tensorflow.topk import topk_state
-
-    local = getattr(tape, "_local_sources", ())  # Horovod keeps these out
-    return topk_state([v for v in variables if v.ref() not in local]).stats
-
-
-def _mixing_counters(tape, variables):
-    """DS-Sync's and the graphs' counters: the state the tape mixes with."""
-    return getattr(getattr(tape, "_hvdx_state", None), "hvdx_stats", None)
-
-
-#: Strategy name -> ``counters(tape, variables) -> hvdx_stats``, beside the adapters.
-TAPE_COUNTERS: Dict[str, Callable] = {
-    "topk": _topk_counters, "dssync": _mixing_counters, "decentralized": _mixing_counters}
+#: Strategy name -> ``counters(tape, variables) -> hvdx_stats``, beside the adapters
+#: (the catalogue's ``tensorflow_tape_counters`` entries).
+TAPE_COUNTERS: Mapping[str, Callable] = catalogue.adapters("tensorflow_tape_counters")
 
 
 def tape_counters(strategy: Optional[Strategy]) -> Optional[Callable]:

@@ -73,7 +73,8 @@ from hvdx.mpi.topk_sync import (TopKStats, TopKSynchronizer, check_saved_rank,
                                  first_nonfinite)
 
 __all__ = ["TopKState", "check_topk_arguments", "install_on_keras_optimizer",
-           "install_on_tape", "make_allreduce_grads", "topk_state"]
+           "install_on_tape", "keras_adapter", "make_allreduce_grads", "tape_adapter",
+           "tape_counters", "topk_state"]
 
 _OP_NAMES = {_hvd.Average: "Average", _hvd.Sum: "Sum", _hvd.Adasum: "Adasum"}
 
@@ -349,3 +350,25 @@ def install_on_keras_optimizer(opt, compression, op, gradient_predivide_factor,
             if hasattr(helper, attribute):
                 object.__setattr__(helper, attribute, allreduce_grads)
     return opt
+
+
+# --- TopK's entries in hvdx.tensorflow.registry (the catalogue names them) ---------------
+
+def tape_adapter(horovod, strategy: TopKCompression, args, user):
+    """``DistributedGradientTape``: Horovod's tape (``horovod()``), with TopK on it."""
+    return install_on_tape(horovod(), strategy, args.op, args.gradient_predivide_factor,
+                           args.process_set)
+
+
+def keras_adapter(horovod, strategy: TopKCompression, args, user):
+    """Keras' ``DistributedOptimizer``: Horovod's optimizer, with TopK on it; TopK's
+    arguments are checked before Horovod's own checks."""
+    check_topk_arguments(args.op, args.gradient_predivide_factor, strategy)
+    return install_on_keras_optimizer(horovod(), strategy, args.op,
+                                      args.gradient_predivide_factor, args.process_set)
+
+
+def tape_counters(tape, variables):
+    """TopK's counters: the state of the variables the tape reduced."""
+    local = getattr(tape, "_local_sources", ())  # Horovod keeps these out
+    return topk_state([v for v in variables if v.ref() not in local]).stats

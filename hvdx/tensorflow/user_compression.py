@@ -44,7 +44,7 @@ from hvdx.mpi.user_compression_exchange import UserCompressionSynchronizer
 from hvdx.tensorflow.topk import _SerializedResiduals as _Serialized
 
 __all__ = ["CompressionState", "compression_state", "install_on_keras_optimizer",
-           "install_on_tape"]
+           "install_on_tape", "keras_adapter", "tape_adapter"]
 
 
 def check_arguments(op, gradient_predivide_factor) -> None:
@@ -213,3 +213,20 @@ def install_on_keras_optimizer(opt, spec, op, gradient_predivide_factor, process
             if hasattr(helper, attribute):
                 object.__setattr__(helper, attribute, allreduce_grads)
     return opt
+
+
+# --- a registered compressor's entries in hvdx.tensorflow.registry (the catalogue names
+# them for every registered compressor) ---------------------------------------------------
+
+def tape_adapter(horovod, spec: UserCompression, args, user):
+    """``DistributedGradientTape``: Horovod's tape, with the compressor on it."""
+    return install_on_tape(horovod(), spec, args.op, args.gradient_predivide_factor,
+                           args.process_set)
+
+
+def keras_adapter(horovod, spec: UserCompression, args, user):
+    """Keras' ``DistributedOptimizer``: Horovod's optimizer, with the compressor on it;
+    the arguments are checked before Horovod's own checks."""
+    check_arguments(args.op, args.gradient_predivide_factor)
+    return install_on_keras_optimizer(horovod(), spec, args.op,
+                                      args.gradient_predivide_factor, args.process_set)

@@ -47,7 +47,8 @@ from hvdx.torch.host_buffers import family_dtype, pack, unpack
 from hvdx.torch.mixing_optimizer import (average_over_all_ranks, make_mixing_optimizer,
                                          tensor_bytes)
 
-__all__ = ["DecentralizedStats", "GraphMixer", "STATE_KEY", "make_decentralized_optimizer"]
+__all__ = ["DecentralizedStats", "GraphMixer", "STATE_KEY", "adapter",
+           "make_decentralized_optimizer"]
 
 #: Key of the decentralized entry in ``state_dict()``.
 STATE_KEY = "hvdx_decentralized"
@@ -275,3 +276,9 @@ def _discard_at_exit() -> None:
         except Exception:  # pragma: no cover - MPI may be gone after an abort
             pass
 
+
+def adapter(optimizer, sync: Decentralized, plan, args):
+    """Decentralized SGD's adapter in :mod:`hvdx.torch.registry` (the catalogue names
+    it)."""
+    return make_decentralized_optimizer(optimizer, args.named_parameters, sync, plan,
+                                        args.named_buffers)

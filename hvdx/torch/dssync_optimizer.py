@@ -40,8 +40,8 @@ from hvdx.optimizer_surface import dssync_groups
 from hvdx.torch.mixing_optimizer import (average_over_all_ranks, make_mixing_optimizer,
                                          tensor_bytes)
 
-__all__ = ["DSSyncStats", "GroupMixer", "LOOKAHEAD", "STATE_KEY", "dssync_process_sets",
-           "make_dssync_optimizer"]
+__all__ = ["DSSyncStats", "GroupMixer", "LOOKAHEAD", "STATE_KEY", "adapter",
+           "dssync_process_sets", "make_dssync_optimizer"]
 
 #: Key of the DS-Sync entry in ``state_dict()``.
 STATE_KEY = "hvdx_dssync"
@@ -127,3 +127,9 @@ class GroupMixer:
 
     def load_state(self, state) -> None:
         self.groups.load_state(state)
+
+
+def adapter(optimizer, sync: DSSync, plan, args):
+    """DS-Sync's adapter in :mod:`hvdx.torch.registry` (the catalogue names it)."""
+    return make_dssync_optimizer(optimizer, args.named_parameters, sync, plan.schedule,
+                                 args.named_buffers)

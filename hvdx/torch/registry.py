@@ -1,22 +1,26 @@
-"""Which PyTorch adapter runs which hvdx strategy: the one place that names them.
+"""Which PyTorch adapter runs which hvdx strategy, as the catalogue says.
 
 :func:`hvdx.torch.DistributedOptimizer` resolves the strategy it was given
 (:mod:`hvdx.strategy`), checks it across ranks, then calls :func:`build`, which looks
-the strategy's name up in :data:`ADAPTERS`. A new strategy is one entry here and one
-adapter module; the entry point does not change. Before the check, :func:`fit` lets a
-strategy settle what depends on the optimizer (:data:`FITS`).
+the strategy's name up in :data:`ADAPTERS`, a view of the catalogue
+(:mod:`hvdx.strategies.catalogue`: each descriptor's ``torch_adapter``). A new strategy
+is one descriptor there and its adapter module; neither this module nor the entry point
+changes. Before the check, :func:`fit` lets a strategy settle what depends on the
+optimizer (:data:`FITS`, the descriptors' ``torch_fit``).
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set, Tuple
+from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Set, Tuple
 
 import horovod.torch as _hvd
 
+from hvdx.strategies import catalogue
 from hvdx.strategy import Job, Strategy, adapter_for
 
-__all__ = ["ADAPTERS", "FITS", "OptimizerArguments", "build", "fit", "job"]
+__all__ = ["ADAPTERS", "FITS", "OptimizerArguments", "build", "fit", "job",
+           "outside_the_set"]
 
 
 class OptimizerArguments(NamedTuple):
@@ -41,10 +45,10 @@ def job(compression, process_set) -> Job:
                framework="torch")
 
 
-def _outside_the_set(optimizer, args: OptimizerArguments):
+def outside_the_set(optimizer, args: OptimizerArguments):
     """A compression strategy's optimizer on a rank outside ``process_set``: it
     synchronizes nothing and steps on its own gradients, as Horovod's optimizer does
-    there; that is Horovod's optimizer."""
+    there; that is Horovod's optimizer (the compression adapters return it)."""
     return _hvd.DistributedOptimizer(
         optimizer, named_parameters=args.named_parameters,
         backward_passes_per_step=args.backward_passes_per_step, op=args.op,
@@ -52,54 +56,16 @@ def _outside_the_set(optimizer, args: OptimizerArguments):
         sparse_as_dense=args.sparse_as_dense, process_set=args.process_set)
 
 
-def _topk(optimizer, strategy, plan, args: OptimizerArguments):
-    from hvdx.torch.topk_optimizer import make_topk_optimizer
-
-    if args.comm is None:
-        return _outside_the_set(optimizer, args)
-    return make_topk_optimizer(
-        optimizer, args.named_parameters, strategy, args.backward_passes_per_step,
-        args.op, args.gradient_predivide_factor, args.sparse_as_dense, args.process_set,
-        args.comm)
-
-
-def _dssync(optimizer, strategy, plan, args: OptimizerArguments):
-    from hvdx.torch.dssync_optimizer import make_dssync_optimizer
-
-    return make_dssync_optimizer(optimizer, args.named_parameters, strategy, plan.schedule,
-                                 args.named_buffers)
-
-
-def _decentralized(optimizer, strategy, plan, args: OptimizerArguments):
-    from hvdx.torch.decentralized_optimizer import make_decentralized_optimizer
-
-    return make_decentralized_optimizer(optimizer, args.named_parameters, strategy, plan,
-                                        args.named_buffers)
-
-
-def _user_compression(optimizer, strategy, plan, args: OptimizerArguments):
-    from hvdx.torch.user_compression import make_user_compression_optimizer
-
-    if args.comm is None:
-        return _outside_the_set(optimizer, args)
-    return make_user_compression_optimizer(
-        optimizer, args.named_parameters, strategy, args.backward_passes_per_step,
-        args.op, args.gradient_predivide_factor, args.comm)
-
-
-#: Strategy name -> ``adapter(optimizer, strategy, plan, arguments)``.
-ADAPTERS: Dict[str, Callable] = {
-    "topk": _topk,
-    "user_compression": _user_compression,
-    "dssync": _dssync,
-    "decentralized": _decentralized,
-}
+#: Strategy name -> ``adapter(optimizer, strategy, plan, arguments)``: a live view of
+#: the catalogue's ``torch_adapter`` entries (a registered compressor's included).
+ADAPTERS: Mapping[str, Callable] = catalogue.adapters("torch_adapter")
 
 
 def _fit_topk(spec, optimizer):
     """A TopK preset with this optimizer: DGC's momentum correction only where it
     applies (:func:`hvdx.topk_presets.for_optimizer`); rank 0 says once what it chose
-    and why."""
+    and why. (TopK's ``torch_fit`` in the catalogue; it stays here beside
+    :data:`_SAID`, the memory of what was said, which tests clear.)"""
     from hvdx.topk_presets import for_optimizer
 
     fitted, why = for_optimizer(spec, type(optimizer).__name__, optimizer.param_groups)
@@ -113,8 +79,9 @@ def _fit_topk(spec, optimizer):
     return fitted
 
 
-#: Strategy name -> ``fit(spec, optimizer)``: the spec as it runs with the optimizer.
-FITS: Dict[str, Callable] = {"topk": _fit_topk}
+#: Strategy name -> ``fit(spec, optimizer)``: the spec as it runs with the optimizer (a
+#: view of the catalogue's ``torch_fit`` entries).
+FITS: Mapping[str, Callable] = catalogue.adapters("torch_fit")
 
 #: ``(preset, reason)`` rank 0 has printed (once per process).
 _SAID: Set[Tuple[Optional[str], str]] = set()

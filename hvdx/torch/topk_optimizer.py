@@ -85,7 +85,7 @@ from hvdx.topk_presets import momentum_correction_refusal
 from hvdx.torch.finite import first_nonfinite
 from hvdx.torch.wrapping import subclass_of
 
-__all__ = ["TopKStats", "make_topk_optimizer", "STATE_KEY"]
+__all__ = ["STATE_KEY", "TopKStats", "adapter", "make_topk_optimizer"]
 
 #: The key of hvdx's state in :meth:`state_dict`.
 STATE_KEY = "hvdx_topk"
@@ -590,3 +590,16 @@ def _to_numpy(t) -> np.ndarray:
     if isinstance(t, torch.Tensor):
         return t.detach().to("cpu").numpy().copy()
     return np.asarray(t).copy()
+
+
+def adapter(optimizer, strategy: TopKCompression, plan, args):
+    """TopK's adapter in :mod:`hvdx.torch.registry` (the catalogue names it): hvdx's
+    TopK optimizer, or Horovod's on a rank outside ``process_set``."""
+    from hvdx.torch.registry import outside_the_set
+
+    if args.comm is None:
+        return outside_the_set(optimizer, args)
+    return make_topk_optimizer(
+        optimizer, args.named_parameters, strategy, args.backward_passes_per_step,
+        args.op, args.gradient_predivide_factor, args.sparse_as_dense, args.process_set,
+        args.comm)

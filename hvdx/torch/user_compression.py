@@ -34,7 +34,7 @@ from hvdx.mpi.user_compression_exchange import UserCompressionSynchronizer
 from hvdx.torch.topk_optimizer import _STEP_AFTER_SYNCHRONIZE
 from hvdx.torch.wrapping import subclass_of
 
-__all__ = ["STATE_KEY", "make_user_compression_optimizer"]
+__all__ = ["STATE_KEY", "adapter", "make_user_compression_optimizer"]
 
 #: The key of hvdx's state in :meth:`state_dict`.
 STATE_KEY = "hvdx_user_compression"
@@ -184,3 +184,16 @@ def _to_numpy(t) -> np.ndarray:
     if isinstance(t, torch.Tensor):
         return t.detach().to("cpu").numpy().copy()
     return np.asarray(t).copy()
+
+
+def adapter(optimizer, spec: UserCompression, plan, args):
+    """A registered compressor's adapter in :mod:`hvdx.torch.registry` (the catalogue
+    names it for every registered compressor): hvdx's optimizer with error feedback, or
+    Horovod's on a rank outside ``process_set``."""
+    from hvdx.torch.registry import outside_the_set
+
+    if args.comm is None:
+        return outside_the_set(optimizer, args)
+    return make_user_compression_optimizer(
+        optimizer, args.named_parameters, spec, args.backward_passes_per_step,
+        args.op, args.gradient_predivide_factor, args.comm)
