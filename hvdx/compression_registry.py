@@ -24,19 +24,73 @@ from __future__ import annotations
 
 import inspect
 import keyword
-from typing import Callable, ClassVar, Dict, List, Optional
+from typing import Callable, ClassVar, Dict, Iterator, List, MutableMapping, Optional
 
 from hvdx.core.user_compression import Compressor
+from hvdx.strategies import catalogue
+from hvdx.strategies.descriptor import Constructor, StrategyDescriptor, VARIABLES
 from hvdx.strategy import Strategy, kept_for_every_rank
 
 __all__ = ["RESERVED", "Registered", "UserCompression", "builder", "register_compressor", "registered"]
 
 #: Names that already mean something as ``hvd.Compression.<name>`` or in
-#: ``HVDX_COMPRESSION``.
-RESERVED = frozenset({"none", "fp16", "topk", "fast", "safe", "Compressor",
-                      "NoneCompressor", "FP16Compressor"})
+#: ``HVDX_COMPRESSION`` (Horovod's, and the built-in compressions' constructors and
+#: presets in the catalogue: ``topk``, ``fast``, ``safe``), or as a strategy's key in
+#: the catalogue, where a registered compressor becomes an entry of its own.
+RESERVED = frozenset({"none", "fp16", "Compressor", "NoneCompressor", "FP16Compressor"}) | \
+    frozenset(catalogue.environment_constructors(VARIABLES["compression"],
+                                                 built_in_only=True)) | \
+    frozenset(d.name for d in catalogue.BUILT_IN)
 
-_REGISTRY: Dict[str, type] = {}
+#: The strategy whose adapters every registered compressor runs with.
+_ADAPTERS_OF = "user_compression"
+
+
+class _Registry(MutableMapping):
+    """Registered name -> compressor class, kept in step with the catalogue: each name is
+    also a catalogue entry of kind ``compression`` (:func:`_descriptor`), so the
+    environment's names and the registries' views see it, and taking a name out here
+    takes it out there (tests restore the registry by clearing and refilling it)."""
+
+    def __init__(self):
+        self._classes: Dict[str, type] = {}
+
+    def __getitem__(self, name: str) -> type:
+        return self._classes[name]
+
+    def __setitem__(self, name: str, cls: type) -> None:
+        if self._classes.get(name) is cls:
+            return
+        catalogue.unregister(name)  # another class under this name (register_compressor
+        self._classes[name] = cls    # refuses that; a test may do it directly)
+        catalogue.register(_descriptor(name))
+
+    def __delitem__(self, name: str) -> None:
+        del self._classes[name]
+        catalogue.unregister(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._classes)
+
+    def __len__(self) -> int:
+        return len(self._classes)
+
+
+_REGISTRY: MutableMapping[str, type] = _Registry()
+
+
+def _descriptor(name: str) -> StrategyDescriptor:
+    """The catalogue entry of the compressor registered as ``name``: its constructor is
+    its builder (``HVDX_COMPRESSION=<name>(...)``); its adapters are those of
+    ``user_compression``, which its specs name (their ``name`` is that key)."""
+    shared = catalogue.descriptor(_ADAPTERS_OF)
+    return StrategyDescriptor(
+        name=name, kind="compression",
+        title=f"the registered compressor {name} with error feedback",
+        constructors=(Constructor(name, builder(name)),),
+        torch_adapter=shared.torch_adapter, tensorflow_tape=shared.tensorflow_tape,
+        tensorflow_keras=shared.tensorflow_keras, state_exports=shared.state_exports,
+        built_in=False)
 
 
 def register_compressor(name: str, compressor_class: type) -> None:
@@ -48,7 +102,8 @@ def register_compressor(name: str, compressor_class: type) -> None:
 
     Raises:
         ValueError: ``name`` is not an identifier, starts with ``_``, is reserved
-            (``none``, ``fp16``, ``topk``, the presets ``fast`` and ``safe``), or is
+            (``none``, ``fp16``, ``topk``, the presets ``fast`` and ``safe``, a
+            built-in strategy's key such as ``dssync``), or is
             registered with another class.
         TypeError: ``compressor_class`` is not a subclass of
             :class:`hvdx.core.user_compression.Compressor`.
@@ -59,7 +114,8 @@ def register_compressor(name: str, compressor_class: type) -> None:
                          "'_' (it is used as hvd.Compression.<name> and in "
                          "HVDX_COMPRESSION=<name>(...))")
     if name in RESERVED:
-        raise ValueError(f"name={name!r} is already hvdx's or Horovod's compression; "
+        raise ValueError(f"name={name!r} is already hvdx's or Horovod's compression or "
+                         "strategy; "
                          f"choose another name (taken: {sorted(RESERVED)})")
     if not (isinstance(compressor_class, type) and issubclass(compressor_class, Compressor)):
         raise TypeError(f"compressor_class={compressor_class!r} must be a subclass of "

@@ -48,26 +48,21 @@ import inspect
 import os
 from typing import Callable, Dict, Optional, Set, Tuple
 
-from hvdx.decentralized import Decentralized
-from hvdx.dssync import DSSync
 from hvdx.environment_variables import (COMPRESSION_VARIABLE, NONE_VALUES, SYNC_VARIABLE,
                                         asks_for_dssync, call_of, expression, refused)
-from hvdx.compression_registry import registered as registered_compressors
 from hvdx import log
 from hvdx.keywords import unexpected_keyword
+from hvdx.strategies import catalogue
+from hvdx.strategies.descriptor import load
 from hvdx.strategy import Strategy, kept_for_every_rank
-from hvdx.topk_presets import PRESETS
 
-__all__ = ["COMPRESSION_VARIABLE", "SYNC_VARIABLE", "asks_for_dssync", "check_at_init",
-           "choose", "forget", "parse"]
+__all__ = ["COMPRESSION_VARIABLE", "SYNC_VARIABLE", "accepted_names", "asks_for_dssync",
+           "check_at_init", "choose", "forget", "parse"]
 
 # (variable, value, builder) -> the spec built from it; (entry point, variable, value)
 # or (entry point, argument, setting) already printed by rank 0.
 _SPECS: Dict[Tuple[str, str, Callable], Strategy] = {}
 _SAID: Set[Tuple[str, str, str]] = set()
-
-_STRATEGY_NAMES = {"topk": "TopK", "dssync": "DS-Sync", "decentralized": "decentralized SGD",
-                   "user_compression": "a registered compressor with error feedback"}
 
 
 def choose(compression, sync, no_compression, topk: Callable, what: str):
@@ -115,21 +110,22 @@ def parse(variable: str, raw: str, topk: Optional[Callable] = None) -> Optional[
     if raw.strip() in NONE_VALUES:
         return None
     name, args, kwargs = call_of(variable, raw)
-    if variable == COMPRESSION_VARIABLE:
-        constructors: Dict[str, Callable] = {"topk": topk}
-        constructors.update(registered_compressors())  # hvdx.register_compressor
-        if name in PRESETS:
-            if not isinstance(expression(raw), ast.Name):
-                raise refused(variable, raw, f"the preset {name} is a bare name; give "
-                              f"arguments as topk(preset={name!r}, ...)")
-            name, kwargs = "topk", {"preset": name}
-    else:
-        constructors = {"DSSync": DSSync, "Decentralized": Decentralized}
-    if name not in constructors:
-        names = list(constructors) + (list(PRESETS) if variable == COMPRESSION_VARIABLE
-                                      else [])
-        raise refused(variable, raw, f"unknown name {name!r}{_closest(name, names)}")
-    constructor = constructors[name]
+    # The names come from the catalogue (registered compressors included); a preset is
+    # a bare name for a call of its constructor.
+    accepted = catalogue.environment_constructors(variable)
+    found = accepted.get(name)
+    if found is not None and found[0].preset is not None:
+        preset = found[0]
+        if not isinstance(expression(raw), ast.Name):
+            raise refused(variable, raw, f"the preset {name} is a bare name; give "
+                          f"arguments as {preset.calls}(preset={name!r}, ...)")
+        name, kwargs = preset.calls, {"preset": preset.preset}
+        found = accepted[name]
+    if found is None:
+        raise refused(variable, raw, f"unknown name {name!r}{_closest(name, accepted)}")
+    # The framework's own topk wins over the catalogue's framework-neutral one: its
+    # presets may differ (TensorFlow's leave DGC's momentum correction out).
+    constructor = topk if name == "topk" and topk is not None else load(found[0].build)
     signature = inspect.signature(constructor)
     unknown = unexpected_keyword(name, signature, kwargs)  # naming the closest keyword
     if unknown is not None:
@@ -147,6 +143,12 @@ def parse(variable: str, raw: str, topk: Optional[Callable] = None) -> Optional[
         object.__setattr__(spec, "error", refused(variable, raw, str(spec.error)))
     object.__setattr__(spec, "environment", (variable, raw))
     return spec
+
+
+def accepted_names(variable: str) -> Tuple[str, ...]:
+    """Every name ``variable`` accepts now (presets and registered compressors
+    included), in the catalogue's order."""
+    return tuple(catalogue.environment_constructors(variable))
 
 
 def _closest(name: str, names) -> str:
@@ -169,11 +171,10 @@ def check_at_init(variable: str, raw: Optional[str]) -> None:
     if raw is None or raw.strip() in NONE_VALUES:
         return
     name = call_of(variable, raw)[0]
-    if variable == COMPRESSION_VARIABLE and name != "topk" and name not in PRESETS:
+    if variable == COMPRESSION_VARIABLE and \
+            name not in catalogue.environment_constructors(variable, built_in_only=True):
         return
-    from hvdx.compression import topk
-
-    spec = parse(variable, raw, topk)
+    spec = parse(variable, raw)  # built by the catalogue's (framework-neutral) constructor
     if spec is not None and spec.error is not None:  # kept by the constructor
         raise spec.error
 
@@ -240,7 +241,15 @@ def _summary(spec: Strategy) -> str:
     if spec.name == "topk":
         way = "bidirectional" if spec.downlink_ratio is not None else "unidirectional"
         return f"{way} TopK, {spec.describe()[len('topk '):]}"
-    return f"{_STRATEGY_NAMES.get(spec.name, spec.name)}, {spec!r}"
+    return f"{_title(spec.name)}, {spec!r}"
+
+
+def _title(name: str) -> str:
+    """The strategy's human name (its descriptor's title), else its registry key."""
+    try:
+        return catalogue.descriptor(name).title
+    except KeyError:
+        return name
 
 
 def _name(argument) -> str:

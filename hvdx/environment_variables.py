@@ -16,13 +16,15 @@ from __future__ import annotations
 import ast
 from typing import Optional, Tuple
 
+from hvdx.strategies import catalogue
+from hvdx.strategies.descriptor import VARIABLES
 from hvdx.topk_presets import PRESETS
 
 __all__ = ["ACCEPTED", "COMPRESSION_VARIABLE", "NONE_VALUES", "SYNC_VARIABLE",
            "VariableError", "asks_for_dssync", "call_of", "expression", "refused"]
 
-COMPRESSION_VARIABLE = "HVDX_COMPRESSION"
-SYNC_VARIABLE = "HVDX_SYNC"
+COMPRESSION_VARIABLE = VARIABLES["compression"]
+SYNC_VARIABLE = VARIABLES["sync"]
 
 #: What each variable accepts, for error messages.
 ACCEPTED = {
@@ -52,11 +54,18 @@ class VariableError(ValueError):
 
 def asks_for_dssync(raw: Optional[str]) -> bool:
     """Whether ``HVDX_SYNC=raw`` names DS-Sync (``DSSync`` or ``DSSync(...)``), whatever
-    its arguments; ``False`` for anything unparsable (the entry point reports that)."""
+    its arguments; ``False`` for anything unparsable (the entry point reports that).
+
+    Read from the catalogue: the strategies whose descriptor says
+    ``dynamic_process_sets`` (DS-Sync registers its groups' process sets as it runs, so
+    ``hvd.init`` must start Horovod in dynamic-set mode for them).
+    """
     try:
-        return raw is not None and call_of(SYNC_VARIABLE, raw)[0] == "DSSync"
+        name = None if raw is None else call_of(SYNC_VARIABLE, raw)[0]
     except ValueError:
         return False
+    found = catalogue.environment_constructors(SYNC_VARIABLE).get(name)
+    return found is not None and found[1].dynamic_process_sets
 
 
 def expression(raw: str) -> ast.expr:
