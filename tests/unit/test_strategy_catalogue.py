@@ -1,0 +1,241 @@
+"""The catalogue of strategies is the one list: every built-in strategy appears once,
+every lazy path names something, and the tables that used to be keyed by name (the
+framework registries, the environment's names) are views of it, registered entries
+included."""
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+from hvdx import environment
+from hvdx.compression import topk
+from hvdx.environment_variables import COMPRESSION_VARIABLE, SYNC_VARIABLE, asks_for_dssync
+from hvdx.strategies import catalogue
+from hvdx.strategies.descriptor import (KINDS, VARIABLES, Constructor, StrategyDescriptor,
+                                        load)
+from hvdx.strategy import Strategy
+from hvdx.topk_presets import PRESETS
+
+BUILT_IN = {"topk", "user_compression", "dssync", "decentralized", "stanza"}
+FRAMEWORKS = ("torch", "tensorflow")
+
+#: Registry view -> the descriptor field it shows.
+TORCH_VIEWS = {"ADAPTERS": "torch_adapter", "FITS": "torch_fit"}
+TENSORFLOW_VIEWS = {"TAPE_ADAPTERS": "tensorflow_tape", "KERAS_ADAPTERS": "tensorflow_keras",
+                    "TAPE_COUNTERS": "tensorflow_tape_counters"}
+
+
+def _framework_of(path: str):
+    """The framework a lazy path's module belongs to, or ``None``."""
+    top = path.split(":")[0].split(".")
+    return top[1] if len(top) > 1 and top[1] in FRAMEWORKS else None
+
+
+def _importable(framework: str) -> bool:
+    try:
+        importlib.import_module(f"hvdx.{framework}")
+    except ImportError:
+        return False
+    return True
+
+
+class _DummySpec(Strategy):
+    name = "dummy_compression"
+    argument = "compression"
+
+    def __init__(self, level):
+        self.level = level
+
+    def fingerprint_settings(self, job, plan):
+        return [("dummy.level", self.level)]
+
+
+@pytest.fixture
+def dummy():
+    """A compression registered in the catalogue for one test, taken out afterwards."""
+
+    def build(level=1):
+        return _DummySpec(level)
+
+    entry = StrategyDescriptor(
+        name="dummy_compression", kind="compression", title="a dummy compression",
+        constructors=(Constructor("dummy", build),),
+        torch_adapter=catalogue.descriptor("user_compression").torch_adapter,
+        built_in=False)
+    catalogue.register(entry)
+    try:
+        yield entry
+    finally:
+        catalogue.unregister(entry.name)
+    assert "dummy_compression" not in {d.name for d in catalogue.all_descriptors()}
+    assert "dummy" not in environment.accepted_names(COMPRESSION_VARIABLE)
+
+
+def test_every_built_in_strategy_appears_once():
+    names = [d.name for d in catalogue.BUILT_IN]
+    assert sorted(names) == sorted(BUILT_IN)
+    assert len(names) == len(set(names))
+    constructors = [c.name for d in catalogue.BUILT_IN for c in d.constructors]
+    assert len(constructors) == len(set(constructors))
+    assert all(d.kind in KINDS and d.built_in and d.title for d in catalogue.BUILT_IN)
+
+
+def test_the_catalogue_imports_no_framework():
+    code = ("import sys, hvdx.strategies.catalogue, hvdx.environment\n"
+            "print(','.join(sorted(n for n in sys.modules if n.split('.')[0] in "
+            "('torch', 'tensorflow', 'horovod', 'mpi4py', 'keras'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == ""
+
+
+@pytest.mark.parametrize("name", sorted(BUILT_IN))
+def test_every_lazy_path_resolves(name):
+    entry = catalogue.descriptor(name)
+    checked = 0
+    for field, path in entry.lazy_paths():
+        framework = _framework_of(path)
+        if framework is not None and not _importable(framework):
+            continue  # that framework is not installed here
+        assert load(path) is not None, f"{name}.{field} = {path!r}"
+        checked += 1
+    assert checked or not entry.lazy_paths()
+
+
+def test_a_lazy_path_that_names_nothing_is_an_error():
+    with pytest.raises(AttributeError):
+        load("hvdx.compression:no_such_thing")
+    with pytest.raises(ValueError, match="module:attribute"):
+        load("hvdx.compression.topk")
+
+
+def test_the_cost_model_keys_are_layouts():
+    from hvdx.core.cost_model import STRATEGIES
+
+    keys = [d.cost_model for d in catalogue.BUILT_IN if d.cost_model is not None]
+    assert keys and set(keys) <= set(STRATEGIES)
+
+
+def test_topks_presets_are_the_presets():
+    entry = catalogue.descriptor("topk")
+    assert [c.name for c in entry.constructors if c.preset] == list(PRESETS)
+
+
+def _torch_registry():
+    if not _importable("torch"):
+        pytest.skip("PyTorch (or Horovod's torch) is not importable")
+    return importlib.import_module("hvdx.torch.registry")
+
+
+def _tensorflow_registry():
+    if not _importable("tensorflow"):
+        pytest.skip("TensorFlow (or Horovod's tensorflow) is not importable")
+    return importlib.import_module("hvdx.tensorflow.registry")
+
+
+def _expected(field: str):
+    return {d.name for d in catalogue.all_descriptors()
+            if d.kind in VARIABLES and getattr(d, field) is not None}
+
+
+def test_the_torch_registry_is_the_catalogue():
+    registry = _torch_registry()
+    for view, field in TORCH_VIEWS.items():
+        assert set(getattr(registry, view)) == _expected(field), view
+    assert set(registry.ADAPTERS) == {d.name for k in VARIABLES for d in catalogue.of_kind(k)}
+
+
+def test_the_tensorflow_registry_is_the_catalogue():
+    registry = _tensorflow_registry()
+    for view, field in TENSORFLOW_VIEWS.items():
+        assert set(getattr(registry, view)) == _expected(field), view
+    for view in ("TAPE_ADAPTERS", "KERAS_ADAPTERS"):
+        assert set(getattr(registry, view)) == \
+            {d.name for k in VARIABLES for d in catalogue.of_kind(k)}
+
+
+@pytest.mark.parametrize("variable", [COMPRESSION_VARIABLE, SYNC_VARIABLE])
+def test_the_environment_accepts_the_catalogues_names(variable):
+    kind = catalogue.variable_kind(variable)
+    names = [c.name for d in catalogue.of_kind(kind) for c in d.constructors]
+    assert list(environment.accepted_names(variable)) == names
+    assert VARIABLES[kind] == variable
+
+
+def test_the_environment_builds_with_the_catalogues_constructors():
+    assert environment.parse(SYNC_VARIABLE, "Decentralized").name == "decentralized"
+    assert environment.parse(SYNC_VARIABLE, "DSSync('shuffle', group_size=2)").name == "dssync"
+    assert environment.parse(COMPRESSION_VARIABLE, "safe", topk).preset == "safe"
+
+
+def test_dssync_is_the_strategy_that_asks_for_dynamic_process_sets():
+    dynamic = [d for d in catalogue.all_descriptors() if d.dynamic_process_sets]
+    assert [d.name for d in dynamic] == ["dssync"]
+    for constructor in dynamic[0].constructors:
+        assert asks_for_dssync(constructor.name)
+        assert asks_for_dssync(f"{constructor.name}()")
+
+
+def test_a_registered_descriptor_is_in_every_lookup(dummy):
+    assert catalogue.descriptor("dummy_compression") is dummy
+    assert dummy in catalogue.of_kind("compression")
+    assert dummy not in catalogue.of_kind("compression", built_in_only=True)
+    assert catalogue.environment_constructors(COMPRESSION_VARIABLE)["dummy"][1] is dummy
+    assert "dummy" in environment.accepted_names(COMPRESSION_VARIABLE)
+    assert "dummy" not in environment.accepted_names(SYNC_VARIABLE)
+    spec = environment.parse(COMPRESSION_VARIABLE, "dummy(level=3)", topk)
+    assert isinstance(spec, _DummySpec) and spec.level == 3
+    assert spec.environment == (COMPRESSION_VARIABLE, "dummy(level=3)")
+    registry = _torch_registry()
+    assert "dummy_compression" in registry.ADAPTERS
+    assert registry.ADAPTERS["dummy_compression"] is registry.ADAPTERS["user_compression"]
+
+
+def test_a_registered_compressor_is_a_catalogue_entry():
+    from hvdx import compression_registry
+    from hvdx.core.user_compression import Compressor
+
+    class Sign(Compressor):
+        def settings(self):
+            return {}
+
+    saved = dict(compression_registry._REGISTRY)
+    try:
+        compression_registry.register_compressor("catalogue_sign", Sign)
+        entry = catalogue.descriptor("catalogue_sign")
+        assert entry.kind == "compression" and not entry.built_in
+        assert entry.torch_adapter == catalogue.descriptor("user_compression").torch_adapter
+        assert "catalogue_sign" in environment.accepted_names(COMPRESSION_VARIABLE)
+    finally:
+        compression_registry._REGISTRY.clear()
+        compression_registry._REGISTRY.update(saved)
+    with pytest.raises(KeyError):
+        catalogue.descriptor("catalogue_sign")
+
+
+def test_the_catalogue_refuses_a_name_twice(dummy):
+    with pytest.raises(ValueError, match="already in the catalogue"):
+        catalogue.register(StrategyDescriptor(name="topk", kind="compression", title="x",
+                                              built_in=False))
+    with pytest.raises(ValueError, match="already accepts"):
+        catalogue.register(StrategyDescriptor(
+            name="other", kind="compression", title="x",
+            constructors=(Constructor("dummy", print),), built_in=False))
+    with pytest.raises(ValueError, match="built in"):
+        catalogue.unregister("dssync")
+    catalogue.register(dummy)  # the same entry again: nothing happens
+
+
+def test_a_malformed_descriptor_is_refused():
+    with pytest.raises(ValueError, match="kind="):
+        StrategyDescriptor(name="x", kind="optimizer", title="x")
+    with pytest.raises(ValueError, match="chosen by no variable"):
+        StrategyDescriptor(name="x", kind="trainer", title="x",
+                           constructors=(Constructor("X", print),))
+    with pytest.raises(ValueError, match="calls"):
+        StrategyDescriptor(name="x", kind="sync", title="x",
+                           constructors=(Constructor("p", preset="p", calls="X"),))
+    with pytest.raises(ValueError, match="build="):
+        Constructor("X")
