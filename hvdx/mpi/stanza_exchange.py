@@ -53,7 +53,7 @@ from mpi4py import MPI
 
 from hvdx.core.stanza_checks import target_error
 from hvdx.core.stanza_roles import CONV, FC, StanzaRoles, auto_fc_workers, median_probe
-from hvdx.mpi import sparse
+from hvdx.mpi import sparse, timeline
 
 __all__ = ["KINDS", "StanzaExchange", "StanzaStats", "agree_on_probe", "role_communicators"]
 
@@ -203,6 +203,7 @@ class StanzaExchange:
 
         ``sample_bytes``: bytes of one sample's activations (agreed at the first step).
         """
+        began = timeline.now() if timeline.active else 0
         pending = list(range(len(self.sources)))
         messages: List[Optional[MPI.Message]] = [None] * len(self.sources)
         sizes = [0] * len(self.sources)
@@ -224,6 +225,10 @@ class StanzaExchange:
                 pending.remove(k)
             if pending:
                 sparse.pause(spin_until)
+        if began:
+            # Until every conv worker's activations have arrived (to be received next).
+            timeline.record("HVDX_STANZA_ACTIVATIONS", f"stanza {self.role}", began, 0,
+                            sum(sizes) * sample_bytes)
         self._messages = messages
         return sizes
 
@@ -278,9 +283,13 @@ class StanzaExchange:
         """Sum ``buffer`` (1-D float32/float64) in place over the role communicator."""
         if self.role_comm.Get_size() == 1 or buffer.size == 0:
             return
+        began = timeline.now() if timeline.active else 0
         sparse.wait(self.role_comm.Iallreduce(MPI.IN_PLACE, [buffer, _MPI_FLOATS[buffer.dtype]],
                                               MPI.SUM))
         self.stats.count(kind, sent=buffer.nbytes, received=buffer.nbytes)
+        if began:
+            timeline.record(f"HVDX_STANZA_{kind.upper()}", f"stanza {self.role}", began,
+                            buffer.nbytes, buffer.nbytes)
 
     def wait(self) -> None:
         """Complete every request posted, then check the received sizes."""
@@ -296,8 +305,10 @@ class StanzaExchange:
         for i in indices:
             self._requests[i] = self._checks[i] = None
         statuses = [MPI.Status() for _ in requests]
+        began = timeline.now() if timeline.active and requests else 0
         if requests:
             sparse.wait_all(requests, statuses)
+        received = 0
         for status, check in zip(statuses, checks):
             if check is None:
                 continue
@@ -307,6 +318,12 @@ class StanzaExchange:
                 raise RuntimeError(f"hvdx.Stanza: rank {status.Get_source()} sent {count} "
                                    f"bytes of {what}, this rank expected {expected}")
             self.stats.count(kind, received=count)
+            received += count
+        if began:
+            # The wait for this step's messages from the other role (with none to
+            # receive: for its sends to complete).
+            timeline.record("HVDX_STANZA_WAIT" if received else "HVDX_STANZA_SENDS",
+                            f"stanza {self.role}", began, 0, received)
 
     def gather_all(self, value) -> list:
         """Every rank's (small, picklable) ``value``, in rank order (collective)."""

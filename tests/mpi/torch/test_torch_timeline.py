@@ -2,7 +2,7 @@
 
 A timeline is configured at ``hvd.init()`` (``HOROVOD_TIMELINE``), and this job's
 Horovod was initialised without one: the test shuts Horovod down, initialises it again
-with a timeline, trains a few TopK and decentralized steps, and closes the file both
+with a timeline, trains a few TopK, decentralized and Stanza steps, and closes the file both
 ways hvdx merges after (``hvd.stop_timeline()`` of ``HOROVOD_TIMELINE=DYNAMIC`` with
 ``hvd.start_timeline``, and ``hvd.shutdown()`` of ``HOROVOD_TIMELINE=<file>``); then it
 initialises Horovod as the conftest did, for the tests that follow.
@@ -49,9 +49,24 @@ def train(sync=None, compression=None, steps=STEPS):
         opt.step()
 
 
+def train_stanza(steps=STEPS):
+    """Stanza, the last rank the FC worker: rank 0, a conv worker, waits for its
+    activation gradients each step."""
+    torch.manual_seed(0)
+    features, head = nn.Sequential(nn.Linear(64, 16), nn.ReLU()), nn.Linear(16, 4)
+    opt = torch.optim.SGD(list(features.parameters()) + list(head.parameters()), lr=0.1)
+    trainer = hvd.Stanza(features, head, opt, fc_workers=1)
+    for _ in range(steps):
+        if trainer.role == "conv":
+            trainer.step(torch.randn(8, 64), torch.randint(0, 4, (8,)))
+        else:
+            trainer.step()
+
+
 def train_both():
     train(compression=hvd.Compression.topk(0.1, 0.1, min_size=16))
     train(sync=hvdx.Decentralized("one-peer-exp"))
+    train_stanza()
 
 
 def now_us():
@@ -77,13 +92,19 @@ def check(path, began, ended):
         {"HVDX_TOPK_FINITE_CHECK", "HVDX_TOPK_ALLTOALL", "HVDX_TOPK_SHARD_ALLGATHER"} <= \
         {e for row, e in exchanges if row == "hvdx: topk"}, exchanges
     assert ("hvdx: neighbors float32", "HVDX_NEIGHBOR_EXCHANGE") in exchanges, exchanges
+    assert ("hvdx: stanza conv", "HVDX_STANZA_WAIT") in exchanges, exchanges
     assert min(p for p in names if names[p].startswith("hvdx: ")) > \
         max(p for p in names if not names[p].startswith("hvdx: "))
     slack = 1000  # the timeline's start is rounded to microseconds by two clocks
     for e in ours:
         assert began - start - slack <= e["ts"] <= e["ts"] + e["dur"] <= \
             ended - start + slack, (e, began - start, ended - start)
-        assert e["args"]["bytes_sent"] > 0 and e["args"]["bytes_received"] > 0, e
+        if e["name"] == "HVDX_STANZA_SENDS":  # its sends' completion: nothing arrives
+            assert e["args"]["bytes_received"] == 0, e
+        elif names[e["pid"]].startswith("hvdx: stanza"):  # waits: what arrived
+            assert e["args"]["bytes_received"] > 0, e
+        else:
+            assert e["args"]["bytes_sent"] > 0 and e["args"]["bytes_received"] > 0, e
 
 
 def reinit(timeline):
