@@ -41,6 +41,7 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple
 import numpy as np
 
 from hvdx.keywords import unexpected_keyword
+from hvdx.strategies import catalogue
 
 __all__ = ["Job", "MixingStrategy", "Resolved", "Strategy", "adapter_for", "global_due",
            "kept_for_every_rank", "resolve", "several_ranks", "strategy_of",
@@ -225,16 +226,23 @@ def strategy_of(compression, sync) -> Optional[Strategy]:
                 "workers hold different parts of the model). Build it instead of "
                 "DistributedOptimizer, on every rank: trainer = hvd.Stanza(features, head, "
                 "optimizer, fc_workers=F), then loss = trainer.step(inputs, labels) each "
-                "step; or pass sync=hvdx.DSSync(...) / sync=hvdx.Decentralized(...).")
+                f"step; or pass {' / '.join(_sync_calls())}.")
         if not isinstance(sync, Strategy) or sync.argument != "sync":
             raise TypeError(
                 f"sync={sync!r} is not a synchronization strategy this hvdx release "
-                "provides; pass sync=hvdx.DSSync(...) or sync=hvdx.Decentralized(...), "
+                f"provides; pass {' or '.join(_sync_calls())}, "
                 "or sync=None for Horovod's gradient allreduce.")
         return sync
     if isinstance(compression, Strategy) and compression.argument == "compression":
         return compression
     return None
+
+
+def _sync_calls() -> List[str]:
+    """``sync=hvdx.DSSync(...)``, ... for the built-in synchronization strategies, as
+    the catalogue lists them (their constructors are ``hvdx``'s public names)."""
+    return [f"sync=hvdx.{c.name}(...)" for d in catalogue.of_kind("sync", built_in_only=True)
+            for c in d.constructors if c.preset is None]
 
 
 def _is_stanza(value) -> bool:

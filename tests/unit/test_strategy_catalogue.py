@@ -239,3 +239,13 @@ def test_a_malformed_descriptor_is_refused():
                            constructors=(Constructor("p", preset="p", calls="X"),))
     with pytest.raises(ValueError, match="build="):
         Constructor("X")
+
+
+def test_a_wrong_sync_names_the_catalogues_synchronization_strategies():
+    from hvdx.strategy import strategy_of
+
+    with pytest.raises(TypeError) as raised:
+        strategy_of(None, "DSSync")
+    for entry in catalogue.of_kind("sync"):
+        for constructor in entry.constructors:
+            assert f"sync=hvdx.{constructor.name}(...)" in str(raised.value)
