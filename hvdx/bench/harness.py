@@ -67,6 +67,7 @@ WARMUP_STEPS = 2
 #: that the local mean averages over as long a stretch of the machine's speed as the
 #: mean it prices: with 40 steps (5 s of TopK), the two local runs around one flat
 #: cluster run read 136 and 158 ms, and TopK's 98 cluster steps between them 129.
+#: A quick run's local runs take as many steps as its cluster runs.
 LOCAL_STEPS = 100
 
 
@@ -466,7 +467,7 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
         priced = cluster_used and calibrate
         left = TimeLeft(([CALIBRATION_ESTIMATE_S] if priced else []) +
                         [_run_estimate_s(spec if cluster_used else None, w, s,
-                                         steps or WORKLOADS[w].default_steps, ranks, priced,
+                                         steps or WORKLOADS[w].steps(full), ranks, priced,
                                          full)
                          for w in workloads for s, _ in runs])
         if priced:
@@ -475,6 +476,9 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
             left.finish()
         total = len(workloads) * len(runs)
         for w in workloads:
+            # A quick run's local runs take as many steps as its cluster runs (see
+            # LOCAL_STEPS).
+            local_count = LOCAL_STEPS if full else (steps or WORKLOADS[w].steps(full))
             for s, placement in runs:
                 where = f"{network}, {placement} placement" if cluster_used else network
                 say(f"[{len(raw) + 1}/{total}, {left.line()}] {w} with "
@@ -485,12 +489,12 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
                     # Just before the cluster run, so that both meet the machine in the
                     # same state (see LOCAL_STEPS).
                     local_steps[w, s] = _local_step(w, s, out_dir, ranks, timeout, say,
-                                                    spec, ranks_per_host)
+                                                    spec, ranks_per_host, local_count)
                 # The collectives the plan prices the run by, timed again around it.
                 retime = _retiming(w, s, calibration) if priced and full else None
                 again = [retime(cluster, ranks_per_host, out_dir, timeout, say)] \
                     if retime else []
-                result = run_one(cluster, w, s, steps or WORKLOADS[w].default_steps,
+                result = run_one(cluster, w, s, steps or WORKLOADS[w].steps(full),
                                  eval_every, out_dir, ranks, ranks_per_host, timeout, say,
                                  placement=placement)
                 if retime:
@@ -502,7 +506,7 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
                     # And, in a full run, just after it, once per strategy (see
                     # LOCAL_STEPS).
                     after = _local_step(w, s, out_dir, ranks, timeout, say, spec,
-                                        ranks_per_host) if full else None
+                                        ranks_per_host, local_count) if full else None
                     bracketed[w, s] = [local_steps[w, s]] + ([] if after is None
                                                              else [after])
                 if (w, s) in bracketed:
@@ -589,14 +593,16 @@ def _run_estimate_s(spec, workload: str, strategy: str, steps: int, ranks: int,
     if priced and model is not None:
         runs = 2 if full else 1
         jobs += runs  # (the collectives timed again are short: the pace absorbs them)
-        local = runs * LOCAL_STEPS * LOCAL_STEP_ESTIMATE_S
+        local = runs * (LOCAL_STEPS if full else steps) * LOCAL_STEP_ESTIMATE_S
     return jobs * LAUNCH_ESTIMATE_S + steps * step + local
 
 
 def _local_step(workload: str, strategy: str, out_dir: str, ranks: int, timeout: float,
-                say, spec=None, ranks_per_host: int = 1) -> Optional[LocalRun]:
+                say, spec=None, ranks_per_host: int = 1,
+                steps: int = LOCAL_STEPS) -> Optional[LocalRun]:
     """The strategy's mean step after :data:`WARMUP_STEPS` with every rank on this host,
-    talking through shared memory, :data:`LOCAL_STEPS` steps, and its ranks' waits
+    talking through shared memory, ``steps`` steps (:data:`LOCAL_STEPS` in a full run,
+    as many as the cluster run in a quick one), and its ranks' waits
     (:func:`local_wait`): the step the calibrated plan adds the cluster's wire to
     (:func:`_add_predictions`). A run that fails is said and gives ``None`` (the plan
     then takes the floor's step).
@@ -614,7 +620,7 @@ def _local_step(workload: str, strategy: str, out_dir: str, ranks: int, timeout:
         TOPOLOGY_ENV: f"{spec.racks}x{spec.hosts_per_rack}x{ranks_per_host}",
         "HVDX_CLUSTER_LINK_RATES": link_rates_value(spec)}
     try:
-        result = run_one(None, workload, strategy, LOCAL_STEPS, LOCAL_STEPS, local_dir,
+        result = run_one(None, workload, strategy, steps, steps, local_dir,
                          ranks, 1, timeout, lambda line: None, env=env)
     except RuntimeError as error:
         say(f"  {workload} / {strategy}: the local run failed "
@@ -623,7 +629,7 @@ def _local_step(workload: str, strategy: str, out_dir: str, ranks: int, timeout:
     step = mean_step(result["step_times"], result.get("schedule_period", 1))
     wait = local_wait(result)
     waited = "" if not wait else f", {wait * 1e3:.1f} ms of it waiting in hvdx's exchanges"
-    say(f"  {workload} / {strategy}: local step {step * 1e3:.1f} ms{waited} ({LOCAL_STEPS} "
+    say(f"  {workload} / {strategy}: local step {step * 1e3:.1f} ms{waited} ({steps} "
         "steps, every rank on this host)")
     return LocalRun(step, wait, usable_cores())
 
