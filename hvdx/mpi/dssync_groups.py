@@ -255,32 +255,90 @@ TABLE_RETRY_S = 5.0
 
 
 def registered_sets(horovod) -> Dict[Tuple[int, ...], object]:
-    """Every process set Horovod holds now, by its ranks.
+    """Every process set Horovod holds now but its global set, by its ranks.
 
     Workaround: Horovod has no public lookup of registered sets, and
-    ``add_process_set`` refuses a duplicate; this reads its own (internal) table.
-    Horovod reads that table without its lock (its docstring warns of "spurious
-    failures"), and a set its background thread is still setting up or tearing down
-    reads as "Horovod has not been initialized properly": while ``hvd.is_initialized()``
-    holds, the read is tried again, for up to :data:`TABLE_RETRY_S` seconds.
+    ``add_process_set`` refuses a duplicate; this reads its own table through its C
+    API (:func:`_read_table`). Horovod reads that table without its lock (its docstring
+    warns of "spurious failures"), and a set its background thread is still setting up
+    or tearing down reads as "Horovod has not been initialized properly": while
+    ``hvd.is_initialized()`` holds, the read is tried again, for up to
+    :data:`TABLE_RETRY_S` seconds. The global set is not read at all: after sets were
+    added and removed, Horovod 0.28.1 was seen, on one rank of four in about one job in
+    ten, to report its global set's ranks as "not initialized" for seconds while every
+    op still ran (so its own ``_get_process_set_ids_and_ranks`` failed there).
     """
-    deadline = time.monotonic() + TABLE_RETRY_S
+    began = time.monotonic()
     while True:
         try:
-            table = horovod.mpi_ops._basics._get_process_set_ids_and_ranks()
+            table = _read_table(horovod)
             break
-        except ValueError:
-            if not horovod.is_initialized() or time.monotonic() > deadline:
-                raise
+        except ValueError as error:
+            initialized = horovod.is_initialized()
+            waited = time.monotonic() - began
+            if not initialized or waited > TABLE_RETRY_S:
+                # What the table held, for the reader of a failure that cannot be
+                # made on demand (Horovod's own message says only "not initialized").
+                raise ValueError(f"{error} (hvdx read Horovod's process-set table for "
+                                 f"{waited:.2f} s; hvd.is_initialized()={initialized}; "
+                                 f"table: {_table_codes(horovod)})") from None
             time.sleep(0.01)
     out = {}
     for process_set_id, ranks in table.items():
-        if process_set_id == 0:
-            continue
         ps = horovod.ProcessSet(list(ranks))
         ps.process_set_id = process_set_id
         out[tuple(ranks)] = ps
     return out
+
+
+def _read_table(horovod) -> Dict[int, List[int]]:
+    """``{id: ranks}`` of every set in Horovod's table but the global set (id 0), read
+    as Horovod's ``_get_process_set_ids_and_ranks`` reads it, through the same C
+    functions; ``ValueError`` where Horovod's says "not initialized properly" of a set,
+    or where the table changed during the read (both read again by the caller)."""
+    import ctypes
+
+    basics = horovod.mpi_ops._basics
+    lib = basics.MPI_LIB_CTYPES
+    count = int(lib.horovod_number_of_process_sets())
+    ids = (ctypes.c_int * count)()
+    lib.horovod_process_set_ids(ids)
+    table = {}
+    for process_set_id in ids:
+        if process_set_id == 0:
+            continue
+        size = int(lib.horovod_process_set_size(ctypes.c_int(process_set_id)))
+        ranks = (ctypes.c_int * max(size, 0))()
+        read = int(lib.horovod_process_set_ranks(ctypes.c_int(process_set_id), ranks)) \
+            if size >= 0 else size
+        if basics.HOROVOD_PROCESS_SET_ERROR_INIT in (size, read):
+            raise ValueError("Horovod has not been initialized properly; use hvd.init().")
+        if size < 0 or read < 0:  # removed between the reads: read it all again
+            raise ValueError(f"Horovod's process-set table changed while hvdx read it "
+                             f"(set {process_set_id}: size {size}, ranks {read})")
+        table[int(process_set_id)] = list(ranks)
+    return table
+
+
+def _table_codes(horovod) -> str:
+    """Each id in Horovod's process-set table with the size and rank read its C API
+    returns (negative: Horovod's error codes), or why they could not be read."""
+    try:
+        lib = horovod.mpi_ops._basics.MPI_LIB_CTYPES
+        import ctypes
+
+        count = int(lib.horovod_number_of_process_sets())
+        ids = (ctypes.c_int * count)()
+        lib.horovod_process_set_ids(ids)
+        codes = []
+        for i in ids:
+            size = int(lib.horovod_process_set_size(ctypes.c_int(i)))
+            ranks = (ctypes.c_int * max(size, 0))()
+            read = int(lib.horovod_process_set_ranks(ctypes.c_int(i), ranks))
+            codes.append(f"id {i}: size {size}, ranks read {read} {list(ranks)}")
+        return "; ".join(codes) or "empty"
+    except Exception as error:  # noqa: BLE001 (diagnostics only)
+        return f"unreadable ({type(error).__name__}: {error})"
 
 
 def dynamic_process_sets() -> bool:
