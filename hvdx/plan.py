@@ -47,7 +47,7 @@ import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from hvdx.cli_help import DefaultsHelpFormatter
-from hvdx.core.cost.verdict import COMPUTE_BOUND_WIRE_SHARE, PLAN_TOLERANCE, tied, wire_share
+from hvdx.core.cost.verdict import PLAN_TOLERANCE, compute_bound, tied, wire_share
 from hvdx.core.cost_model import (
     DEFAULT_STRATEGIES,
     PLACEMENTS,
@@ -449,7 +449,7 @@ def _winner(rows: List[Dict[str, object]]) -> Dict[str, object]:
             "faster_model_only": [r["label"] for r in ranked
                                   if r["model_only"] and r["vs_horovod"] > best["vs_horovod"]],
             "tied": close[1:], "wire_share": share,
-            "compute_bound": share < COMPUTE_BOUND_WIRE_SHARE}
+            "compute_bound": compute_bound(best["step_ms"], best["compute_ms"])}
 
 
 def _sweep_point(cluster: Cluster, workload: Workload, options: Dict[str, object],

@@ -35,7 +35,7 @@ import numpy as np
 from hvdx.bench.progress import TimeLeft, format_duration
 from hvdx.bench.strategies import STRATEGIES
 from hvdx.bench.workloads import WORKLOADS
-from hvdx.core.cost.verdict import COMPUTE_BOUND_WIRE_SHARE, PLAN_TOLERANCE, tied, wire_share
+from hvdx.core.cost.verdict import PLAN_TOLERANCE, compute_bound, tied
 from hvdx.info import usable_cores
 
 __all__ = ["Summary", "fastest_lines", "mean_step", "placement_hosts", "render_table",
@@ -830,8 +830,7 @@ def fastest_lines(rows: List[Summary]) -> List[str]:
         close = tied(planned)
         first = next(r for r in priced if r.strategy == named)
         if len(close) > 1 and first.predicted_compute_s is not None and \
-                wire_share(first.predicted_step_s, first.predicted_compute_s) < \
-                COMPUTE_BOUND_WIRE_SHARE:
+                compute_bound(first.predicted_step_s, first.predicted_compute_s):
             # What hvdx plan says on these figures: no winner (hvdx.plan's verdict).
             lines.append(f"{where}: fastest per batch {best} ({measured[best] * 1e3:.1f} ms "
                          f"measured); mostly compute, the plan calls it too close to call "

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import List, Mapping
 
-__all__ = ["COMPUTE_BOUND_WIRE_SHARE", "PLAN_TOLERANCE", "tied", "wire_share"]
+__all__ = ["COMPUTE_BOUND_WIRE_SHARE", "PLAN_TOLERANCE", "compute_bound", "tied",
+           "wire_share"]
 
 #: The plan's error bar: all 42 rows of six calibrated runs of digits_vgg were within it.
 PLAN_TOLERANCE = 0.20
@@ -58,3 +59,10 @@ def wire_share(step_s: float, compute_s: float) -> float:
     if not step_s > 0:
         raise ValueError(f"step_s={step_s!r} must be a positive time")
     return min(1.0, max(0.0, (step_s - compute_s) / step_s))
+
+
+def compute_bound(step_s: float, compute_s: float) -> bool:
+    """Whether a predicted step is mostly compute: its :func:`wire_share` is under
+    :data:`COMPUTE_BOUND_WIRE_SHARE`. With any strategy tied with the fastest, a verdict
+    then names no winner (step 3 above)."""
+    return wire_share(step_s, compute_s) < COMPUTE_BOUND_WIRE_SHARE
