@@ -89,7 +89,9 @@ def _descriptor(name: str) -> StrategyDescriptor:
         title=f"the registered compressor {name} with error feedback",
         constructors=(Constructor(name, builder(name)),),
         torch_adapter=shared.torch_adapter, tensorflow_tape=shared.tensorflow_tape,
-        tensorflow_keras=shared.tensorflow_keras, state_exports=shared.state_exports,
+        tensorflow_keras=shared.tensorflow_keras,
+        tensorflow_tape_counters=shared.tensorflow_tape_counters,
+        state_exports=shared.state_exports,
         built_in=False)
 
 

@@ -31,7 +31,8 @@ __all__ = ["BUILT_IN", "adapters", "all_descriptors", "descriptor", "environment
 _USER_COMPRESSION = dict(
     torch_adapter="hvdx.torch.user_compression:adapter",
     tensorflow_tape="hvdx.tensorflow.user_compression:tape_adapter",
-    tensorflow_keras="hvdx.tensorflow.user_compression:keras_adapter")
+    tensorflow_keras="hvdx.tensorflow.user_compression:keras_adapter",
+    tensorflow_tape_counters="hvdx.tensorflow.user_compression:tape_counters")
 
 #: The built-in strategies, each once.
 BUILT_IN: Tuple[StrategyDescriptor, ...] = (

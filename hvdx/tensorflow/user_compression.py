@@ -39,12 +39,13 @@ import tensorflow as tf
 
 from hvdx.compression_registry import UserCompression
 from hvdx.mpi import communicator_for
-from hvdx.mpi.user_compression_exchange import UserCompressionSynchronizer
+from hvdx.mpi.user_compression_exchange import (UserCompressionStats,
+                                                UserCompressionSynchronizer)
 # One string that the owner's _serialize/_deserialize make, as TopK's residuals are saved.
 from hvdx.tensorflow.topk import _SerializedResiduals as _Serialized
 
 __all__ = ["CompressionState", "compression_state", "install_on_keras_optimizer",
-           "install_on_tape", "keras_adapter", "tape_adapter"]
+           "install_on_tape", "keras_adapter", "tape_adapter", "tape_counters"]
 
 
 def check_arguments(op, gradient_predivide_factor) -> None:
@@ -61,7 +62,9 @@ class CompressionState(tf.Module):
     """Residuals and step counter of one registered compressor's run, checkpointable.
 
     Bound on the first synchronization to the variables and the spec; a checkpoint
-    restored before that is applied then.
+    restored before that is applied then. :attr:`stats` counts the bytes of its
+    exchanges (``total_sent``, ``total_received``, ``steps``), as ``hvdx_stats`` does in
+    PyTorch; it exists before the first step, so the step log can hold it from the start.
     """
 
     def __init__(self, name: str = "hvdx_compression"):
@@ -70,6 +73,11 @@ class CompressionState(tf.Module):
         self._synchronizer: Optional[UserCompressionSynchronizer] = None
         self._spec: Optional[UserCompression] = None
         self._pending: Optional[dict] = None
+        self._stats = UserCompressionStats()
+
+    @property
+    def stats(self) -> UserCompressionStats:
+        return self._stats
 
     @property
     def synchronizer(self) -> Optional[UserCompressionSynchronizer]:
@@ -86,6 +94,7 @@ class CompressionState(tf.Module):
         sync = self._synchronizer
         if sync is None:
             sync = UserCompressionSynchronizer(names, spec.compressor, comm, sum_op, labels)
+            sync.stats = self._stats  # the counters the state handed out already
             if self._pending is not None:
                 sync.load_state_dict(self._pending)
                 self._pending = None
@@ -200,6 +209,7 @@ def install_on_keras_optimizer(opt, spec, op, gradient_predivide_factor, process
     check_arguments(op, gradient_predivide_factor)
     state = CompressionState()
     opt.hvdx_compression = state
+    opt.hvdx_stats = state.stats  # as TopK's optimizer: the step log reads it
     if getattr(opt, "_lookup_dependency", None) is not None:
         # Legacy (OptimizerV2) optimizers: build the table of dependencies, then track.
         opt._maybe_initialize_trackable()
@@ -230,3 +240,10 @@ def keras_adapter(horovod, spec: UserCompression, args, user):
     check_arguments(args.op, args.gradient_predivide_factor)
     return install_on_keras_optimizer(horovod(), spec, args.op,
                                       args.gradient_predivide_factor, args.process_set)
+
+
+def tape_counters(tape, variables):
+    """A registered compressor's counters for the step log (through
+    :mod:`hvdx.tensorflow.registry`): the state of the variables the tape reduced."""
+    local = getattr(tape, "_local_sources", ())  # Horovod keeps these out
+    return compression_state([v for v in variables if v.ref() not in local]).stats

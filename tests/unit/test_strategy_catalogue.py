@@ -206,7 +206,11 @@ def test_a_registered_compressor_is_a_catalogue_entry():
         compression_registry.register_compressor("catalogue_sign", Sign)
         entry = catalogue.descriptor("catalogue_sign")
         assert entry.kind == "compression" and not entry.built_in
-        assert entry.torch_adapter == catalogue.descriptor("user_compression").torch_adapter
+        shared = catalogue.descriptor("user_compression")
+        assert entry.torch_adapter == shared.torch_adapter
+        # TensorFlow's tapes log its bytes as PyTorch's optimizer does (hvdx_stats).
+        assert entry.tensorflow_tape_counters == shared.tensorflow_tape_counters \
+            == "hvdx.tensorflow.user_compression:tape_counters"
         assert "catalogue_sign" in environment.accepted_names(COMPRESSION_VARIABLE)
     finally:
         compression_registry._REGISTRY.clear()

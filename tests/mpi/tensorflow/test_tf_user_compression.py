@@ -9,15 +9,18 @@ import pathlib
 import shutil
 import sys
 import tempfile
+import types
 import zlib
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from mpi4py import MPI
 
 import hvdx
 import hvdx.tensorflow as hvd
 import hvdx.tensorflow.keras as hvd_keras
+from hvdx import step_log
 from hvdx.compression_registry import UserCompression
 from hvdx.core.user_compression import Compressor
 
@@ -328,3 +331,42 @@ def test_a_spec_built_inside_a_tf_function_is_the_same_compression():
 
     assert_close(run_tape(step, 3), reference(ScaledSign(0.5), 3))
     assert hvd.Compression.tf_scaled_sign.hvdx_builds == "compression"
+
+
+# At 2 ranks only, as the step log's test of Horovod's and TopK's tapes
+# (tests/mpi/tensorflow/test_tf_dropin.py).
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() != 2, reason="run at 2 ranks")
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "tf.function"])
+def test_the_step_log_counts_a_registered_compressors_bytes(compiled, monkeypatch,
+                                                            tmp_path):
+    """HVDX_BENCH_STEP_LOG (``hvdx bench --script``): a tape running a registered
+    compressor logs its byte counters (``hvdx_stats``), as TopK's tape and PyTorch's
+    optimizer do, and the gradients are the reference's."""
+    monkeypatch.setenv(step_log.VARIABLE, str(tmp_path / "steps"))
+    monkeypatch.setattr(step_log, "_WATCHES", [])
+    monkeypatch.setattr(step_log, "_RANK", [])
+    monkeypatch.setattr(step_log, "_TF_WATCHES", {})
+    monkeypatch.setattr(step_log, "atexit", types.SimpleNamespace(register=lambda *a: None))
+    ws = variables()
+    got = run_tape(tape_step(ws, compiled, compression=hvd.Compression.tf_random_k(5, seed=3)),
+                   3)
+    monkeypatch.delenv(step_log.VARIABLE)
+    assert_close(got, reference(RandomK(5, seed=3), 3))
+    [watch] = step_log._WATCHES
+    figures = watch.figures()
+    assert len(figures["times"]) == 3
+    stats = hvd.compression_state(ws).stats
+    assert figures["hvdx_stats"] == {"total_sent": float(stats.total_sent),
+                                     "total_received": float(stats.total_received),
+                                     "steps": 3.0}
+    assert stats.total_sent > 0 and stats.total_received > 0
+
+
+@pytest.mark.mpi(min_size=1)
+def test_keras_carries_a_registered_compressors_counters():
+    optimizer = hvd_keras.DistributedOptimizer(
+        tf.keras.optimizers.SGD(0.1), compression=hvd_keras.Compression.tf_random_k(4))
+    assert optimizer.hvdx_stats is optimizer.hvdx_compression.stats
+    keras_steps(optimizer, variables(), 2)
+    assert optimizer.hvdx_stats.steps == 2 and optimizer.hvdx_stats.total_sent > 0
