@@ -281,7 +281,12 @@ def placement_hosts(spec, placement: str) -> List[int]:
 
 def _launch_command(cluster, ranks_per_host: int, argv: List[str], ranks: int,
                     strategy_env: Dict[str, str], placement: str = "blocked"):
-    env = {"OMP_NUM_THREADS": "1", **strategy_env}  # for mpirun to hand to every rank
+    from hvdx.bench import pinning
+
+    # Every rank on one core of this machine (:mod:`hvdx.bench.pinning`): with ranks
+    # outnumbering the cores, the scheduler alone made the same run's step vary 2.5x.
+    argv = pinning.command(argv)
+    env = {"OMP_NUM_THREADS": "1", pinning.PIN_ENV: pinning.cores_value(), **strategy_env}
     if cluster is None:
         return ["mpirun", "-n", str(ranks)] + argv, env
     from hvdx.bench.run_environment import IFACE_ENV, PLACEMENT_ENV
@@ -744,12 +749,13 @@ def _calibration_job(cluster, ranks_per_host: int, path: str, options: List[str]
     cluster, its progress said; the calibration it wrote, or ``None``, said."""
     from hvdx.cluster import mpiexec_command
     from hvdx.core.calibration import Calibration
+    from hvdx.bench import pinning
 
     if os.path.exists(path):
         os.remove(path)  # a file left by an earlier run must not pass for this one's
-    command = mpiexec_command(cluster, [sys.executable, "-m", "hvdx.mpi.calibrate", "--out",
-                                        path] + options, ppn=ranks_per_host,
-                              env={"OMP_NUM_THREADS": "1"})
+    command = mpiexec_command(cluster, pinning.command(
+        [sys.executable, "-m", "hvdx.mpi.calibrate", "--out", path] + options),
+        ppn=ranks_per_host, env={"OMP_NUM_THREADS": "1", pinning.PIN_ENV: pinning.cores_value()})
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     # A job that hangs is killed after ``timeout`` and counts as failed.
