@@ -18,7 +18,6 @@ from typing import Optional, Tuple
 
 from hvdx.strategies import catalogue
 from hvdx.strategies.descriptor import VARIABLES
-from hvdx.topk_presets import PRESETS
 
 __all__ = ["ACCEPTED", "COMPRESSION_VARIABLE", "NONE_VALUES", "SYNC_VARIABLE",
            "VariableError", "asks_for_dssync", "call_of", "expression", "refused"]
@@ -26,15 +25,26 @@ __all__ = ["ACCEPTED", "COMPRESSION_VARIABLE", "NONE_VALUES", "SYNC_VARIABLE",
 COMPRESSION_VARIABLE = VARIABLES["compression"]
 SYNC_VARIABLE = VARIABLES["sync"]
 
-#: What each variable accepts, for error messages.
-ACCEPTED = {
-    COMPRESSION_VARIABLE: "none, " + ", ".join(PRESETS) + ", topk or topk(...) with "
-                          "literal arguments, e.g. \"topk(0.01, 0.01)\" or "
-                          "\"topk(preset='safe', downlink_ratio=0.05)\"",
-    SYNC_VARIABLE: "none, DSSync, Decentralized, or a call of either with literal "
-                   "arguments, e.g. \"DSSync(intra_phases=4)\" or "
-                   "\"Decentralized(topology='one-peer-exp')\"",
-}
+
+def _accepted(variable: str) -> str:
+    """What ``variable`` accepts, from the catalogue's built-in strategies of its kind:
+    ``none``, the presets, the constructors, and each strategy's ``examples``."""
+    entries = catalogue.of_kind(catalogue.variable_kind(variable), built_in_only=True)
+    builders = [c.name for d in entries for c in d.constructors if c.preset is None]
+    presets = [c.name for d in entries for c in d.constructors if c.preset is not None]
+    names = ", ".join(["none"] + presets + builders)
+    if len(builders) == 1:
+        calls = f"{names} or {builders[0]}(...)"
+    else:
+        calls = f"{names}, or a call of {'either' if len(builders) == 2 else 'any of them'}"
+    examples = " or ".join(f'"{e}"' for d in entries for e in d.examples)
+    return f"{calls} with literal arguments, e.g. {examples}"
+
+
+#: What each variable accepts, for error messages (the built-in strategies: a
+#: registered compressor's name is accepted too, and named where it is the closest).
+ACCEPTED = {variable: _accepted(variable) for variable in (COMPRESSION_VARIABLE,
+                                                            SYNC_VARIABLE)}
 
 #: Words that mean "no hvdx strategy", as an unset variable.
 NONE_VALUES = ("", "none")

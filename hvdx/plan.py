@@ -141,16 +141,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     work.add_argument("--fc-compute-fraction", type=float, default=0.01,
                       help="share of compute in the FC layers")
     opts = parser.add_argument_group("strategy options")
-    opts.add_argument("--ratio", type=float, default=0.01, help="topk: uplink ratio")
-    opts.add_argument("--downlink-ratio", type=float,
-                      help="topk sharded: downlink ratio (default: --ratio)")
-    opts.add_argument("--intra-phases", type=int, default=1,
-                      help="dssync: intra-rack phases per cross-rack phase")
-    opts.add_argument("--cross-ranks", type=int,
-                      help="dssync: ranks per rack in a cross phase (default: all)")
-    opts.add_argument("--fc-workers", type=int, default=1, help="stanza: FC workers")
-    opts.add_argument("--mix-every", type=int, default=1,
-                      help="decentralized: mix every N steps, local steps between")
+    for option in _plan_options():  # each strategy's, from the catalogue
+        opts.add_argument(option.flag, type=option.type, default=option.default,
+                          help=option.help)
     parser.add_argument("--sweep", nargs="?", const="default", metavar="VALUES",
                         help="comma-separated uplink rates (100mbit,1gbit) or oversubscription "
                              "ratios (1,4,16); alone: ratios 1 to 64 (default: no sweep)")
@@ -288,13 +281,20 @@ def _times_by_strategy(text: Optional[str], flag: str) -> Dict[str, float]:
     return times
 
 
+def _plan_options():
+    """The strategy options of the built-in strategies (their descriptors'
+    ``plan_options``), in catalogue order."""
+    from hvdx.strategies.catalogue import BUILT_IN
+
+    return [option for entry in BUILT_IN for option in entry.plan_options]
+
+
 def _options(args: argparse.Namespace) -> Dict[str, object]:
-    options = {"ratio": args.ratio, "intra_phases": args.intra_phases,
-               "fc_workers": args.fc_workers, "mix_every": args.mix_every}
-    if args.downlink_ratio is not None:
-        options["downlink_ratio"] = args.downlink_ratio
-    if args.cross_ranks is not None:
-        options["cross_ranks"] = args.cross_ranks
+    """The strategy options given or defaulted, by the cost model's names."""
+    options = {}
+    for option in _plan_options():
+        if getattr(args, option.dest) is not None:
+            options[option.dest] = getattr(args, option.dest)
     return options
 
 
@@ -389,32 +389,46 @@ def run_line(entry, options: Dict[str, object], cluster: Cluster) -> Optional[st
     options)``) with the shared ``options`` on ``cluster``: the entry point's argument
     (the same call goes in ``HVDX_COMPRESSION`` / ``HVDX_SYNC``), and the TopK preset
     that sends the same bytes; ``None`` for a model-only strategy."""
+    from hvdx.strategies.catalogue import BUILT_IN
+    from hvdx.strategies.descriptor import load
+
     name, own = (entry, {}) if isinstance(entry, str) else entry
     given = dict(options, **own)
     if name in MODEL_ONLY:
         return None
     if name == "horovod":
         return "hvd.DistributedOptimizer(optimizer, ...), no hvdx argument (Horovod's own)"
-    if name == "topk":
-        return _topk_line(given, cluster.ranks)
-    if name == "dssync":  # the model's default crosses with every rank of a rack
-        cross = given.get("cross_ranks") or cluster.ranks_per_rack
-        return (f"sync=hvdx.DSSync(intra_phases={given.get('intra_phases', 1)!r}, "
-                f"cross_ranks={cross!r})")
-    if name == "decentralized":
-        arguments = [repr(given.get("topology", "one-peer-exp"))]
-        if given.get("order", "adapt_then_combine") != "adapt_then_combine":
-            arguments.append(f"order={given['order']!r}")
-        if given.get("mix_every", 1) != 1:
-            arguments.append(f"mix_every={given['mix_every']!r}")
-        return f"sync=hvdx.Decentralized({', '.join(arguments)})"
-    if name == "stanza":
-        return (f"hvd.Stanza(features, head, optimizer, fc_workers="
-                f"{given.get('fc_workers', 1)!r}), in code only")
-    return None
+    # Each strategy's own line (its descriptor's plan_line), by its cost model key.
+    line = next((d.plan_line for d in BUILT_IN if d.cost_model == name and d.plan_line),
+                None)
+    return None if line is None else load(line)(given, cluster)
 
 
-def _topk_line(given: Dict[str, object], ranks: int) -> str:
+def _dssync_line(given: Dict[str, object], cluster: Cluster) -> str:
+    """``dssync``'s line; the model's default crosses with every rank of a rack."""
+    cross = given.get("cross_ranks") or cluster.ranks_per_rack
+    return (f"sync=hvdx.DSSync(intra_phases={given.get('intra_phases', 1)!r}, "
+            f"cross_ranks={cross!r})")
+
+
+def _decentralized_line(given: Dict[str, object], cluster: Cluster) -> str:
+    """``decentralized``'s line: the graph, and the order and mixing period where not
+    the defaults."""
+    arguments = [repr(given.get("topology", "one-peer-exp"))]
+    if given.get("order", "adapt_then_combine") != "adapt_then_combine":
+        arguments.append(f"order={given['order']!r}")
+    if given.get("mix_every", 1) != 1:
+        arguments.append(f"mix_every={given['mix_every']!r}")
+    return f"sync=hvdx.Decentralized({', '.join(arguments)})"
+
+
+def _stanza_line(given: Dict[str, object], cluster: Cluster) -> str:
+    """``stanza``'s line: a trainer, in code only."""
+    return (f"hvd.Stanza(features, head, optimizer, fc_workers="
+            f"{given.get('fc_workers', 1)!r}), in code only")
+
+
+def _topk_line(given: Dict[str, object], cluster: Cluster) -> str:
     """``topk``'s line; the model's gathered TopK prices the uplink alone (every rank
     computes the downlink), its sharded TopK a downlink of ``ratio`` unless given."""
     from hvdx.compression import TopKCompression, topk
@@ -426,7 +440,7 @@ def _topk_line(given: Dict[str, object], ranks: int) -> str:
         downlink = ratio
     arguments = [repr(ratio)] + ([] if downlink is None else [repr(downlink)])
     line = f"compression=hvd.Compression.topk({', '.join(arguments)}, mode={mode!r})"
-    if mode != TopKCompression.resolve_mode(topk(), ranks):  # a preset's mode is "auto"
+    if mode != TopKCompression.resolve_mode(topk(), cluster.ranks):  # a preset's: "auto"
         return line
     same = [name for name, preset in TOPK_PRESETS.items() if preset["ratio"] == ratio and
             (mode == "gathered" or preset["downlink_ratio"] == downlink)]

@@ -125,49 +125,43 @@ def switch_imports(source: str, script: str = "the script") -> Tuple[str, List[s
 
 def _environment_values() -> Dict[str, Dict[str, str]]:
     """``{strategy: {HVDX_COMPRESSION or HVDX_SYNC: value}}``: the benchmark's strategies
-    as :mod:`hvdx.environment` spells them (the same constructors and arguments as
-    :mod:`hvdx.bench.strategies`)."""
-    from hvdx.bench import strategies as s
+    as :mod:`hvdx.environment` spells them (each row's ``script_env``, made with the same
+    constructors and arguments as its optimizer, :mod:`hvdx.bench.strategies`)."""
+    from hvdx.bench.strategies import STRATEGIES
 
-    def call(name, options):
-        return f"{name}({', '.join(f'{k}={v!r}' for k, v in options.items())})"
+    return {name: dict(s.script_env) for name, s in STRATEGIES.items()
+            if s.script_env is not None}
 
-    return {
-        "horovod": {},
-        "topk": {"HVDX_COMPRESSION": call("topk", {"ratio": s.TOPK_RATIO,
-                                                    "topk_method": s.TOPK_METHOD,
-                                                    "downlink_ratio": s.TOPK_RATIO})},
-        "topk_dgc": {"HVDX_COMPRESSION": "fast"},
-        "topk_masked": {"HVDX_COMPRESSION": "safe"},
-        "dssync": {"HVDX_SYNC": call("DSSync", s.DSSYNC_OPTIONS)},
-        "dssync_adaptive": {"HVDX_SYNC": call("DSSync", s.DSSYNC_ADAPTIVE_OPTIONS)},
-        "decentralized": {"HVDX_SYNC": call("Decentralized", s.DECENTRALIZED_OPTIONS)},
-        "decentralized_static": {"HVDX_SYNC": call("Decentralized",
-                                                   s.DECENTRALIZED_STATIC_OPTIONS)},
-        "decentralized_cta": {"HVDX_SYNC": call("Decentralized",
-                                                s.DECENTRALIZED_CTA_OPTIONS)},
-    }
+
+def _not_for_scripts() -> Dict[str, str]:
+    """Why the others cannot run a script unchanged: per strategy of the catalogue (its
+    rows share the reason), and the floor."""
+    from hvdx.bench.strategies import STRATEGIES
+
+    return {s.strategy or name: s.needs_code for name, s in STRATEGIES.items()
+            if s.script_env is None}
 
 
 #: The strategies a script can be switched to by the environment alone.
-SCRIPT_STRATEGIES = ("horovod", "topk", "topk_dgc", "topk_masked", "dssync",
-                     "dssync_adaptive", "decentralized", "decentralized_static",
-                     "decentralized_cta")
+SCRIPT_STRATEGIES = tuple(_environment_values())
 #: Why the others cannot run a script unchanged.
-NOT_FOR_SCRIPTS = {
-    "stanza": "Stanza needs code (hvd.Stanza(features, head, ...) drives the training "
-              "step): no variable switches a script to it",
-    "floor": "the floor (every rank training alone) cannot be had from a script without "
-             "changing it: its broadcasts and any metric allreduce still communicate",
-}
+NOT_FOR_SCRIPTS = _not_for_scripts()
 
 
 def _why_not(name: str) -> Optional[str]:
+    from hvdx.bench.strategies import STRATEGIES
+
     if name in SCRIPT_STRATEGIES:
         return None
-    if name.startswith("stanza"):
-        return NOT_FOR_SCRIPTS["stanza"]
-    return NOT_FOR_SCRIPTS.get(name)
+    if name in STRATEGIES:
+        return STRATEGIES[name].needs_code
+    # An unknown variant of a strategy that needs code ("stanza_x"): that strategy's
+    # reason; else None (the caller calls it unknown).
+    from hvdx.strategies import catalogue
+
+    group = next((d.name for d in catalogue.BUILT_IN
+                  if name.startswith(d.name) and d.name in NOT_FOR_SCRIPTS), name)
+    return NOT_FOR_SCRIPTS.get(group)
 
 
 def variable_strategy(name: str) -> Optional[Tuple[str, str]]:

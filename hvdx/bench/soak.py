@@ -28,23 +28,45 @@ from typing import Callable, Dict, List, Sequence
 import numpy as np
 
 from hvdx.bench.jobs import digits_job, report, run_job
+from hvdx.strategies import catalogue
+from hvdx.strategies.descriptor import load
 
 __all__ = ["STRATEGIES", "render", "run"]
 
-#: name -> DistributedOptimizer keyword arguments (built on each rank).
-STRATEGIES = ("horovod", "topk", "dssync", "decentralized")
+def _strategies() -> tuple:
+    return ("horovod",) + tuple(d.name for d in catalogue.BUILT_IN if d.soak is not None)
+
+
+#: Horovod, then the catalogue's strategies that say what the soak trains them with
+#: (their descriptor's ``soak``: a value of their variable, ``HVDX_COMPRESSION`` or
+#: ``HVDX_SYNC``).
+STRATEGIES = _strategies()
 
 
 def _options(name: str, hvd, hvdx) -> Dict:
+    """``DistributedOptimizer``'s keyword arguments for strategy ``name`` (built on each
+    rank): its descriptor's ``soak`` value, built by its constructor (a compressor by
+    the framework's ``hvd.Compression``)."""
+    from hvdx.environment_variables import call_of
+
     if name == "horovod":
         return {}
-    if name == "topk":
-        return {"compression": hvd.Compression.topk(0.01, 0.01)}
-    if name == "dssync":
-        return {"sync": hvdx.DSSync("shuffle", group_size=2, seed=0)}
-    if name == "decentralized":
-        return {"sync": hvdx.Decentralized("one-peer-exp")}
-    raise ValueError(f"strategy={name!r} is unknown; choose from {', '.join(STRATEGIES)}")
+    known = _strategies()
+    if name not in known:
+        raise ValueError(f"strategy={name!r} is unknown; choose from {', '.join(known)}")
+    entry = catalogue.descriptor(name)
+    called, args, kwargs = call_of(entry.variable, entry.soak)
+    if entry.kind == "compression":
+        constructor = getattr(hvd.Compression, called)
+    else:
+        constructor = load(catalogue.environment_constructors(entry.variable)[called][0].build)
+    return {entry.kind: constructor(*args, **kwargs)}
+
+
+def _mixes(name: str) -> bool:
+    """Whether the ranks keep their own parameters (a sync strategy: DS-Sync, the
+    graphs), so that their drift is a consensus distance, not 0."""
+    return name != "horovod" and catalogue.descriptor(name).kind == "sync"
 
 
 def _spread(params, hvd) -> Dict[str, float]:
@@ -133,7 +155,7 @@ def render(rows: List[Dict]) -> str:
     for r in rows:
         path = r["consensus_path"]
         first_half = max(path[:max(1, len(path) // 2)])
-        if r["strategy"] in ("dssync", "decentralized"):
+        if _mixes(r["strategy"]):
             drift_ok = r["consensus"] <= 1.5 * first_half
         else:
             drift_ok = r["max_diff"] == 0

@@ -6,19 +6,30 @@ Horovod baseline the bytes are the standard cost of the algorithm MPI runs for a
 allreduce (reduce-scatter + allgather, Thakur, Rabenseifner & Gropp 2005): each rank
 sends ``2 (n - 1) / n`` times the gradient bytes. The benchmark checks every such
 figure against the interface byte counters of the emulated hosts.
+
+The table (:data:`STRATEGIES`) is a view of the strategy catalogue
+(:mod:`hvdx.strategies.catalogue`): Horovod's baseline, then each built-in strategy's
+rows (its descriptor's ``bench``: a name, the lazy path of the function that makes the
+row, its arguments), then the floor. The functions that make the rows of the built-in
+strategies are here (:func:`topk_strategy`, ...); a new strategy's can live in its own
+module.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional
 
 from hvdx import topk_presets
 from hvdx.bench.run_environment import bench_topology
 from hvdx.optimizer_surface import dssync_groups, mixing_strategy
+from hvdx.strategies import catalogue
+from hvdx.strategies.descriptor import load
 
 __all__ = ["ALIASES", "DEFAULT_STRATEGIES", "FULL_STRATEGIES", "Strategy", "STRATEGIES",
-           "allreduce_bytes_per_rank", "decentralized_bytes", "strategy_names"]
+           "allreduce_bytes_per_rank", "decentralized_bytes", "decentralized_strategy",
+           "dssync_strategy", "stanza_strategy", "strategy_names", "topk_strategy"]
 
 
 def allreduce_bytes_per_rank(nbytes: int, size: int) -> float:
@@ -64,6 +75,24 @@ class Strategy:
     #: (:mod:`hvdx.bench.runner`); ``bytes_per_step`` and the other callables get the
     #: trainer in place of the optimizer.
     roles: bool = False
+    #: Run by ``hvdx bench --full`` too, where not :attr:`default`.
+    full: bool = False
+    #: Other names ``--strategies`` accepts for it (:data:`ALIASES`).
+    aliases: tuple = ()
+    #: ``hvdx bench --script``: the variables (``HVDX_COMPRESSION`` or ``HVDX_SYNC``)
+    #: that switch an unchanged script to it, as :mod:`hvdx.environment` spells them
+    #: (``{}``: Horovod's own); ``None`` where no variable can (:attr:`needs_code`).
+    script_env: Optional[Dict[str, str]] = None
+    #: Why a script cannot run it unchanged, where :attr:`script_env` is ``None``.
+    needs_code: Optional[str] = None
+    #: The catalogue's name of the strategy it is a row of (``None``: the baseline and
+    #: the floor).
+    strategy: Optional[str] = None
+
+
+def _call(name: str, options: Dict) -> str:
+    """``name(k=v, ...)``: a constructor's call as the variables spell it."""
+    return f"{name}({', '.join(f'{k}={v!r}' for k, v in options.items())})"
 
 
 def _horovod(optimizer, model):
@@ -126,6 +155,30 @@ def _topk_preset(preset: str):
     return build
 
 
+def topk_strategy(name: str, preset: Optional[str] = None) -> Strategy:
+    """A TopK row: the bench's own setting (:data:`TOPK_RATIO` both ways,
+    :data:`TOPK_METHOD`), or a preset's (``HVDX_COMPRESSION=<preset>``)."""
+    sharded = {"mode": "sharded"}
+    if preset is None:
+        return Strategy(
+            name, f"bidirectional TopK {TOPK_RATIO:g}/{TOPK_RATIO:g} with error feedback, "
+            f"{TOPK_METHOD} selector", _topk_with(downlink_ratio=TOPK_RATIO), _counted_bytes,
+            cost_model="topk",
+            cost_options=dict(ratio=TOPK_RATIO, downlink_ratio=TOPK_RATIO, **sharded),
+            script_env={"HVDX_COMPRESSION": _call("topk", {"ratio": TOPK_RATIO,
+                                                           "topk_method": TOPK_METHOD,
+                                                           "downlink_ratio": TOPK_RATIO})})
+    options = topk_presets.preset_options(preset)
+    up, down = options["ratio"], options["downlink_ratio"]
+    ratios = f"{up:g}/{down:g}," if up == down else f"{up:g} up, {down:g} down,"
+    masking = "with" if options["momentum_masking"] else "without"
+    return Strategy(name, f"bidirectional TopK {ratios} global selection, DGC momentum "
+                    f"correction {masking} masking, small tensors averaged by hvdx",
+                    _topk_preset(preset), _counted_bytes, cost_model="topk",
+                    cost_options=dict(ratio=up, downlink_ratio=down, **sharded),
+                    script_env={"HVDX_COMPRESSION": preset})
+
+
 #: The benchmark's DS-Sync: the rotation with its default parameters, which the cost of
 #: crossing sets from the link rates the emulated cluster exports
 #: (``HVDX_CLUSTER_LINK_RATES``): with 1 Gbit NICs and a 100 Mbit uplink on 2 racks x 2
@@ -172,6 +225,19 @@ def _dssync_bytes(optimizer, model, size, steps):
     """The ring model inside each step's group (hvdx hands the groups to Horovod)."""
     each_way = optimizer.hvdx_stats.total_bytes / steps
     return each_way, each_way
+
+
+def dssync_strategy(name: str, adaptive: bool = False) -> Strategy:
+    """A DS-Sync row: the rotation with :data:`DSSYNC_OPTIONS`, or re-planned from the
+    probe (:data:`DSSYNC_ADAPTIVE_OPTIONS`)."""
+    options = DSSYNC_ADAPTIVE_OPTIONS if adaptive else DSSYNC_OPTIONS
+    label = (f"DS-Sync rotation, re-planned from a bandwidth probe every "
+             f"{options['probe_every']} steps" if adaptive else
+             "DS-Sync rotation, parameters from the cost of crossing")
+    return Strategy(name, label, _dssync_adaptive if adaptive else _dssync, _dssync_bytes,
+                    cost_model="dssync", cost_options_of=_rotation_options,
+                    period_of=_rotation_period, init_kwargs={"process_sets": "dynamic"},
+                    script_env={"HVDX_SYNC": _call("DSSync", options)})
 
 
 #: The benchmark's decentralized SGD (``hvdx.Decentralized``): the one-peer exponential
@@ -240,12 +306,24 @@ def _graph_period(optimizer) -> int:
     return optimizer.hvdx_graph.period * mixing_strategy(optimizer).mix_every
 
 
-def _decentralized_strategy(name: str, label: str, options: Dict, default: bool) -> Strategy:
+#: How the labels name the graphs and the orders.
+_GRAPHS = {"one-peer-exp": "one-peer exponential graph",
+           "static-exp": "static exponential graph (log2 n peers)"}
+_ORDERS = {"adapt_then_combine": "adapt-then-combine",
+           "combine_then_adapt": "combine-then-adapt (exchange during forward and backward)"}
+
+
+def decentralized_strategy(name: str, **changes) -> Strategy:
+    """A decentralized row: :data:`DECENTRALIZED_OPTIONS` with ``changes``
+    (``topology=``, ``order=``)."""
+    options = dict(DECENTRALIZED_OPTIONS, **changes)
+    label = (f"decentralized SGD, {_GRAPHS[options['topology']]}, "
+             f"{_ORDERS[options['order']]}")
     return Strategy(name, label, _decentralized_with(options), decentralized_bytes,
                     cost_model="decentralized", cost_options=dict(options),
                     period_of=_graph_period,
-                    default=default,
-                    final_stats=_decentralized_final_stats, before_eval=_complete_exchange)
+                    final_stats=_decentralized_final_stats, before_eval=_complete_exchange,
+                    script_env={"HVDX_SYNC": _call("Decentralized", options)})
 
 
 def _stanza_with(fc_workers, micro_batches=1):
@@ -291,81 +369,61 @@ def _stanza_final_stats(trainer, steps) -> Dict:
     return figures
 
 
-def _stanza_strategy(name: str, label: str, fc_workers, default: bool,
-                     micro_batches: int = 1) -> Strategy:
-    return Strategy(name, label, _stanza_with(fc_workers, micro_batches), stanza_bytes,
+#: Why ``hvdx bench --script`` cannot run Stanza.
+STANZA_NEEDS_CODE = ("Stanza needs code (hvd.Stanza(features, head, ...) drives the "
+                     "training step): no variable switches a script to it")
+
+
+def stanza_strategy(name: str, fc_workers=1, micro_batches: int = 1) -> Strategy:
+    """A Stanza row: ``fc_workers`` FC workers (``"auto"``: a probe decides), each batch
+    in ``micro_batches``."""
+    if fc_workers == "auto":
+        workers = "FC workers chosen by a probe (fc_workers='auto')"
+    else:
+        workers = f"{fc_workers} FC worker{'s' if fc_workers != 1 else ''}"
+    if micro_batches != 1:
+        workers += (f", each batch in {micro_batches} micro-batches (the head on one while "
+                    "the features compute the next)")
+    elif fc_workers == 1:
+        workers += " (the last rank)"
+    return Strategy(name, f"Stanza layer separation, {workers}",
+                    _stanza_with(fc_workers, micro_batches), stanza_bytes,
                     cost_model="stanza",
                     cost_options={"fc_workers": 1 if fc_workers == "auto" else fc_workers},
-                    cost_options_of=_stanza_options, default=default,
-                    final_stats=_stanza_final_stats, roles=True)
+                    cost_options_of=_stanza_options,
+                    final_stats=_stanza_final_stats, roles=True,
+                    needs_code=STANZA_NEEDS_CODE)
 
 
-STRATEGIES: Dict[str, Strategy] = {
-    "horovod": Strategy("horovod", "Horovod ring allreduce (baseline)", _horovod,
-                        _gradient_bytes, cost_model="horovod"),
-    "topk": Strategy("topk", f"bidirectional TopK {TOPK_RATIO:g}/{TOPK_RATIO:g} with error "
-                     f"feedback, {TOPK_METHOD} selector", _topk_with(downlink_ratio=TOPK_RATIO),
-                     _counted_bytes, cost_model="topk",
-                     cost_options={"ratio": TOPK_RATIO, "downlink_ratio": TOPK_RATIO,
-                                   "mode": "sharded"}, default=False),
-    "topk_dgc": Strategy("topk_dgc", f"bidirectional TopK {TOPK_DGC_OPTIONS['ratio']:g}/"
-                         f"{TOPK_DGC_OPTIONS['downlink_ratio']:g}, "
-                         "global selection, DGC momentum correction without masking, "
-                         "small tensors averaged by hvdx",
-                         _topk_preset("fast"),
-                         _counted_bytes, cost_model="topk",
-                         cost_options={"ratio": TOPK_DGC_OPTIONS["ratio"],
-                                       "downlink_ratio": TOPK_DGC_OPTIONS["downlink_ratio"],
-                                       "mode": "sharded"}),
-    "topk_masked": Strategy("topk_masked", f"bidirectional TopK "
-                            f"{TOPK_MASKED_OPTIONS['ratio']:g} up, "
-                            f"{TOPK_MASKED_OPTIONS['downlink_ratio']:g} down, global "
-                            "selection, DGC momentum correction with masking, small "
-                            "tensors averaged by hvdx",
-                            _topk_preset("safe"), _counted_bytes,
-                            cost_model="topk",
-                            cost_options={"ratio": TOPK_MASKED_OPTIONS["ratio"],
-                                          "downlink_ratio": TOPK_MASKED_OPTIONS["downlink_ratio"],
-                                          "mode": "sharded"}),
-    "dssync": Strategy("dssync", "DS-Sync rotation, parameters from the cost of crossing",
-                       _dssync, _dssync_bytes, cost_model="dssync",
-                       cost_options_of=_rotation_options, period_of=_rotation_period,
-                       init_kwargs={"process_sets": "dynamic"}),
-    "dssync_adaptive": Strategy(
-        "dssync_adaptive", "DS-Sync rotation, re-planned from a bandwidth probe every "
-        f"{DSSYNC_ADAPTIVE_OPTIONS['probe_every']} steps", _dssync_adaptive, _dssync_bytes,
-        cost_model="dssync", cost_options_of=_rotation_options, period_of=_rotation_period,
-        init_kwargs={"process_sets": "dynamic"}, default=False),
-    "decentralized": _decentralized_strategy(
-        "decentralized", "decentralized SGD, one-peer exponential graph, adapt-then-combine",
-        DECENTRALIZED_OPTIONS, default=True),
-    "decentralized_static": _decentralized_strategy(
-        "decentralized_static", "decentralized SGD, static exponential graph (log2 n peers), "
-        "adapt-then-combine", DECENTRALIZED_STATIC_OPTIONS,
-        default=False),
-    "decentralized_cta": _decentralized_strategy(
-        "decentralized_cta", "decentralized SGD, one-peer exponential graph, "
-        "combine-then-adapt (exchange during forward and backward)",
-        DECENTRALIZED_CTA_OPTIONS, default=False),
-    "stanza": _stanza_strategy(
-        "stanza", "Stanza layer separation, 1 FC worker (the last rank)",
-        1, default=True),
-    "stanza_f2": _stanza_strategy(
-        "stanza_f2", "Stanza layer separation, 2 FC workers", 2,
-        default=False),
-    "stanza_auto": _stanza_strategy(
-        "stanza_auto", "Stanza layer separation, FC workers chosen by a probe "
-        "(fc_workers='auto')", "auto", default=False),
-    "stanza_micro": _stanza_strategy(
-        "stanza_micro", "Stanza layer separation, 1 FC worker, each batch in 4 micro-batches "
-        "(the head on one while the features compute the next)", 1,
-        default=False, micro_batches=4),
-    # Not a way to train together: the limit of every strategy on these cores.
-    "floor": Strategy("floor", "the floor: every rank trains alone, no communication at all "
-                      "(Horovod idle)", lambda optimizer, model: optimizer,
-                      lambda optimizer, model, size, steps: (0.0, 0.0),
-                      default=False),
-}
+#: The baseline: Horovod's own optimizer.
+HOROVOD = Strategy("horovod", "Horovod ring allreduce (baseline)", _horovod, _gradient_bytes,
+                   cost_model="horovod", script_env={})
+#: Not a way to train together: the limit of every strategy on these cores.
+FLOOR = Strategy("floor", "the floor: every rank trains alone, no communication at all "
+                 "(Horovod idle)", lambda optimizer, model: optimizer,
+                 lambda optimizer, model, size, steps: (0.0, 0.0), default=False,
+                 needs_code="the floor (every rank training alone) cannot be had from a "
+                 "script without changing it: its broadcasts and any metric allreduce "
+                 "still communicate")
+
+
+def _rows() -> Dict[str, Strategy]:
+    """Horovod, each built-in strategy's rows in catalogue order, the floor."""
+    rows = [HOROVOD]
+    for entry in catalogue.BUILT_IN:
+        for variant in entry.bench:
+            row = load(variant.make)(variant.name, **variant.kwargs)
+            rows.append(dataclasses.replace(row, default=variant.default, full=variant.full,
+                                            aliases=tuple(variant.aliases),
+                                            strategy=entry.name))
+    rows.append(FLOOR)
+    table = {row.name: row for row in rows}
+    if len(table) != len(rows):
+        raise ValueError(f"hvdx bench: a row's name twice: {[row.name for row in rows]}")
+    return table
+
+
+STRATEGIES: Dict[str, Strategy] = _rows()
 
 #: What a plain ``hvdx bench`` runs (every method, TopK as its two presets): the adaptive DS-Sync pays off under contention
 #: only, so it runs when asked for (``--strategies ...,dssync_adaptive``); so do the
@@ -375,13 +433,13 @@ DEFAULT_STRATEGIES = tuple(name for name, s in STRATEGIES.items() if s.default)
 #: What ``hvdx bench --full`` runs: the defaults and TopK without the presets' tuning
 #: (the paper's method as it stands; the presets are what a user is told to run, so
 #: the quick run has those alone).
-FULL_STRATEGIES = tuple(name for name, s in STRATEGIES.items()
-                        if s.default or name == "topk")
+FULL_STRATEGIES = tuple(name for name, s in STRATEGIES.items() if s.default or s.full)
 
 #: Other names ``--strategies`` accepts: the presets' own, ``fast`` and ``safe``
 #: (``HVDX_COMPRESSION=fast``, ``Compression.topk(preset="fast")``), for the tuned TopKs
 #: the benchmark runs them as.
-ALIASES: Dict[str, str] = {"fast": "topk_dgc", "safe": "topk_masked"}
+ALIASES: Dict[str, str] = {alias: name for name, s in STRATEGIES.items()
+                           for alias in s.aliases}
 
 
 def strategy_names(names: Iterable[str]) -> List[str]:

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Iterator, Mapping, Optional, Tuple
 
-from hvdx.strategies.descriptor import (KINDS, VARIABLES, Constructor, StrategyDescriptor,
-                                        load)
+from hvdx.strategies.descriptor import (KINDS, VARIABLES, BenchVariant, Constructor,
+                                        PlanOption, StrategyDescriptor, load)
 from hvdx.topk_presets import PRESETS
 
 __all__ = ["BUILT_IN", "adapters", "all_descriptors", "descriptor", "environment_constructors",
@@ -48,14 +48,27 @@ BUILT_IN: Tuple[StrategyDescriptor, ...] = (
         tensorflow_keras="hvdx.tensorflow.topk:keras_adapter",
         tensorflow_tape_counters="hvdx.tensorflow.topk:tape_counters",
         cost_model="topk",
-        state_exports=("hvdx.tensorflow.topk:topk_state",)),
+        state_exports=("hvdx.tensorflow.topk:topk_state",),
+        examples=("topk(0.01, 0.01)", "topk(preset='safe', downlink_ratio=0.05)"),
+        tensorflow_exports=("hvdx.tensorflow.topk:TopKState",),
+        bench=(BenchVariant("topk", "hvdx.bench.strategies:topk_strategy", default=False,
+                            full=True),
+               BenchVariant("topk_dgc", "hvdx.bench.strategies:topk_strategy",
+                            {"preset": "fast"}, aliases=("fast",)),
+               BenchVariant("topk_masked", "hvdx.bench.strategies:topk_strategy",
+                            {"preset": "safe"}, aliases=("safe",))),
+        soak="topk(0.01, 0.01)", plan_line="hvdx.plan:_topk_line",
+        plan_options=(PlanOption("--ratio", float, "topk: uplink ratio", 0.01),
+                      PlanOption("--downlink-ratio", float,
+                                 "topk sharded: downlink ratio (default: --ratio)"))),
     StrategyDescriptor(
         name="user_compression", kind="compression",
         title="a registered compressor with error feedback",
         # No constructor of its own: each registered compressor is an entry of its
         # own (register()), whose name is the constructor.
         **_USER_COMPRESSION,
-        state_exports=("hvdx.tensorflow.user_compression:compression_state",)),
+        state_exports=("hvdx.tensorflow.user_compression:compression_state",),
+        tensorflow_exports=("hvdx.tensorflow.user_compression:CompressionState",)),
     StrategyDescriptor(
         name="dssync", kind="sync", title="DS-Sync",
         constructors=(Constructor("DSSync", "hvdx.dssync:DSSync"),),
@@ -65,7 +78,18 @@ BUILT_IN: Tuple[StrategyDescriptor, ...] = (
         tensorflow_tape_counters="hvdx.tensorflow.mixing:tape_counters",
         cost_model="dssync",
         state_exports=("hvdx.tensorflow.dssync:dssync_state",),
-        dynamic_process_sets=True),
+        dynamic_process_sets=True,
+        examples=("DSSync(intra_phases=4)",),
+        torch_exports=("hvdx.torch.dssync_optimizer:dssync_process_sets",),
+        tensorflow_exports=("hvdx.tensorflow.dssync:dssync_process_sets",),
+        bench=(BenchVariant("dssync", "hvdx.bench.strategies:dssync_strategy"),
+               BenchVariant("dssync_adaptive", "hvdx.bench.strategies:dssync_strategy",
+                            {"adaptive": True}, default=False)),
+        soak="DSSync('shuffle', group_size=2, seed=0)", plan_line="hvdx.plan:_dssync_line",
+        plan_options=(PlanOption("--intra-phases", int,
+                                 "dssync: intra-rack phases per cross-rack phase", 1),
+                      PlanOption("--cross-ranks", int,
+                                 "dssync: ranks per rack in a cross phase (default: all)"))),
     StrategyDescriptor(
         name="decentralized", kind="sync", title="decentralized SGD",
         constructors=(Constructor("Decentralized", "hvdx.decentralized:Decentralized"),),
@@ -74,12 +98,27 @@ BUILT_IN: Tuple[StrategyDescriptor, ...] = (
         tensorflow_keras="hvdx.tensorflow.decentralized:keras_adapter",
         tensorflow_tape_counters="hvdx.tensorflow.mixing:tape_counters",
         cost_model="decentralized",
-        state_exports=("hvdx.tensorflow.decentralized:decentralized_state",)),
+        state_exports=("hvdx.tensorflow.decentralized:decentralized_state",),
+        examples=("Decentralized(topology='one-peer-exp')",),
+        bench=tuple(BenchVariant(name, "hvdx.bench.strategies:decentralized_strategy", kwargs,
+                                 default=not kwargs) for name, kwargs in (
+            ("decentralized", {}), ("decentralized_static", {"topology": "static-exp"}),
+            ("decentralized_cta", {"order": "combine_then_adapt"}))),
+        soak="Decentralized('one-peer-exp')", plan_line="hvdx.plan:_decentralized_line",
+        plan_options=(PlanOption("--mix-every", int, "decentralized: mix every N steps, "
+                                 "local steps between", 1),)),
     StrategyDescriptor(
         name="stanza", kind="trainer", title="Stanza",
         torch_trainer="hvdx.torch.stanza:Stanza",
         tensorflow_trainer="hvdx.tensorflow.stanza:Stanza",
-        cost_model="stanza"),
+        cost_model="stanza",
+        bench=tuple(BenchVariant(name, "hvdx.bench.strategies:stanza_strategy", kwargs,
+                                 default=name == "stanza") for name, kwargs in (
+            ("stanza", {"fc_workers": 1}), ("stanza_f2", {"fc_workers": 2}),
+            ("stanza_auto", {"fc_workers": "auto"}),
+            ("stanza_micro", {"fc_workers": 1, "micro_batches": 4}))),
+        plan_line="hvdx.plan:_stanza_line",
+        plan_options=(PlanOption("--fc-workers", int, "stanza: FC workers", 1),)),
 )
 
 #: Descriptors added by :func:`register`, by name, in the order they came.

@@ -23,10 +23,11 @@ Everything that lives in a framework is named by a *lazy path*, ``"module:attrib
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from typing import Any, Callable, Optional, Tuple, Union
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Tuple, Union
 
-__all__ = ["Constructor", "KINDS", "StrategyDescriptor", "VARIABLES", "Builder", "load"]
+__all__ = ["BenchVariant", "Constructor", "KINDS", "PlanOption", "StrategyDescriptor",
+           "VARIABLES", "Builder", "load"]
 
 #: ``"compression"``: carried by ``compression=`` and ``HVDX_COMPRESSION``;
 #: ``"sync"``: by ``sync=`` and ``HVDX_SYNC``; ``"trainer"``: built instead of the
@@ -93,6 +94,45 @@ class Constructor:
 
 
 @dataclass(frozen=True)
+class BenchVariant:
+    """One row of ``hvdx bench``'s table (:data:`hvdx.bench.strategies.STRATEGIES`).
+
+    Attributes:
+        name: the row's name in ``--strategies`` (``"topk_dgc"``).
+        make: lazy path of ``make(name, **kwargs) -> hvdx.bench.strategies.Strategy``:
+            how the bench builds the optimizer, counts the bytes, labels the row and
+            spells it for a script's variables.
+        kwargs: literal keyword arguments of ``make`` (``{"preset": "fast"}``).
+        default: run by a plain ``hvdx bench``.
+        full: run by ``hvdx bench --full`` too, where not ``default``.
+        aliases: other names ``--strategies`` accepts for it (``"fast"``).
+    """
+
+    name: str
+    make: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    default: bool = True
+    full: bool = False
+    aliases: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PlanOption:
+    """A flag of ``hvdx plan``'s "strategy options", handed to the cost model by its
+    dest (``--downlink-ratio`` -> ``downlink_ratio``) when given or defaulted."""
+
+    flag: str
+    type: Callable
+    help: str
+    default: Any = None
+
+    @property
+    def dest(self) -> str:
+        """The option's name in the parsed arguments and the cost model's options."""
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+@dataclass(frozen=True)
 class StrategyDescriptor:
     """One strategy, as every part of hvdx that names strategies needs it.
 
@@ -123,6 +163,18 @@ class StrategyDescriptor:
             asks for it (DS-Sync's groups).
         built_in: ``False`` for a compressor a user registered
             (``hvdx.register_compressor``).
+        examples: values its variable accepts, quoted as examples in the message of a
+            refused value (:data:`hvdx.environment_variables.ACCEPTED`).
+        torch_exports, tensorflow_exports: lazy paths of further public names of
+            ``hvdx.torch`` / ``hvdx.tensorflow`` (its trainer's class and the TensorFlow
+            ``state_exports`` are exported too), each under its attribute's name.
+        bench: its rows of ``hvdx bench``'s table, in order (:class:`BenchVariant`).
+        soak: the value of its variable that ``hvdx bench --soak`` trains with
+            (``"topk(0.01, 0.01)"``), or ``None``: not soaked.
+        plan_line: lazy path of ``line(given, cluster) -> str``, what a script writes to
+            run the cost model's ``cost_model`` key with the options ``given``
+            (``hvdx plan``'s ``to run`` lines).
+        plan_options: its flags among ``hvdx plan``'s strategy options.
     """
 
     name: str
@@ -140,6 +192,13 @@ class StrategyDescriptor:
     state_exports: Tuple[str, ...] = ()
     dynamic_process_sets: bool = False
     built_in: bool = True
+    examples: Tuple[str, ...] = ()
+    torch_exports: Tuple[str, ...] = ()
+    tensorflow_exports: Tuple[str, ...] = ()
+    bench: Tuple[BenchVariant, ...] = ()
+    soak: Optional[str] = None
+    plan_line: Optional[str] = None
+    plan_options: Tuple[PlanOption, ...] = ()
 
     def __post_init__(self):
         # Checked here, once, so that a malformed entry fails at import (or at
@@ -163,12 +222,34 @@ class StrategyDescriptor:
         """The variable that chooses it (``None`` for a trainer)."""
         return VARIABLES.get(self.kind)
 
+    def exports(self, framework: str) -> Tuple[Tuple[str, str], ...]:
+        """``(name, lazy path)`` of the public names it adds to ``hvdx.<framework>``
+        (``"torch"`` or ``"tensorflow"``): its TensorFlow state exports, the further
+        exports, its trainer's class, and a synchronization strategy's constructors
+        (``hvd.DSSync``; a compressor's are ``hvd.Compression``'s)."""
+        if framework == "torch":
+            paths = self.torch_exports + (self.torch_trainer,)
+        elif framework == "tensorflow":
+            paths = self.state_exports + self.tensorflow_exports + (self.tensorflow_trainer,)
+        else:
+            raise ValueError(f"framework={framework!r} must be 'torch' or 'tensorflow'")
+        named = tuple((p.rpartition(":")[2].rpartition(".")[2], p) for p in paths
+                      if p is not None)
+        if self.kind == "sync":  # under the name its variable calls it
+            named += tuple((c.name, c.build) for c in self.constructors
+                           if isinstance(c.build, str))
+        return named
+
     def lazy_paths(self) -> Tuple[Tuple[str, str], ...]:
         """``(field, path)`` of every lazy path it holds, constructors' included."""
         fields = ("torch_adapter", "torch_fit", "tensorflow_tape", "tensorflow_keras",
-                  "tensorflow_tape_counters", "torch_trainer", "tensorflow_trainer")
+                  "tensorflow_tape_counters", "torch_trainer", "tensorflow_trainer",
+                  "plan_line")
         paths = [(f, getattr(self, f)) for f in fields if getattr(self, f) is not None]
         paths += [(f"constructor {c.name}", c.build) for c in self.constructors
                   if isinstance(c.build, str)]
         paths += [("state_exports", p) for p in self.state_exports]
+        paths += [("torch_exports", p) for p in self.torch_exports]
+        paths += [("tensorflow_exports", p) for p in self.tensorflow_exports]
+        paths += [(f"bench {v.name}", v.make) for v in self.bench]
         return tuple(paths)

@@ -46,12 +46,13 @@ from horovod.tensorflow import *  # noqa: E402,F401,F403
 from hvdx.tensorflow.compression import Compression  # noqa: E402,F401
 from hvdx.tensorflow.runtime import init, shutdown, start_timeline, stop_timeline  # noqa: E402,F401,E501
 from hvdx.tensorflow.gradient_tape import DistributedGradientTape  # noqa: E402,F401
-from hvdx.tensorflow.topk import TopKState, topk_state  # noqa: E402,F401
-from hvdx.tensorflow.user_compression import CompressionState, compression_state  # noqa: E402,F401,E501
-from hvdx.tensorflow.dssync import dssync_process_sets, dssync_state  # noqa: E402,F401
-from hvdx.tensorflow.decentralized import decentralized_state  # noqa: E402,F401
 from hvdx.tensorflow.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402,F401
 from hvdx.tensorflow.join_guard import join  # noqa: E402,F401
-from hvdx.tensorflow.stanza import Stanza  # noqa: E402,F401
-from hvdx.decentralized import Decentralized  # noqa: E402,F401
-from hvdx.dssync import DSSync  # noqa: E402,F401
+from hvdx.strategies.catalogue import BUILT_IN as _BUILT_IN  # noqa: E402
+from hvdx.strategies.descriptor import load as _load  # noqa: E402
+
+# Each built-in strategy's own names (topk_state and TopKState, compression_state and
+# CompressionState, DSSync, dssync_state, dssync_process_sets, Decentralized,
+# decentralized_state, Stanza), as the catalogue lists them (StrategyDescriptor.exports).
+globals().update((_name, _load(_path)) for _entry in _BUILT_IN
+                 for _name, _path in _entry.exports("tensorflow"))

@@ -37,10 +37,13 @@ from horovod.torch import *  # noqa: E402,F401,F403
 from hvdx.torch.compression import Compression  # noqa: E402,F401
 from hvdx.torch.runtime import init, shutdown, start_timeline, stop_timeline  # noqa: E402,F401,E501
 from hvdx.torch.optimizer import DistributedOptimizer  # noqa: E402,F401
-from hvdx.torch.dssync_optimizer import dssync_process_sets  # noqa: E402,F401
 from hvdx.torch.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402,F401
 from hvdx.torch.optimizer_state import broadcast_optimizer_state  # noqa: E402,F401
 from hvdx.torch.join import join  # noqa: E402,F401
-from hvdx.torch.stanza import Stanza  # noqa: E402,F401
-from hvdx.decentralized import Decentralized  # noqa: E402,F401
-from hvdx.dssync import DSSync  # noqa: E402,F401
+from hvdx.strategies.catalogue import BUILT_IN as _BUILT_IN  # noqa: E402
+from hvdx.strategies.descriptor import load as _load  # noqa: E402
+
+# Each built-in strategy's own names (DSSync, dssync_process_sets, Decentralized,
+# Stanza), as the catalogue lists them (StrategyDescriptor.exports).
+globals().update((_name, _load(_path)) for _entry in _BUILT_IN
+                 for _name, _path in _entry.exports("torch"))
