@@ -3,8 +3,12 @@ every lazy path names something, and the tables that used to be keyed by name (t
 framework registries, the environment's names) are views of it, registered entries
 included."""
 
+import argparse
+import dataclasses
 import importlib
+import pathlib
 import subprocess
+import types
 import sys
 
 import pytest
@@ -13,8 +17,8 @@ from hvdx import environment
 from hvdx.compression import topk
 from hvdx.environment_variables import COMPRESSION_VARIABLE, SYNC_VARIABLE, asks_for_dssync
 from hvdx.strategies import catalogue
-from hvdx.strategies.descriptor import (KINDS, VARIABLES, Constructor, StrategyDescriptor,
-                                        load)
+from hvdx.strategies.descriptor import (KINDS, VARIABLES, BenchVariant, Constructor,
+                                        PlanOption, StrategyDescriptor, load)
 from hvdx.strategy import Strategy
 from hvdx.topk_presets import PRESETS
 
@@ -253,3 +257,87 @@ def test_a_wrong_sync_names_the_catalogues_synchronization_strategies():
     for entry in catalogue.of_kind("sync"):
         for constructor in entry.constructors:
             assert f"sync=hvdx.{constructor.name}(...)" in str(raised.value)
+
+
+#: What a fifth built-in strategy (a synchronization strategy, priced by the cost model)
+#: edits outside its own modules, now that the lists that named the strategies (the
+#: variables' message, the frameworks' exports, the bench's table, its script values and
+#: soak, the plan's lines and options, the registries) are views of the catalogue: its
+#: entry in the catalogue; its cost layout's key and the plan's priced rows (the cost
+#: model's own tables); its constructor among hvdx's top-level names (``hvdx.DSSync``).
+#: Its own modules are new files (the spec, the torch and TensorFlow adapters, the cost
+#: layout, the bench's and the plan's functions). A compressor would also edit
+#: hvdx/torch/compression.py and hvdx/tensorflow/compression.py (``Compression.<name>``);
+#: a name of its own in Keras' module, hvdx/tensorflow/keras/__init__.py. Before, the
+#: lists below were written by hand too (7 more files).
+FIFTH_STRATEGY_EDITS = ("hvdx/strategies/catalogue.py", "hvdx/core/cost/layouts/__init__.py",
+                        "hvdx/core/cost/predict.py", "hvdx/__init__.py")
+NO_LONGER_EDITED = ("hvdx/environment_variables.py", "hvdx/torch/__init__.py",
+                    "hvdx/tensorflow/__init__.py", "hvdx/bench/strategies.py",
+                    "hvdx/bench/script.py", "hvdx/bench/soak.py", "hvdx/plan.py")
+
+
+def test_the_files_a_fifth_strategy_edits_are_there():
+    root = pathlib.Path(__file__).resolve().parents[2]
+    for path in FIFTH_STRATEGY_EDITS + NO_LONGER_EDITED:
+        assert (root / path).is_file(), path
+    assert len(FIFTH_STRATEGY_EDITS) == 4 and not set(FIFTH_STRATEGY_EDITS) & \
+        set(NO_LONGER_EDITED)
+
+
+def _fifth_row(name, level=1):
+    from hvdx.bench import strategies as bench
+
+    return dataclasses.replace(bench.FLOOR, name=name, label=f"fifth, level {level}",
+                               script_env={SYNC_VARIABLE: f"Fifth(level={level})"},
+                               needs_code=None)
+
+
+def _fifth_line(given, cluster):
+    return f"sync=hvdx.Fifth(level={given['fifth_level']!r})"
+
+
+def test_a_fifth_built_in_strategy_is_one_catalogue_entry(monkeypatch):
+    """Every list that a new strategy once needed an edit in reads the entry (its
+    builders stand in for its own modules' functions)."""
+    from hvdx import environment_variables, plan
+    from hvdx.bench import script, soak
+    from hvdx.bench import strategies as bench
+
+    fifth = StrategyDescriptor(
+        name="fifth", kind="sync", title="Fifth",
+        constructors=(Constructor("Fifth", "hvdx.dssync:DSSync"),),
+        examples=("Fifth(level=2)",), cost_model="fifth",
+        torch_exports=("hvdx.torch.dssync_optimizer:dssync_process_sets",),
+        bench=(BenchVariant("fifth", _fifth_row),
+               BenchVariant("fifth_high", _fifth_row, {"level": 9}, default=False,
+                            aliases=("high",))),
+        soak="Fifth('shuffle', group_size=2, seed=0)", plan_line=_fifth_line,
+        plan_options=(PlanOption("--fifth-level", int, "fifth: level", 1),))
+    monkeypatch.setattr(catalogue, "BUILT_IN", catalogue.BUILT_IN + (fifth,))
+
+    assert environment_variables._accepted(SYNC_VARIABLE) == (
+        "none, DSSync, Decentralized, Fifth, or a call of any of them with literal "
+        "arguments, e.g. \"DSSync(intra_phases=4)\" or "
+        "\"Decentralized(topology='one-peer-exp')\" or \"Fifth(level=2)\"")
+    assert ("Fifth", "hvdx.dssync:DSSync") in fifth.exports("torch")
+    assert ("dssync_process_sets", "hvdx.torch.dssync_optimizer:dssync_process_sets") in \
+        fifth.exports("torch")
+
+    rows = bench._rows()
+    assert list(rows)[-3:] == ["fifth", "fifth_high", "floor"]
+    assert rows["fifth"].default and not rows["fifth_high"].default
+    assert rows["fifth_high"].label == "fifth, level 9" and rows["fifth"].strategy == "fifth"
+    monkeypatch.setattr(bench, "STRATEGIES", rows)
+    assert script._environment_values()["fifth_high"] == {SYNC_VARIABLE: "Fifth(level=9)"}
+
+    assert soak._strategies()[-1] == "fifth"
+    built = soak._options("fifth", types.SimpleNamespace(), None)["sync"]
+    assert built.describe() == "dssync"  # (the stand-in constructor)
+
+    parser = argparse.ArgumentParser()
+    plan.add_arguments(parser)
+    args = parser.parse_args(["--fifth-level", "3"])
+    assert plan._options(args)["fifth_level"] == 3
+    assert plan.run_line("fifth", plan._options(args), plan.build_cluster(args)) == \
+        "sync=hvdx.Fifth(level=3)"
