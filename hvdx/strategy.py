@@ -151,6 +151,19 @@ class MixingStrategy(Strategy):
             raise ValueError(f"swa_every={swa_every!r} needs swa_start, the step from "
                              "which the running average is kept")
 
+    # --- the schedule every mixing wrapper follows (decided here, once) --------------
+
+    def global_due(self, step: int) -> bool:
+        """Whether step ``step`` (0-based) averages over all ranks instead of mixing
+        (``global_every``)."""
+        return global_due(step, self.global_every)
+
+    def swa_due(self, step: int) -> bool:
+        """Whether the mixed parameters of step ``step`` join the SWA running mean."""
+        from hvdx.core.group_averaging import swa_due
+
+        return swa_due(step, self.swa_start, self.swa_every)
+
     def check_gradient_arguments(self, job: Job, what: str) -> None:
         """Parameter mixing sends no gradients and picks its own peers."""
         if job.compression is not job.no_compression:

@@ -105,8 +105,7 @@ class DecentralizedState(MixingState):
     # --- the mixer ----------------------------------------------------------------------
 
     def _mix_at(self, step: int, values: List[tf.Tensor]) -> List[tf.Tensor]:
-        if self._global_due(step):
-            return self._average_everyone(values)
+        # (A global_every step never gets here: MixingState._mix_step decides it.)
         if not self._sync.mixes_at(step):
             self.hvdx_stats._add(0, 0)
             return values

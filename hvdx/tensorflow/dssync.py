@@ -99,6 +99,11 @@ class DSSyncState(MixingState):
 
     # --- the mixer ----------------------------------------------------------------------
 
+    def _mix_step(self, step: int, values):
+        # The groups answer all ranks at the global_every steps (group_at), and may
+        # probe or register process sets there: every step goes to them.
+        return self._mix_at(step, values)
+
     def _mix_at(self, step: int, values):
         """This step's process set (``global_every``: all ranks), eagerly."""
         if self._groups.adaptation is None:

@@ -44,7 +44,6 @@ from hvdx.core.group_averaging import running_mean
 from hvdx.mpi import check_consistent, communicator_for
 from hvdx.mpi.consistency import resolve_checked
 from hvdx.settings import horovod_settings
-from hvdx.strategy import global_due
 from hvdx.tensorflow.jobs import job
 
 __all__ = ["MixingState", "average_over_all_ranks", "extra_variables", "loss_scaling",
@@ -184,7 +183,21 @@ class MixingState(tf.Module):
 
     def _mix_at_tensor(self, step, *values):
         """Body of the ``tf.py_function``: eager, with this step's peers."""
-        return self._mix_at(int(step.numpy()), list(values))
+        return self._mix_step(int(step.numpy()), list(values))
+
+    def _mix_step(self, step: int, values: List[tf.Tensor]) -> List[tf.Tensor]:
+        """Eager: step ``step``'s averaging. Decided here, once for every mixer: a
+        ``global_every`` step averages over all ranks (:meth:`_average_everyone`), any
+        other is the mixer's (:meth:`_mix_at`). DS-Sync overrides it: its groups
+        answer all ranks at those steps themselves (the same
+        :meth:`hvdx.strategy.MixingStrategy.global_due`)."""
+        if self._global_due(step):
+            return self._average_everyone(values)
+        return self._mix_at(step, values)
+
+    def _average_everyone(self, values: List[tf.Tensor]) -> List[tf.Tensor]:
+        """Eager: a ``global_every`` step (a mixer may count its bytes here)."""
+        return self._average_all(values)
 
     def synchronize_parameters(self, swa: bool = False, extra: Sequence[tf.Variable] = ()):
         """Average the variables over all ranks now (eager, collective); the schedule
@@ -218,7 +231,7 @@ class MixingState(tf.Module):
 
     def _global_due(self, step: int) -> bool:
         """Whether step ``step`` averages over all ranks (``global_every``)."""
-        return global_due(step, self._sync.global_every)
+        return self._sync.global_due(step)
 
 
 class _Bound:

@@ -42,7 +42,6 @@ from hvdx.core.group_averaging import COMBINE_THEN_ADAPT
 from hvdx.decentralized import Decentralized, DecentralizedStats, MixingGraph
 from hvdx.mpi.comm import world
 from hvdx.mpi.neighbor_exchange import FusedExchange, consensus_distance
-from hvdx.strategy import global_due
 from hvdx.torch.host_buffers import family_dtype, pack, unpack
 from hvdx.torch.mixing_optimizer import (average_over_all_ranks, make_mixing_optimizer,
                                          tensor_bytes)
@@ -141,7 +140,7 @@ class GraphMixer:
         # Combine-then-adapt: send x_{t+1} now; step t+1 combines it.
         t = self.step
         if self._cta and self.sync.mixes_at(t) and \
-                not global_due(t, self.sync.global_every):
+                not self.sync.global_due(t):
             self._start(tensors, t)
 
     def finish(self) -> None:

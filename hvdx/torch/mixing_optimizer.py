@@ -11,9 +11,10 @@ optimizers. What every mixing strategy shares lives here, once:
 2. the tensors to mix, in one fixed order on every rank: the parameters, then (with
    ``average_optimizer_state``) their optimizer state tensors, then the floating-point
    buffers given as ``named_buffers`` (BatchNorm running statistics);
-3. every ``global_every``-th step (:func:`hvdx.strategy.global_due`) an average over all
-   ranks instead of mixing; otherwise the mixer's step, which may stay in flight until
-   the parameters are next read (the mixer says when it must complete);
+3. every ``global_every``-th step (:meth:`hvdx.strategy.MixingStrategy.global_due`)
+   an average over all ranks instead of mixing; otherwise the mixer's step, which may
+   stay in flight until the parameters are next read (the mixer says when it must
+   complete);
 4. with ``swa_start``, the mixed parameters join this rank's SWA running mean (Izmailov
    et al., arXiv 1803.05407), which ``synchronize_parameters(swa=True)`` finally
    averages over all ranks into the parameters;
@@ -48,9 +49,9 @@ from typing import Dict, List, Optional, Sequence
 import horovod.torch as _hvd
 import torch
 
-from hvdx.core.group_averaging import running_mean, swa_due
+from hvdx.core.group_averaging import running_mean
 from hvdx.optimizer_surface import mixing_strategy
-from hvdx.strategy import MixingStrategy, global_due
+from hvdx.strategy import MixingStrategy
 from hvdx.torch.finite import first_nonfinite
 from hvdx.torch.wrapping import subclass_of
 
@@ -142,14 +143,14 @@ class _MixingOptimizer:
         """Local step, then mixing (module docstring)."""
         mixer = self._hvdx_mixer
         t = mixer.step
-        everyone = global_due(t, self._hvdx_sync.global_every)
+        everyone = self._hvdx_sync.global_due(t)
         mixed_before = mixer.before_step(self._hvdx_tensors, t, everyone)
         loss = self._hvdx_base.step(self, closure)
         # After the local step: the optimizer's state tensors exist from the first step.
         tensors = self._hvdx_tensors()
         if not mixed_before:
             mixer.mix(tensors, t, everyone)
-        if swa_due(t, self._hvdx_sync.swa_start, self._hvdx_sync.swa_every):
+        if self._hvdx_sync.swa_due(t):
             mixer.finish()
             self._hvdx_swa_sample()
         mixer.step = t + 1
