@@ -16,5 +16,7 @@ from hvdx._version import __version__
 from hvdx.compression_registry import register_compressor
 from hvdx.decentralized import Decentralized
 from hvdx.dssync import DSSync
+from hvdx.mixer_registry import Mixer, mixer, register_mixer
 
-__all__ = ["DSSync", "Decentralized", "__version__", "register_compressor"]
+__all__ = ["DSSync", "Decentralized", "Mixer", "__version__", "mixer", "register_compressor",
+           "register_mixer"]

@@ -1,0 +1,375 @@
+"""Registered mixers: a user's own synchronization strategy (parameter mixing), by name.
+
+::
+
+    import numpy as np
+    import hvdx
+
+    class RandomPartner(hvdx.Mixer):
+        "Average with one random partner each step; every rank draws the same pairs."
+
+        def __init__(self, seed=0):
+            self.seed = seed
+
+        def settings(self):
+            return {"seed": self.seed}
+
+        def matrix(self, step, size):
+            order = np.random.default_rng([self.seed, step]).permutation(size)
+            w = np.eye(size)
+            for a, b in zip(order[0::2], order[1::2]):
+                w[[a, a, b, b], [a, b, a, b]] = 0.5
+            return w
+
+    hvdx.register_mixer("random_partner", RandomPartner)
+    optimizer = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                         sync=hvdx.mixer("random_partner", seed=3))
+
+After :func:`register_mixer`, ``sync=hvdx.mixer("<name>", *args, **kwargs)`` (torch's
+``DistributedOptimizer``, TensorFlow's ``DistributedGradientTape`` and Keras'
+``DistributedOptimizer``) and ``HVDX_SYNC=<name>(<literal arguments>)`` build a
+:class:`UserMixing` spec. It runs in the parameter-mixing strategies' shared wrappers
+(:mod:`hvdx.torch.mixing_optimizer`, :mod:`hvdx.tensorflow.mixing`), which decide
+everything a mixer does not: the local step, the step counter (saved in checkpoints),
+``global_every``, the SWA merge, ``synchronize_parameters()``, the optimizer state.
+Those options are keywords of every registered mixer's spec
+(:data:`MIXING_OPTIONS`). The fingerprint holds the class (qualified name), its
+:meth:`Mixer.settings` and those options, so a rank with another mixer or argument is
+refused on every rank before any exchange.
+
+The contract (:class:`Mixer`): ``matrix(step, size)``, this step's ``size x size``
+mixing matrix ``W`` (``x_i <- sum_j W[i, j] x_j``), the same on every rank; hvdx sends
+each rank's tensors in one fused buffer per dtype family to the ranks that need them
+(MPI point-to-point, :mod:`hvdx.mpi.user_mixer_exchange`). Or ``mix(step, arrays,
+peers)``, a function of this rank's numpy arrays that communicates through ``peers``
+(:class:`~hvdx.mpi.user_mixer_exchange.Peers`: ``by_matrix``, ``average``, ``comm``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import keyword
+from typing import Any, Callable, ClassVar, Dict, Iterator, List, MutableMapping, Optional
+
+import numpy as np
+
+from hvdx.keywords import unexpected_keyword
+from hvdx.strategies import catalogue
+from hvdx.strategies.descriptor import StrategyDescriptor, Constructor, VARIABLES
+from hvdx.strategy import Job, MixingStrategy, kept_for_every_rank
+
+__all__ = ["MIXING_OPTIONS", "Mixer", "RESERVED", "UserMixing", "check_matrix", "mixer",
+           "register_mixer", "registered_mixers"]
+
+#: The options every mixing strategy takes (:class:`hvdx.strategy.MixingStrategy`),
+#: keywords of every registered mixer's spec; a mixer's constructor may not use them.
+MIXING_OPTIONS = ("global_every", "swa_start", "swa_every", "average_optimizer_state")
+
+#: Names a registered mixer may not take: every strategy's key in the catalogue, every
+#: name ``HVDX_SYNC`` or ``HVDX_COMPRESSION`` already accepts, and Horovod's.
+RESERVED = frozenset({"none", "fp16", "horovod", "user_mixer"}) | \
+    frozenset(d.name for d in catalogue.BUILT_IN) | \
+    frozenset(name for variable in VARIABLES.values()
+              for name in catalogue.environment_constructors(variable, built_in_only=True))
+
+#: The adapters every registered mixer runs with (lazy paths: no framework here).
+_ADAPTERS = dict(
+    torch_adapter="hvdx.torch.user_mixer:adapter",
+    tensorflow_tape="hvdx.tensorflow.user_mixer:tape_adapter",
+    tensorflow_keras="hvdx.tensorflow.user_mixer:keras_adapter",
+    tensorflow_tape_counters="hvdx.tensorflow.mixing:tape_counters",
+    state_exports=("hvdx.tensorflow.user_mixer:mixer_state",))
+
+
+class Mixer:
+    """Subclass this, then ``hvdx.register_mixer("name", YourMixer)``.
+
+    Implement :meth:`matrix` (the common case) or :meth:`mix` (anything else). The
+    constructor takes the arguments of ``hvdx.mixer("name", ...)`` and of
+    ``HVDX_SYNC=name(...)``; raise ``ValueError`` naming a bad one. Every rank builds
+    its own instance: draw randomness from :meth:`settings` and ``step``, never from
+    the rank, so that every rank computes the same matrix.
+    """
+
+    def matrix(self, step: int, size: int):
+        """The mixing matrix of step ``step`` (0-based, saved in checkpoints): ``size x
+        size``, non-negative, every row summing to 1 (``x_i <- sum_j W[i, j] x_j``);
+        doubly stochastic keeps the ranks' mean. The same on every rank."""
+        raise NotImplementedError(f"{type(self).__qualname__}: implement matrix(step, "
+                                  "size) or mix(step, arrays, peers)")
+
+    def mix(self, step: int, arrays: List[np.ndarray], peers) -> List[np.ndarray]:
+        """This rank's mixed arrays at step ``step`` (collective: every rank calls it
+        with its arrays in the same order, shapes and dtypes). ``peers``:
+        :class:`hvdx.mpi.user_mixer_exchange.Peers`. The default mixes by
+        :meth:`matrix`."""
+        return peers.by_matrix(self.matrix(step, peers.size), arrays)
+
+    def settings(self) -> Dict[str, object]:
+        """Everything every rank must share (seeds, weights): compared across ranks
+        before the first step, as ``repr`` of the sorted items."""
+        return {}
+
+    def state(self) -> Dict[str, object]:
+        """The mixer's own state beyond the step (JSON-serialisable), for checkpoints."""
+        return {}
+
+    def load_state(self, state: Dict[str, object]) -> None:
+        """Restore :meth:`state`'s dictionary."""
+
+
+class _Registry(MutableMapping):
+    """Registered name -> mixer class, kept in step with the catalogue (each name is an
+    entry of kind ``sync`` there, with the shared adapters)."""
+
+    def __init__(self):
+        self._classes: Dict[str, type] = {}
+
+    def __getitem__(self, name: str) -> type:
+        return self._classes[name]
+
+    def __setitem__(self, name: str, cls: type) -> None:
+        if self._classes.get(name) is cls:
+            return
+        catalogue.unregister(name)
+        self._classes[name] = cls
+        catalogue.register(_descriptor(name))
+
+    def __delitem__(self, name: str) -> None:
+        del self._classes[name]
+        catalogue.unregister(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._classes)
+
+    def __len__(self) -> int:
+        return len(self._classes)
+
+
+_REGISTRY: MutableMapping[str, type] = _Registry()
+
+
+def _descriptor(name: str) -> StrategyDescriptor:
+    return StrategyDescriptor(
+        name=name, kind="sync", title=f"the registered mixer {name}",
+        constructors=(Constructor(name, _builder(name)),), built_in=False, **_ADAPTERS)
+
+
+def register_mixer(name: str, mixer_class: type) -> None:
+    """Make ``sync=hvdx.mixer(name, ...)`` and ``HVDX_SYNC=<name>(...)`` build
+    ``mixer_class(...)`` and run it after every local step.
+
+    Call it on every rank, before ``hvd.init`` where ``HVDX_SYNC`` names it (``init``
+    checks the variable), and before the optimizer or tape is built. Registering the
+    same class again under its name does nothing.
+
+    Raises:
+        ValueError: ``name`` is not an identifier, starts with ``_``, is reserved (a
+            built-in strategy's key or constructor such as ``dssync`` or ``DSSync``,
+            ``topk``, ``none``), or is registered with another class (mixer or
+            compressor).
+        TypeError: ``mixer_class`` is not a subclass of :class:`Mixer`, implements
+            neither ``matrix`` nor ``mix``, or its constructor takes one of
+            :data:`MIXING_OPTIONS`.
+    """
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) \
+            or name.startswith("_"):
+        raise ValueError(f"name={name!r} must be a Python identifier not starting with "
+                         "'_' (it is used as hvdx.mixer(name) and in HVDX_SYNC=<name>(...))")
+    if name in RESERVED:
+        raise ValueError(f"name={name!r} is already a strategy of hvdx or Horovod; "
+                         f"choose another name (taken: {sorted(RESERVED)})")
+    if not (isinstance(mixer_class, type) and issubclass(mixer_class, Mixer)):
+        raise TypeError(f"mixer_class={mixer_class!r} must be a subclass of hvdx.Mixer")
+    if mixer_class.matrix is Mixer.matrix and mixer_class.mix is Mixer.mix:
+        raise TypeError(f"mixer_class={_qualified(mixer_class)} implements neither "
+                        "matrix(step, size) nor mix(step, arrays, peers)")
+    try:
+        taken = set(inspect.signature(mixer_class).parameters) & set(MIXING_OPTIONS)
+    except (TypeError, ValueError):
+        taken = set()
+    if taken:
+        raise TypeError(f"mixer_class={_qualified(mixer_class)}: its constructor takes "
+                        f"{sorted(taken)}, which every mixer's spec takes itself "
+                        f"({', '.join(MIXING_OPTIONS)}); rename them")
+    known = _REGISTRY.get(name)
+    if known is not None and known is not mixer_class:
+        raise ValueError(f"name={name!r} is already registered for {_qualified(known)}; "
+                         "choose another name")
+    if known is None and any(d.name == name for d in catalogue.all_descriptors()):
+        raise ValueError(f"name={name!r} is already a registered strategy (a compressor?); "
+                         "choose another name")
+    _REGISTRY[name] = mixer_class
+
+
+def registered_mixers() -> Dict[str, type]:
+    """Registered name -> mixer class."""
+    return dict(_REGISTRY)
+
+
+def mixer(name: str, *args, **kwargs) -> "UserMixing":
+    """``sync=hvdx.mixer("name", *args, global_every=..., **kwargs)``: the spec of the
+    mixer registered as ``name``, built with ``args`` and ``kwargs`` (those of
+    :data:`MIXING_OPTIONS` are the shared wrapper's options).
+
+    Raises:
+        ValueError: ``name`` is not registered.
+        TypeError: a keyword neither the mixer's constructor nor the wrapper takes
+            (naming the closest one), or arguments the constructor does not take.
+    """
+    if name not in _REGISTRY:
+        raise ValueError(f"name={name!r} is no registered mixer (registered: "
+                         f"{sorted(_REGISTRY)}); call hvdx.register_mixer({name!r}, "
+                         "YourMixer) first")
+    return _builder(name)(*args, **kwargs)
+
+
+def _builder(name: str) -> Callable[..., "UserMixing"]:
+    """The constructor ``HVDX_SYNC=<name>(...)`` calls (its signature: the mixer's and
+    the mixing options)."""
+
+    def build(*args, **kwargs) -> UserMixing:
+        cls = _REGISTRY.get(name)
+        if cls is None:
+            raise ValueError(f"name={name!r} is no registered mixer")
+        options = {k: kwargs.pop(k) for k in MIXING_OPTIONS if k in kwargs}
+        signature = _signature(cls)
+        if signature is not None:
+            unknown = unexpected_keyword(name, _with_options(signature), kwargs)
+            if unknown is not None:
+                raise unknown
+            try:
+                signature.bind(*args, **kwargs)
+            except TypeError as error:
+                raise TypeError(f"{name}({_arguments(args, kwargs)}): {error}") from None
+        return UserMixing(name, cls, args, kwargs, **options)
+
+    build.__name__ = build.__qualname__ = name
+    build.__doc__ = f"Build sync={name}(...), the registered mixer."
+    cls = _REGISTRY.get(name)
+    signature = None if cls is None else _signature(cls)
+    if signature is not None:
+        build.__signature__ = _with_options(signature)
+    return build
+
+
+def _signature(cls: type) -> Optional[inspect.Signature]:
+    try:
+        return inspect.signature(cls)
+    except (TypeError, ValueError):
+        return None
+
+
+def _with_options(signature: inspect.Signature) -> inspect.Signature:
+    """The mixer's signature with the mixing options as keyword-only parameters."""
+    parameters = list(signature.parameters.values())
+    var_kw = [p for p in parameters if p.kind is inspect.Parameter.VAR_KEYWORD]
+    parameters = [p for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    defaults = dict(global_every=0, swa_start=None, swa_every=1,
+                    average_optimizer_state=False)
+    parameters += [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=v)
+                   for k, v in defaults.items()]
+    return signature.replace(parameters=parameters + var_kw)
+
+
+def _arguments(args, kwargs) -> str:
+    return ", ".join([repr(a) for a in args] +
+                     [f"{k}={v!r}" for k, v in sorted(kwargs.items())])
+
+
+class UserMixing(MixingStrategy):
+    """A registered mixer, its arguments, the shared mixing options, and the instance
+    every rank runs.
+
+    A ``ValueError`` of the mixer's constructor (or of an option) is kept, in a job of
+    several ranks, and raised on every rank by the entry point
+    (:func:`hvdx.strategy.validating`).
+    """
+
+    argument: ClassVar[str] = "sync"
+
+    def __init__(self, registered_name: str, cls: type, args: tuple = (),
+                 kwargs: Optional[dict] = None, global_every=0, swa_start=None,
+                 swa_every=1, average_optimizer_state=False):
+        #: The registry key (the catalogue entry with this mixer's adapters).
+        self.name = registered_name
+        self.cls = cls
+        self.args = tuple(args)
+        self.kwargs = dict(kwargs or {})
+        self.mixer: Optional[Mixer] = None
+        self.settings: List[tuple] = []
+        self.global_every, self.swa_start, self.swa_every = 0, None, 1
+        self.average_optimizer_state = False
+        try:
+            self._init_mixing(global_every=global_every, swa_start=swa_start,
+                              swa_every=swa_every,
+                              average_optimizer_state=average_optimizer_state)
+            self.mixer = cls(*self.args, **self.kwargs)
+            settings = self.mixer.settings()
+            if not isinstance(settings, dict):
+                raise ValueError(f"{_qualified(cls)}.settings() returned "
+                                 f"{type(settings).__name__}; return a dict")
+            self.settings = sorted(settings.items(), key=lambda kv: str(kv[0]))
+        except ValueError as error:
+            self.error = kept_for_every_rank(ValueError(f"{registered_name}(...): {error}"))
+
+    def call(self) -> str:
+        """``name(arguments)`` as the user wrote it, with the options that differ from
+        their defaults."""
+        options = {k: getattr(self, k) for k in MIXING_OPTIONS}
+        defaults = dict(global_every=0, swa_start=None, swa_every=1,
+                        average_optimizer_state=False)
+        changed = {k: v for k, v in options.items() if v != defaults[k]}
+        return f"{self.name}({_arguments(self.args, {**self.kwargs, **changed})})"
+
+    def describe(self) -> str:
+        if self.error is not None:
+            return self.invalid_repr()
+        return f"{self.call()} [{_qualified(self.cls)}] settings={self.settings!r}"
+
+    def __repr__(self) -> str:
+        return self.describe()
+
+    __str__ = __repr__
+
+    # --- the strategy contract (hvdx.strategy) ---------------------------------------
+
+    def prepare(self, job: Job) -> Any:
+        """Check the arguments against the job; a mixer by matrix gives step 0's matrix
+        for this size (so a matrix of the wrong size fails on every rank, here)."""
+        self.check_gradient_arguments(job, f"the mixer {self.name}")
+        if type(self.mixer).mix is Mixer.mix:
+            check_matrix(self.mixer.matrix(0, job.size), job.size,
+                         f"{_qualified(self.cls)}.matrix(0, {job.size})")
+        return None
+
+    def fingerprint_settings(self, job: Job, plan) -> List:
+        return [("sync.class", _qualified(self.cls)),
+                ("sync.settings", repr(self.settings)),
+                ("sync.size", job.size)] + \
+            [(f"sync.{k}", getattr(self, k)) for k in MIXING_OPTIONS]
+
+
+def check_matrix(w, n: int, what: str) -> np.ndarray:
+    """``w`` as a float64 ``n x n`` array, non-negative, finite, rows summing to 1;
+    else ``ValueError`` naming ``what``."""
+    try:
+        m = np.array(w, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} returned {type(w).__name__}, not a matrix of "
+                         "numbers") from None
+    if m.shape != (n, n):
+        raise ValueError(f"{what} returned shape {m.shape}; the job has {n} ranks, so "
+                         f"return an {n}x{n} matrix")
+    if not np.all(np.isfinite(m)) or np.any(m < 0):
+        raise ValueError(f"{what}: every entry must be finite and non-negative")
+    sums = m.sum(axis=1)
+    bad = np.flatnonzero(np.abs(sums - 1.0) > 1e-9 * n)
+    if bad.size:
+        raise ValueError(f"{what}: row {int(bad[0])} sums to {float(sums[bad[0]])!r}; "
+                         "every row of a mixing matrix sums to 1")
+    return m
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"

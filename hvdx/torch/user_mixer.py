@@ -1,0 +1,97 @@
+"""A registered mixer (:mod:`hvdx.mixer_registry`) for PyTorch.
+
+The optimizer is the parameter-mixing strategies' shared wrapper
+(:mod:`hvdx.torch.mixing_optimizer`: the local step, ``global_every``, the SWA merge,
+``synchronize_parameters``, the optimizer state, the step counter in ``state_dict()``)
+with :class:`UserMixer` below, which hands the tensors to the user's mixer as numpy
+arrays (float copies on the host) and writes its result back. Adapt-then-combine:
+the mix completes inside ``step()``.
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import horovod.torch as _hvd
+import numpy as np
+import torch
+
+from hvdx.decentralized import DecentralizedStats
+from hvdx.mixer_registry import UserMixing
+from hvdx.mpi.comm import world
+from hvdx.mpi.user_mixer_exchange import Peers
+from hvdx.torch.mixing_optimizer import (average_over_all_ranks, make_mixing_optimizer,
+                                         tensor_bytes)
+
+__all__ = ["STATE_KEY", "UserMixer", "adapter"]
+
+#: Key of the mixer's entry in ``state_dict()``.
+STATE_KEY = "hvdx_mixer"
+
+
+class UserMixer:
+    """The torch mixer protocol (:mod:`hvdx.torch.mixing_optimizer`) around a user's
+    :class:`hvdx.Mixer`."""
+
+    def __init__(self, sync: UserMixing, comm):
+        self.sync = sync
+        self.stats = DecentralizedStats()
+        self.peers = Peers(comm, self.stats)
+        self.peers._what = f"{type(sync.mixer).__qualname__}.matrix"
+        self.step = 0
+        self.swa_count = 0
+
+    def before_step(self, tensors_of, step: int, everyone: bool) -> bool:
+        return False
+
+    def mix(self, tensors: List[torch.Tensor], step: int, everyone: bool) -> None:
+        if everyone:
+            average_over_all_ranks(tensors, f"hvdx.{self.sync.name}.all")
+            self.count_everyone(tensors)
+            return
+        arrays = [t.detach().to("cpu").numpy() if t.dtype != torch.bfloat16 else
+                  t.detach().to("cpu", torch.float32).numpy() for t in tensors]
+        mixed = self.sync.mixer.mix(step, arrays, self.peers)
+        if not isinstance(mixed, (list, tuple)) or len(mixed) != len(tensors):
+            raise ValueError(f"{type(self.sync.mixer).__qualname__}.mix(step={step}) "
+                             f"returned {type(mixed).__name__}; return a list of "
+                             f"{len(tensors)} arrays, one per array given")
+        with torch.no_grad():
+            for t, value in zip(tensors, mixed):
+                value = np.asarray(value)
+                if value.shape != tuple(t.shape):
+                    raise ValueError(f"{type(self.sync.mixer).__qualname__}.mix(step="
+                                     f"{step}) returned shape {value.shape} for a tensor "
+                                     f"of shape {tuple(t.shape)}")
+                t.copy_(torch.from_numpy(np.ascontiguousarray(value)).to(t.device, t.dtype))
+
+    def after_step(self, tensors) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+    def discard(self) -> None:
+        pass
+
+    def count_everyone(self, tensors: Sequence[torch.Tensor]) -> None:
+        self.stats.add_everyone(tensor_bytes(tensors), self.peers.size)
+
+    def state(self):
+        state = {"step": self.step, "mixer": dict(self.sync.mixer.state())}
+        if self.sync.swa_start is not None:
+            state["swa_count"] = self.swa_count
+        return state
+
+    def load_state(self, state) -> None:
+        self.step = int(state["step"])
+        self.swa_count = int(state.get("swa_count", 0))
+        self.sync.mixer.load_state(dict(state.get("mixer") or {}))
+
+
+def adapter(optimizer, sync: UserMixing, plan, args):
+    """A registered mixer's adapter in :mod:`hvdx.torch.registry` (the catalogue names
+    it for every registered mixer)."""
+    mixer = UserMixer(sync, world(_hvd.global_process_set))
+    return make_mixing_optimizer(optimizer, args.named_parameters, sync, mixer,
+                                 args.named_buffers, STATE_KEY)
