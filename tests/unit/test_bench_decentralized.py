@@ -84,6 +84,7 @@ def test_placement_orders_the_emulated_hosts_for_mpiexec(placement, order):
 
 def test_the_launch_hands_the_placement_s_host_order_to_mpiexec(monkeypatch):
     import hvdx.cluster
+    from hvdx.bench import pinning
 
     seen = {}
 
@@ -95,7 +96,7 @@ def test_the_launch_hands_the_placement_s_host_order_to_mpiexec(monkeypatch):
     cluster = types.SimpleNamespace(spec=ClusterSpec(racks=2, hosts_per_rack=2))
     command, env = _launch_command(cluster, 1, ["prog"], 4, {"HOROVOD_CYCLE_TIME": "50"},
                                    "interleaved")
-    assert command == ["mpiexec", "prog"] and env == {}
+    assert command == ["mpiexec"] + pinning.command(["prog"]) and env == {}
     assert seen["hosts"] == [0, 2, 1, 3]
     assert seen["env"]["HVDX_BENCH_PLACEMENT"] == "interleaved"
     assert seen["env"]["HOROVOD_CYCLE_TIME"] == "50"
