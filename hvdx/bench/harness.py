@@ -648,6 +648,32 @@ def _calibrate(cluster, ranks_per_host: int, out_dir: str, timeout: float, say):
     calibration = _calibration_job(cluster, ranks_per_host, path, [], timeout, say)
     if calibration is None:
         say("  the plan column comes from the configured rates")
+        return None
+    if calibration.set_allreduce_times:
+        calibration = _local_set_averages(cluster, ranks_per_host, path, timeout, say) \
+            or calibration
+    return calibration
+
+
+def _local_set_averages(cluster, ranks_per_host: int, path: str, timeout: float, say):
+    """The calibration at ``path`` with Horovod's averages timed again with every rank
+    on this host, standing in for ``cluster`` (its racks as labels, blocked placement as
+    the calibration's), written back to ``path``: the part of each average that a local
+    step holds already (:class:`~hvdx.core.calibration.Calibration` step 8); ``None``,
+    said, if the job fails (the plan then adds the averages whole)."""
+    spec = cluster.spec
+    per_rack = spec.hosts_per_rack * ranks_per_host
+    ranks = spec.racks * per_rack
+    local = os.path.join(os.path.dirname(path), "calibration_local.json")
+    say("  timing Horovod's averages again with every rank on this host")
+    calibration = _calibration_job(
+        None, ranks_per_host, local,
+        ["--local-set-averages-of", path, "--racks",
+         ",".join(str(r // per_rack) for r in range(ranks))],
+        min(timeout, 300.0), say, ranks=ranks)
+    if calibration is None or not calibration.local_set_allreduce_times:
+        return None
+    calibration.save(path)
     return calibration
 
 
@@ -744,20 +770,25 @@ def _timed_again(cluster, ranks_per_host: int, out_dir: str, timeout: float, say
 
 
 def _calibration_job(cluster, ranks_per_host: int, path: str, options: List[str],
-                     timeout: float, say):
+                     timeout: float, say, ranks: int = 0):
     """Runs ``python -m hvdx.mpi.calibrate --out path`` with ``options`` on the
-    cluster, its progress said; the calibration it wrote, or ``None``, said."""
+    cluster (``None``: ``ranks`` ranks on this host), its progress said; the calibration
+    it wrote, or ``None``, said."""
     from hvdx.cluster import mpiexec_command
     from hvdx.core.calibration import Calibration
     from hvdx.bench import pinning
 
     if os.path.exists(path):
         os.remove(path)  # a file left by an earlier run must not pass for this one's
-    command = mpiexec_command(cluster, pinning.command(
-        [sys.executable, "-m", "hvdx.mpi.calibrate", "--out", path] + options),
-        ppn=ranks_per_host, env={"OMP_NUM_THREADS": "1", pinning.PIN_ENV: pinning.cores_value()})
+    argv = pinning.command([sys.executable, "-m", "hvdx.mpi.calibrate", "--out", path] +
+                           options)
+    env = {"OMP_NUM_THREADS": "1", pinning.PIN_ENV: pinning.cores_value()}
+    if cluster is None:
+        command, env = ["mpirun", "-n", str(ranks)] + argv, dict(os.environ, **env)
+    else:
+        command, env = mpiexec_command(cluster, argv, ppn=ranks_per_host, env=env), None
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                            text=True, env=env)
     # A job that hangs is killed after ``timeout`` and counts as failed.
     deadline = threading.Timer(timeout, proc.kill)
     deadline.start()

@@ -60,7 +60,14 @@ instead, and the cost model prices every phase from it:
    included, in place of MPI's allreduce plus the small collectives it adds for them:
    on the emulated 2x2 cluster a 5.5 MB average on the rack sets took 115-194 ms where
    MPI's allreduce on the same ranks took 82-86 (4 ranks sharing 2 cores: Horovod's
-   machinery, not the wire);
+   machinery, not the wire). With several racks, Horovod's own average on all ranks
+   (``"world"``) is timed too, for small models. ``local_set_allreduce_times``: the same
+   averages timed with every rank on one host (``hvdx bench``'s local runs), where
+   Horovod's machinery costs about as much and the wire nothing; a local step already
+   holds that part, so a plan built on one adds only the difference
+   (:meth:`Calibration.set_allreduce_beyond_local_s`). With ranks pinned to cores,
+   150 KB on the 2x2 cluster took 24 ms on the rack sets and 74 ms on all ranks; on
+   one host, 25 and 50 ms: DS-Sync's step gained 6 ms on the cluster, Horovod's 34;
 9. ``sharded_topk_times``: sharded TopK's two collectives as its step runs them, once
    each after compute rather than back to back: the alltoall of the uplink pairs, then
    the allgather of the downlink shards, whose bytes per rank are the uplink's times
@@ -135,6 +142,10 @@ class Calibration:
     #: group -> ``[(bytes per rank, seconds)]`` of Horovod's average on process sets
     #: (module step 8); empty: Horovod was not timed.
     set_allreduce_times: Mapping[str, List[Tuple[float, float]]] = field(default_factory=dict)
+    #: The same averages timed with every rank on one host, standing in for this
+    #: cluster (module step 8); empty: not timed.
+    local_set_allreduce_times: Mapping[str, List[Tuple[float, float]]] = \
+        field(default_factory=dict)
     #: downlink multiple ``m`` -> ``[(uplink bytes per rank, seconds)]`` of sharded
     #: TopK's alltoall then allgather (module step 9); empty: not timed.
     sharded_topk_times: Mapping[float, List[Tuple[float, float]]] = field(default_factory=dict)
@@ -151,7 +162,7 @@ class Calibration:
         object.__setattr__(self, "tables", clean)
         for name in ("shift_tables", "oneway_tables"):
             object.__setattr__(self, name, self._checked(name, getattr(self, name)))
-        for name in ("allreduce_times", "set_allreduce_times"):
+        for name in ("allreduce_times", "set_allreduce_times", "local_set_allreduce_times"):
             for group in dict(getattr(self, name)):
                 if group not in ALLREDUCE_GROUPS:
                     raise ValueError(f"{name}[{group!r}]: the groups are "
@@ -238,6 +249,16 @@ class Calibration:
         points = self.set_allreduce_times.get(group)
         return None if points is None else _interpolate(points, nbytes)
 
+    def set_allreduce_beyond_local_s(self, group: str, nbytes: float) -> Optional[float]:
+        """Of :meth:`set_allreduce_s`, what the cluster adds to the same average with
+        every rank on one host (module step 8), never below zero; ``None`` if either
+        was not timed for ``group``, or ``nbytes`` lies beyond the sizes both timed."""
+        cluster = self.set_allreduce_times.get(group)
+        local = self.local_set_allreduce_times.get(group)
+        if not cluster or not local or nbytes > min(cluster[-1][0], local[-1][0]):
+            return None
+        return max(0.0, _interpolate(cluster, nbytes) - _interpolate(local, nbytes))
+
     def allgather_s(self, nbytes: float) -> Optional[float]:
         """Seconds of hvdx's allgather of ``nbytes`` per rank on all ranks (module
         step 7), or ``None`` if it was not timed."""
@@ -274,6 +295,9 @@ class Calibration:
                 "alltoall_times": [list(p) for p in self.alltoall_times],
                 "set_allreduce_times": {g: [list(p) for p in pts]
                                         for g, pts in self.set_allreduce_times.items()},
+                "local_set_allreduce_times": {
+                    g: [list(p) for p in pts]
+                    for g, pts in self.local_set_allreduce_times.items()},
                 "sharded_topk_times": {repr(m): [list(p) for p in pts]
                                        for m, pts in self.sharded_topk_times.items()},
                 "tables": _plain(self.tables), "shift_tables": _plain(self.shift_tables),
@@ -301,6 +325,9 @@ class Calibration:
                    alltoall_times=[tuple(p) for p in data.get("alltoall_times") or ()],
                    set_allreduce_times={g: [tuple(p) for p in pts] for g, pts in
                                         dict(data.get("set_allreduce_times") or {}).items()},
+                   local_set_allreduce_times={
+                       g: [tuple(p) for p in pts] for g, pts in
+                       dict(data.get("local_set_allreduce_times") or {}).items()},
                    sharded_topk_times={_multiple(m): [tuple(p) for p in pts] for m, pts in
                                        dict(data.get("sharded_topk_times") or {}).items()})
 

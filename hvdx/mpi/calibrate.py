@@ -59,7 +59,10 @@ pairs whose traffic shares one link. Collective over ``comm``:
    Horovod agrees on every cycle is DS-Sync's); on one rack, everyone (Horovod's
    global set). DS-Sync's crossing average is left to step 6: its time is the
    uplink's, which MPI's allreduce measures as well, and timing it again through a
-   slow uplink would add a minute. Each average is named, as DS-Sync names its own,
+   slow uplink would add a minute. With several racks, Horovod's own average on all
+   ranks is timed too, the same way, up to :data:`WORLD_AVERAGE_MAX_BYTES`: below it
+   Horovod's step is mostly its machinery on these cores rather than the wire. Each
+   average is named, as DS-Sync names its own,
    and run three times untimed first, so that the timed runs are answered from Horovod's
    response cache as DS-Sync's are in every step after its first.
 
@@ -98,6 +101,11 @@ SPARSE_SIZES = (1024, 16 * 1024, 128 * 1024, 1 << 20, 2 << 20)
 #: Bytes per rank of the timed Horovod averages (module step 9): a negotiation's worth,
 #: then models around what DS-Sync averages.
 SET_ALLREDUCE_SIZES = (1024, 1 << 20, 4 << 20, 8 << 20)
+#: Horovod's average on all ranks (module step 9) is timed up to this many bytes: below
+#: it a step of Horovod's is mostly Horovod's machinery on these cores, which MPI's
+#: allreduce (step 6) does not hold (150 KB on the 2x2 cluster: 74 ms through Horovod,
+#: 33 ms MPI's plus 14 ms of negotiation); above it the wire, which step 6 prices.
+WORLD_AVERAGE_MAX_BYTES = 1 << 20
 #: How many times as dense as the uplink the timed TopK downlinks are (module step 7):
 #: the presets' (``fast``: as dense, ``safe``: twice).
 SHARDED_DOWNLINK_MULTIPLES = (1, 2)
@@ -494,6 +502,7 @@ def set_allreduce_times(comm: MPI.Comm, racks: Sequence[object], horovod,
     sets = {**found, **{tuple(ps.ranks): ps for ps in added}}
     group = next((g for g in groups[:len(members)] if rank in g), tuple(range(size)))
     mine = sets.get(group, horovod.global_process_set)
+    sizes_of: Sequence[int] = sizes
     average = getattr(horovod, "grouped_allreduce_", None) or horovod.grouped_allreduce
 
     def round_of(nbytes: int) -> Callable[[], None]:
@@ -510,29 +519,49 @@ def set_allreduce_times(comm: MPI.Comm, racks: Sequence[object], horovod,
             one_round()
         return one_round
 
-    try:
+    def timed(round_of) -> List[Tuple[float, float]]:
         # Once after a barrier, as DS-Sync averages once after its local step, and the
         # mean of 4 * repeats runs: the times can have two modes (unnamed, 5.5 MB on
         # the rack sets of the 2x2 cluster: 53-165 ms in 24 runs, DS-Sync's steps 170
         # and 270 ms), and the mean step holds both. Back to back, the median of two
         # read 61 ms there.
-        points = _points(comm, sizes, _ONCE_RUNS * repeats, max_round_s, round_of,
-                         once=True, statistic=np.mean, through=through)
+        return _points(comm, sizes_of, _ONCE_RUNS * repeats, max_round_s, round_of,
+                       once=True, statistic=np.mean, through=through)
+
+    times = {}
+    try:
+        times[name] = timed(round_of)
+        _said(say, rank, f"Horovod's average on {name} process sets ({size} ranks)",
+              times[name])
+        if name != "world":
+            # Horovod's own allreduce, on the global set with DS-Sync's sets registered
+            # as they are in its runs, up to WORLD_AVERAGE_MAX_BYTES: where a step is
+            # mostly Horovod's machinery rather than the wire (module step 9).
+            group, mine = tuple(range(size)), horovod.global_process_set
+            sizes_of = sorted({b for b in sizes if b <= WORLD_AVERAGE_MAX_BYTES} |
+                              ({through} if 0 < through <= WORLD_AVERAGE_MAX_BYTES else set()))
+            times["world"] = timed(round_of)
+            _said(say, rank, f"Horovod's average on all {size} ranks", times["world"])
     finally:
         for ps in added:
             horovod.remove_process_set(ps)
-    _said(say, rank, f"Horovod's average on {name} process sets ({size} ranks)", points)
-    return {name: points}
+    return times
 
 
 def with_set_averages(calibration: Calibration, comm: Optional[MPI.Comm] = None,
                       say: Optional[Callable[[str], None]] = None,
                       sizes: Sequence[int] = SET_ALLREDUCE_SIZES,
-                      through: int = 0) -> Calibration:
+                      through: int = 0, racks: Optional[Sequence[object]] = None,
+                      local: bool = False) -> Calibration:
     """``calibration`` with module step 9 added (for ``sizes``, each up to ``through``
     timed however long it takes: :func:`set_allreduce_times`), where Horovod for
     PyTorch is installed (else as it was, and said): Horovod is initialised for it (with
-    dynamic process sets) and shut down again, unless it was running already."""
+    dynamic process sets) and shut down again, unless it was running already.
+
+    ``racks``: every rank's rack label (default: the job's own, :mod:`hvdx.mpi.topology`).
+    With ``local``, the times go to ``local_set_allreduce_times`` instead: the job ran
+    with every rank on one host, standing in for the cluster of ``racks``
+    (:class:`~hvdx.core.calibration.Calibration` step 8)."""
     comm = MPI.COMM_WORLD if comm is None else comm
     try:
         import torch
@@ -547,12 +576,15 @@ def with_set_averages(calibration: Calibration, comm: Optional[MPI.Comm] = None,
         hvd.init(comm=comm, process_sets="dynamic")
     try:
         times = set_allreduce_times(
-            comm, rack_labels(comm) or ["one rack"] * comm.Get_size(), hvd,
+            comm, list(racks) if racks is not None else
+            rack_labels(comm) or ["one rack"] * comm.Get_size(), hvd,
             lambda nbytes: torch.ones(max(1, nbytes // 4), dtype=torch.float32),
             sizes=sizes, say=say, through=through)
     finally:
         if started:
             hvd.shutdown()
+    if local:
+        return dataclasses.replace(calibration, local_set_allreduce_times=times)
     return dataclasses.replace(calibration, set_allreduce_times=times)
 
 
@@ -577,12 +609,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     again.add_argument("--set-averages-of", metavar="CALIBRATION",
                        help="time only Horovod's averages on process sets again (step 9) "
                        "and write CALIBRATION with the new times to --out")
+    again.add_argument("--local-set-averages-of", metavar="CALIBRATION",
+                       help="with every rank on this host, standing in for the cluster "
+                       "of --racks: time Horovod's averages (step 9) at the sizes "
+                       "CALIBRATION timed them and write CALIBRATION with these as its "
+                       "local times to --out")
     again.add_argument("--sharded-topk-of", metavar="CALIBRATION",
                        help="time only sharded TopK's step again (end of step 7) and "
                        "write CALIBRATION with the new times to --out")
     parser.add_argument("--set-average-bytes", type=int, action="append", default=[],
                         metavar="BYTES", help="time Horovod's averages (step 9) at this "
                         "size too, such as the model's, however long it takes; repeatable")
+    parser.add_argument("--racks", metavar="LABELS",
+                        help="with --local-set-averages-of: every rank's rack, "
+                        "comma-separated in rank order, e.g. 0,0,1,1")
     parser.add_argument("--sharded-topk-bytes", type=int, action="append", default=[],
                         metavar="BYTES", help="with --sharded-topk-of: uplink bytes per "
                         "rank to time sharded TopK's step at (default: "
@@ -609,8 +649,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     elif args.set_average_bytes:
         parser.error("--set-average-bytes sizes Horovod's averages (step 9), which "
                      "--sharded-topk-of does not time; give them to separate jobs")
+    racks = None
+    if args.racks is not None:
+        if args.local_set_averages_of is None:
+            parser.error("--racks needs --local-set-averages-of: it labels that job's ranks")
+        racks = [label.strip() for label in args.racks.split(",")]
+        if len(racks) != MPI.COMM_WORLD.Get_size() or not all(racks):
+            parser.error(f"--racks={args.racks!r} must give one rack label per rank "
+                         f"({MPI.COMM_WORLD.Get_size()}), comma-separated")
     say = lambda s: print(s, flush=True)  # noqa: E731
-    if args.sharded_topk_of:
+    if args.local_set_averages_of:
+        base = Calibration.load(args.local_set_averages_of)
+        sizes = sorted({int(b) for points in base.set_allreduce_times.values()
+                        for b, _ in points} | set(args.set_average_bytes)) or \
+            sorted(set(SET_ALLREDUCE_SIZES) | set(args.set_average_bytes))
+        calibration = with_set_averages(base, say=say, sizes=sizes, through=max(sizes),
+                                        racks=racks, local=True)
+    elif args.sharded_topk_of:
         base = Calibration.load(args.sharded_topk_of)
         times = sharded_topk_times(
             MPI.COMM_WORLD, sorted(set(args.sharded_topk_bytes)) or SPARSE_SIZES,

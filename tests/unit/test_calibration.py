@@ -275,6 +275,80 @@ def test_horovods_set_averages_round_trip_and_bad_groups_are_refused(tmp_path):
         Calibration(tables=LINEAR, set_allreduce_times={"tree": [(1e3, 0.002)]})
 
 
+# --- the part of Horovod's averages that a local step already holds -------------------
+
+# Horovod's averages timed on the 2x2 cluster and with every rank on one host: 150 KB
+# took 74 ms on all ranks on the cluster and 50 on one host, 24 and 25 on the rack sets.
+BEYOND = dict(set_allreduce_times={"world": [(1e3, 0.034), (150e3, 0.074), (1e6, 0.180)],
+                                   "rack": [(1e3, 0.025), (150e3, 0.024), (8e6, 0.150)]},
+              local_set_allreduce_times={"world": [(1e3, 0.029), (150e3, 0.050),
+                                                   (1e6, 0.060)],
+                                         "rack": [(1e3, 0.023), (150e3, 0.025),
+                                                  (8e6, 0.030)]})
+MPI_TIMES = {"world": [(1e3, 0.005), (8e6, 0.805)], "rack": [(1e3, 0.001), (8e6, 0.081)],
+             "cross": [(1e3, 0.002), (8e6, 0.402)]}
+
+
+def test_what_the_cluster_adds_to_one_hosts_average_is_their_difference_never_below_zero():
+    timed = Calibration(tables=LINEAR, **BEYOND)
+    assert timed.set_allreduce_beyond_local_s("world", 150e3) == pytest.approx(0.024)
+    # Halfway between two timed sizes on both: (127 - 55) ms halfway from 150 KB to 1 MB.
+    assert timed.set_allreduce_beyond_local_s("world", 575e3) == \
+        pytest.approx((0.074 + 0.180) / 2 - (0.050 + 0.060) / 2)
+    assert timed.set_allreduce_beyond_local_s("rack", 150e3) == 0.0  # 24 ms < 25 ms
+    # Beyond the sizes both timed, or a group one of them did not time: not known.
+    assert timed.set_allreduce_beyond_local_s("world", 2e6) is None
+    assert timed.set_allreduce_beyond_local_s("cross", 1e3) is None
+    alone = Calibration(tables=LINEAR, set_allreduce_times=BEYOND["set_allreduce_times"])
+    assert alone.set_allreduce_beyond_local_s("world", 150e3) is None
+
+
+def test_the_local_averages_round_trip_and_bad_groups_are_refused(tmp_path):
+    path = str(tmp_path / "c.json")
+    Calibration(tables=LINEAR, **BEYOND).save(path)
+    assert Calibration.load(path) == Calibration(tables=LINEAR, **BEYOND)
+    with pytest.raises(ValueError, match="local_set_allreduce_times\\['tree'\\]"):
+        Calibration(tables=LINEAR, local_set_allreduce_times={"tree": [(1e3, 0.002)]})
+
+
+def test_a_plan_on_a_local_step_adds_only_what_the_cluster_adds_to_horovods_averages():
+    c = Cluster(racks=2, hosts_per_rack=2, nic_bps="1gbit", uplink_bps="100mbit",
+                calibration=Calibration(tables=LINEAR, allreduce_times=MPI_TIMES, **BEYOND))
+    small = Workload(conv_params=37_500, fc_params=0, compute_s=0.007)  # 150 KB
+    # Horovod: the local step (47 ms) holds the one-host average (50 ms); the cluster
+    # adds 74 - 50 ms.
+    assert predict("horovod", c, small, local_step_s=0.047).step_s == \
+        pytest.approx(0.047 + 0.024)
+    # DS-Sync, racks then crossings: the cluster adds nothing to the rack average (24 ms
+    # against 25 on one host); the crossing sets, not timed through Horovod, are MPI's
+    # allreduce plus their set's negotiation (2 ms) and two collectives on all ranks.
+    assert predict("dssync", c, small, local_step_s=0.037, intra_phases=1).comm_s == \
+        pytest.approx(0.5 * 0.0 + 0.5 * (_mpi_cross(150e3) + 0.002 + 2 * 0.005))
+
+
+def _mpi_cross(nbytes):
+    (b0, t0), (b1, t1) = MPI_TIMES["cross"]
+    return t0 + (t1 - t0) * (nbytes - b0) / (b1 - b0)
+
+
+def test_without_a_local_step_or_beyond_the_timed_sizes_the_averages_are_priced_whole():
+    c = Cluster(racks=2, hosts_per_rack=2, nic_bps="1gbit", uplink_bps="100mbit",
+                calibration=Calibration(tables=LINEAR, allreduce_times=MPI_TIMES, **BEYOND))
+    small = Workload(conv_params=37_500, fc_params=0, compute_s=0.007)
+    world_mpi = 0.005 + (0.805 - 0.005) * (150e3 - 1e3) / (8e6 - 1e3)
+    # No local step holds the one-host part: Horovod's negotiation and MPI's allreduce.
+    assert predict("horovod", c, small).comm_s == pytest.approx(0.005 + world_mpi)
+    # DS-Sync's rack average as Horovod timed it on the cluster, whole.
+    intra = [ph for ph in predict("dssync", c, small, intra_phases=1).phases
+             if ph.name.startswith("intra-rack")]
+    assert [ph.seconds for ph in intra] == [pytest.approx(0.024)]
+    # 5.5 MB is beyond the sizes Horovod's average on all ranks was timed at.
+    big = Workload(conv_params=1_371_000, fc_params=0, compute_s=0.1)
+    world_big = 0.005 + (0.805 - 0.005) * (5.484e6 - 1e3) / (8e6 - 1e3)
+    assert predict("horovod", c, big, local_step_s=0.1).comm_s == \
+        pytest.approx(0.005 + world_big)
+
+
 def test_timed_allreduces_round_trip_and_bad_groups_are_refused(tmp_path):
     timed = Calibration(tables=LINEAR, allreduce_times={"cross": [(1e3, 0.002)]})
     path = str(tmp_path / "c.json")
@@ -621,6 +695,11 @@ def test_the_calibration_job_refuses_a_size_under_one_float_by_name(value, capsy
     (["--sharded-topk-of", "c.json", "--set-average-bytes", "1024"],
      "--set-average-bytes sizes Horovod's averages"),
     (["--sharded-topk-of", "c.json", "--set-averages-of", "c.json"], "not allowed with"),
+    (["--racks", "0,0,1,1"], "--racks needs --local-set-averages-of"),
+    (["--local-set-averages-of", "c.json", "--racks", "0,1,1"],
+     "--racks='0,1,1' must give one rack label per rank (1)"),
+    (["--local-set-averages-of", "c.json", "--set-averages-of", "c.json"],
+     "not allowed with"),
 ])
 def test_the_calibration_job_refuses_a_timing_it_cannot_do_by_name(argv, message, capsys):
     # Refused by argparse on every rank before any collective: no rank waits in one.

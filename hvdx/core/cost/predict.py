@@ -4,6 +4,7 @@ a prediction is from a measurement (:mod:`hvdx.core.cost_model`).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -89,6 +90,12 @@ def predict(strategy: str, cluster: Cluster, workload: Workload,
             raise ValueError(f"local_cores={local_cores!r} must be the number of cores "
                              "the local run's ranks shared (a whole number, at least 1), "
                              "given with local_wait_s")
+    if local_step_s is None and cluster.calibration is not None and \
+            cluster.calibration.local_set_allreduce_times:
+        # Only a local step holds the one-host part of Horovod's averages: without one,
+        # they are priced whole.
+        cluster = dataclasses.replace(cluster, calibration=dataclasses.replace(
+            cluster.calibration, local_set_allreduce_times={}))
     plan = STRATEGIES[strategy](cluster, workload, **options)
     phases = tuple(_price(t, cluster) for t in plan.traffic)
     per_link: Dict[str, float] = {}

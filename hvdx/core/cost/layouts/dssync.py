@@ -17,12 +17,18 @@ def _set_averages(name: str, groups: np.ndarray, nbytes: float, c: Cluster,
     """DS-Sync's average of ``nbytes`` on the process sets of ``groups`` (every row at
     once): as the calibration timed that very op through Horovod where it did
     (:class:`~hvdx.core.calibration.Calibration` step 8: the negotiation and the
-    background cycles are in the time), else MPI's allreduce (:func:`_allreduces`)
+    background cycles are in the time; where the same average was timed with every rank
+    on one host too, only what the cluster adds to it, which is what it adds to a local
+    step), else MPI's allreduce (:func:`_allreduces`)
     plus the small collectives Horovod adds for an op on process sets
     (:func:`_set_negotiation`)."""
     cal, kind = c.calibration, _group_kind(groups, c)
-    measured = cal.set_allreduce_s(kind, nbytes) \
-        if cal is not None and kind is not None and groups.shape[1] > 1 else None
+    timed = cal is not None and kind is not None and groups.shape[1] > 1
+    beyond = cal.set_allreduce_beyond_local_s(kind, nbytes) if timed else None
+    if beyond is not None:  # a local step holds the rest (Calibration step 8)
+        return [_as_measured(_allreduce(name + " through Horovod, beyond one host's",
+                                        groups, nbytes, weight), beyond)]
+    measured = cal.set_allreduce_s(kind, nbytes) if timed else None
     if measured is not None:
         return [_as_measured(_allreduce(name + " through Horovod", groups, nbytes, weight),
                              measured)]
