@@ -14,9 +14,9 @@ Framework adapters: :mod:`hvdx.torch`, :mod:`hvdx.tensorflow`,
 
 from hvdx._version import __version__
 from hvdx.compression_registry import register_compressor
-from hvdx.decentralized import Decentralized
-from hvdx.dssync import DSSync
 from hvdx.mixer_registry import Mixer, mixer, register_mixer
+from hvdx.strategies.decentralized.spec import Decentralized
+from hvdx.strategies.dssync.spec import DSSync
 
 __all__ = ["DSSync", "Decentralized", "Mixer", "__version__", "mixer", "register_compressor",
            "register_mixer"]

@@ -13,7 +13,7 @@ The grammar (user documentation: ``docs/environment.md``)::
     HVDX_SYNC        = none | DSSync | DSSync(...) | Decentralized | Decentralized(...)
 
 where ``fast`` / ``safe`` are ``topk(preset="fast")`` / ``topk(preset="safe")``
-(:mod:`hvdx.topk_presets`) and the arguments are those of ``hvd.Compression.topk``,
+(:mod:`hvdx.strategies.topk.presets`) and the arguments are those of ``hvd.Compression.topk``,
 ``hvdx.DSSync`` and ``hvdx.Decentralized``, positional or keyword, each a Python literal.
 
 Every entry point (``DistributedOptimizer`` of torch and Keras,

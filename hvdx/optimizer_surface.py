@@ -21,7 +21,7 @@ def mixing_strategy(optimizer) -> MixingStrategy:
 
 
 def dssync_groups(optimizer):
-    """A DS-Sync optimizer's :class:`~hvdx.mpi.dssync_groups.DSSyncGroups`: its
+    """A DS-Sync optimizer's :class:`~hvdx.strategies.dssync.mpi_groups.DSSyncGroups`: its
     ``schedule`` (rebuilt in place by ``probe_every``), ``step``, ``stats`` and
     ``registered_groups``."""
     return optimizer._hvdx_groups

@@ -431,8 +431,8 @@ def _stanza_line(given: Dict[str, object], cluster: Cluster) -> str:
 def _topk_line(given: Dict[str, object], cluster: Cluster) -> str:
     """``topk``'s line; the model's gathered TopK prices the uplink alone (every rank
     computes the downlink), its sharded TopK a downlink of ``ratio`` unless given."""
-    from hvdx.compression import TopKCompression, topk
-    from hvdx.topk_presets import PRESETS as TOPK_PRESETS
+    from hvdx.strategies.topk.presets import PRESETS as TOPK_PRESETS
+    from hvdx.strategies.topk.spec import TopKCompression, topk
 
     ratio, mode = given.get("ratio", 0.01), given.get("mode", "gathered")
     downlink = given.get("downlink_ratio")  # (the presets': any, where gathered)

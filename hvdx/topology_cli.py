@@ -16,7 +16,7 @@ Steps, on every rank:
    :func:`hvdx.core.bandwidth.measured_topology` then gives the racks (when no label is
    set), the slow links and who crosses first in each rack;
 3. the rotation :class:`hvdx.DSSync` would use on that topology is built (Wang et al.,
-   arXiv 2007.03298; :class:`hvdx.core.dssync_schedule.RotationSchedule`);
+   arXiv 2007.03298; :class:`hvdx.strategies.dssync.core_schedule.RotationSchedule`);
 4. rank 0 prints it all (:func:`render`), ending with the ``HVDX_RACK`` of every host and
    the ``HVDX_LINK_RATES`` that give hvdx this topology on a real cluster
    (:func:`settings`); with ``--json``, one JSON object instead (:func:`figures`, keys
@@ -36,9 +36,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from hvdx.core.bandwidth import THRESHOLD_RATIO, MeasuredTopology, measured_topology
-from hvdx.core.dssync_schedule import RotationSchedule, default_rotation_parameters
 from hvdx.core.topology import Partition, Topology
 from hvdx.core.units import format_rate, parse_bytes, parse_rate
+from hvdx.strategies.dssync.core_schedule import RotationSchedule, default_rotation_parameters
 
 __all__ = ["JSON_KEYS", "TopologyReport", "add_arguments", "figures", "render",
            "run_topology", "settings"]
@@ -145,9 +145,9 @@ def collect(probe: bool, probe_bytes: Optional[int], intra_phases: int,
     """Module steps 1-3 (collective); the report on rank 0, ``None`` elsewhere."""
     from mpi4py import MPI
 
-    from hvdx.dssync import LINK_RATES_VARIABLES, link_rates_from_environment
     from hvdx.mpi.probe import DEFAULT_PROBE_BYTES, probe_bandwidth
     from hvdx.mpi.topology import RACK_VARIABLES, host_labels, rack_labels
+    from hvdx.strategies.dssync.spec import LINK_RATES_VARIABLES, link_rates_from_environment
 
     comm = MPI.COMM_WORLD if comm is None else comm
     hosts = host_labels(comm)
@@ -226,12 +226,12 @@ def settings(report: TopologyReport) -> Dict[str, object]:
     1. ``HVDX_RACK``: per host, its rack's index (every rank of a host sets the same;
        :mod:`hvdx.mpi.topology` numbers racks by first appearance, as here, so the
        labels rebuild these racks);
-    2. ``HVDX_LINK_RATES`` (``"nic,uplink"``, as :func:`hvdx.dssync.parse_link_rates`
-       reads it): the rates DS-Sync reads in this job (``HVDX_LINK_RATES``, else
-       ``HVDX_CLUSTER_LINK_RATES``: an emulated cluster's configured rates); else the
-       probe's median rates inside a rack and across racks, rounded to the three digits
-       the text shows; else ``None``. The value is written so that it parses back to
-       ``link_rates_bps`` exactly.
+    2. ``HVDX_LINK_RATES`` (``"nic,uplink"``, as
+       :func:`hvdx.strategies.dssync.spec.parse_link_rates` reads it): the rates DS-Sync reads in
+       this job (``HVDX_LINK_RATES``, else ``HVDX_CLUSTER_LINK_RATES``: an emulated cluster's
+       configured rates); else the probe's median rates inside a rack and across racks, rounded to
+       the three digits the text shows; else ``None``. The value is written so that it parses back
+       to ``link_rates_bps`` exactly.
 
     Returns:
         ``{"HVDX_RACK": [str per host], "HVDX_LINK_RATES": str or None,
@@ -451,7 +451,7 @@ def _settings_lines(report: TopologyReport) -> List[str]:
 
 def _exact_rate(bits_per_second: int) -> str:
     """A rate in tc's units that parses back to ``bits_per_second`` exactly, as
-    :func:`hvdx.dssync.parse_link_rates` reads it (``int`` of the parsed float)."""
+    :func:`hvdx.strategies.dssync.spec.parse_link_rates` reads it (``int`` of the parsed float)."""
     text = format_rate(bits_per_second)
     return text if int(parse_rate(text)) == bits_per_second else f"{bits_per_second}bit"
 

@@ -13,7 +13,7 @@ are timed against the same training loop with the local optimizer alone:
 One measurement (one MPI job on this host per workload, :func:`main`):
 
 1. ``hvd.init()`` with Horovod's cycle at 50 ms
-   (:data:`hvdx.topk_presets.HOROVOD_CYCLE_ENV`: nothing of Horovod's runs in a step)
+   (:data:`hvdx.strategies.topk.presets.HOROVOD_CYCLE_ENV`: nothing of Horovod's runs in a step)
    for every mode alike; each mode gets
    its own copy of the same initial model (broadcast from rank 0) and optimizer;
 2. the modes take turns in blocks of ``steps / rounds`` training steps on the same
@@ -117,7 +117,7 @@ def run(workloads: Sequence[str] = ("digits_vgg",), ranks: int = 4, steps: int =
         rounds: int = 4, modes: Sequence[str] = tuple(MODES),
         say: Callable[[str], None] = print, timeout: float = 900.0) -> List[Dict]:
     """One ``mpirun`` job of ``ranks`` ranks on this host per workload."""
-    from hvdx.topk_presets import HOROVOD_CYCLE_ENV
+    from hvdx.strategies.topk.presets import HOROVOD_CYCLE_ENV
     from hvdx.bench.workloads import WORKLOADS
 
     for name in workloads:

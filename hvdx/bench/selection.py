@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Dict
 
-from hvdx.core.topk_selection import benchmark_selection
+from hvdx.strategies.topk.core_selection import benchmark_selection
 
 __all__ = ["measure", "render"]
 

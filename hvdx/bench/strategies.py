@@ -21,7 +21,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional
 
-from hvdx import topk_presets
+from hvdx.strategies.topk import presets as topk_presets
 from hvdx.bench.run_environment import bench_topology
 from hvdx.optimizer_surface import dssync_groups, mixing_strategy
 from hvdx.strategies import catalogue
@@ -128,20 +128,20 @@ def _counted_bytes(optimizer, model, size, steps):
 
 
 #: The benchmark's TopK setting: 1% both ways, with the sampled-threshold
-#: ``topk_method`` of the presets (:mod:`hvdx.topk_presets`).
+#: ``topk_method`` of the presets (:mod:`hvdx.strategies.topk.presets`).
 TOPK_RATIO = topk_presets.RATIO
 TOPK_METHOD = topk_presets.TOPK_METHOD
 #: The tuned TopKs are the presets ``Compression.topk(preset="fast")`` (``topk_dgc``:
 #: global selection, DGC momentum correction without masking) and ``preset="safe"``
 #: (``topk_masked``: with masking, the downlink twice as dense); the measurements behind
-#: them are in :mod:`hvdx.topk_presets`. Their arguments, for the labels and the cost
+#: them are in :mod:`hvdx.strategies.topk.presets`. Their arguments, for the labels and the cost
 #: model:
 TOPK_DGC_OPTIONS: Dict = topk_presets.preset_options("fast")
 TOPK_MASKED_OPTIONS: Dict = topk_presets.preset_options("safe")
 #: Every run of the bench, Horovod's included, keeps Horovod's defaults: no strategy
 #: gets a tuning the baseline does not. (The tuned TopKs, decentralized SGD and Stanza
 #: leave Horovod idle during a step, so a user may launch them with
-#: ``HOROVOD_CYCLE_TIME=50``, :data:`hvdx.topk_presets.HOROVOD_CYCLE_ENV`, for a few more
+#: ``HOROVOD_CYCLE_TIME=50``, :data:`hvdx.strategies.topk.presets.HOROVOD_CYCLE_ENV`, for a few more
 #: percent: docs/benchmarks.md, "TopK: Horovod's cycle".)
 
 
@@ -217,7 +217,7 @@ def _rotation_options(optimizer) -> Dict:
 
 def _rotation_period(optimizer) -> int:
     """The rotation's period: ``intra_phases`` intra-rack steps and one crossing step
-    (:class:`hvdx.core.dssync_schedule.RotationSchedule`)."""
+    (:class:`hvdx.strategies.dssync.core_schedule.RotationSchedule`)."""
     return dssync_groups(optimizer).schedule.period
 
 

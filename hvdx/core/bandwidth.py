@@ -34,8 +34,8 @@ from typing import Hashable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from hvdx.core.dssync_schedule import RotationSchedule
 from hvdx.core.topology import Partition, Topology, groups_from_bandwidth, slow_links
+from hvdx.strategies.dssync.core_schedule import RotationSchedule
 
 __all__ = [
     "DEFAULT_PROBE_BYTES",

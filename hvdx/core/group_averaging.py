@@ -77,7 +77,7 @@ def simulate_dssync(initial, grads_fn: Callable[[np.ndarray, int], np.ndarray], 
         grads_fn: ``grads_fn(values, step)`` returns every rank's gradient at its own
             current values, same shape.
         lr: learning rate of the local SGD step.
-        schedule: any schedule of :mod:`hvdx.core.dssync_schedule`.
+        schedule: any schedule of :mod:`hvdx.strategies.dssync.core_schedule`.
         steps: number of steps.
         start: the first step's index (schedules depend on it).
         order: :data:`ADAPT_THEN_COMBINE` (step ``t``: ``x <- avg_t(x - lr * g(x))``)

@@ -1,6 +1,6 @@
 """Contiguous shards of an index space ``[0, d)``, one per rank.
 
-In sharded TopK (:mod:`hvdx.core.bidirectional_topk`) rank ``s`` owns the indices
+In sharded TopK (:mod:`hvdx.strategies.topk.core_bidirectional`) rank ``s`` owns the indices
 ``[bounds[s], bounds[s + 1])``: every rank sends it the pairs that fall there (one
 alltoall), it aggregates and selects that shard, and the selected shards are allgathered.
 The same split is used for reduce-scatter in Horovod and MPICH ("Optimization of

@@ -3,7 +3,7 @@
 DS-Sync (Wang et al., "Divide-and-Shuffle Synchronization for Distributed Machine
 Learning", arXiv 2007.03298) chooses groups so that their traffic avoids the network's
 bottleneck, which in a rack cluster is the oversubscribed rack uplink. This module
-describes the hierarchy the schedules of :mod:`hvdx.core.dssync_schedule` need:
+describes the hierarchy the schedules of :mod:`hvdx.strategies.dssync.core_schedule` need:
 
 1. a :class:`Topology` gives every rank a host and a rack. Ranks may be numbered in any
    order; labels are renumbered by first appearance in rank order, so every rank that

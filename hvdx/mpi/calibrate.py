@@ -481,7 +481,7 @@ def set_allreduce_times(comm: MPI.Comm, racks: Sequence[object], horovod,
 
     Sets it had to add are removed again; sets already registered are used as found.
     """
-    from hvdx.mpi.dssync_groups import dynamic_process_sets, registered_sets
+    from hvdx.strategies.dssync.mpi_groups import dynamic_process_sets, registered_sets
 
     rank, size = comm.Get_rank(), comm.Get_size()
     members = _rack_members(racks)

@@ -8,12 +8,12 @@ TensorFlow alike: numpy arrays in, numpy arrays out.
    and float32 for every other floating dtype: :mod:`hvdx.core.fused_layout`), sent to
    the ranks ``k`` with ``w[k, i] != 0`` and received from the ranks ``j`` with
    ``w[i, j] != 0`` by mpi4py non-blocking point-to-point on hvdx's duplicated
-   communicator (:class:`hvdx.mpi.neighbor_exchange.FusedExchange`, as the graphs of
-   ``hvdx.Decentralized``), and combined in the buffer's dtype, sources in rank order;
+   communicator (:class:`hvdx.strategies.decentralized.mpi_neighbor_exchange.FusedExchange`, as the
+   graphs of ``hvdx.Decentralized``), and combined in the buffer's dtype, sources in rank order;
 2. ``average(arrays)``: the mean over all ranks (``MPI_Allreduce`` in float64);
 3. ``comm``: the mpi4py communicator itself, for anything else (use tags of your own).
 
-Byte counters: :class:`hvdx.decentralized.DecentralizedStats`.
+Byte counters: :class:`hvdx.strategies.decentralized.spec.DecentralizedStats`.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import List, Sequence
 import numpy as np
 
 from hvdx.core import mixing_graphs
-from hvdx.decentralized import DecentralizedStats
 from hvdx.mixer_registry import check_matrix
-from hvdx.mpi.neighbor_exchange import FusedExchange
+from hvdx.strategies.decentralized.mpi_neighbor_exchange import FusedExchange
+from hvdx.strategies.decentralized.spec import DecentralizedStats
 
 __all__ = ["Peers"]
 
@@ -40,7 +40,8 @@ class Peers:
     Attributes:
         rank, size: this rank and the number of ranks.
         comm: hvdx's mpi4py communicator (a duplicate of Horovod's world).
-        stats: :class:`~hvdx.decentralized.DecentralizedStats`, bytes this rank sent.
+        stats: :class:`~hvdx.strategies.decentralized.spec.DecentralizedStats`, bytes this rank
+        sent.
     """
 
     def __init__(self, comm, stats: DecentralizedStats = None):

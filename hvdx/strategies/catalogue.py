@@ -3,9 +3,11 @@
 Each framework's registry (:mod:`hvdx.torch.registry`, :mod:`hvdx.tensorflow.registry`),
 the environment parser (:mod:`hvdx.environment`) and ``hvd.init``'s check of the
 variables (:func:`hvdx.environment_variables.asks_for_dssync`) read the strategies
-from here, so a new strategy is one entry in :data:`BUILT_IN` and its own modules:
+from here, so a new strategy is a folder of its own, ``hvdx/strategies/<name>/`` (its
+modules and its ``descriptor.py``), and one line in :data:`BUILT_IN`:
 
-1. :data:`BUILT_IN` holds the built-in descriptors, in the order messages list them;
+1. :data:`BUILT_IN` holds the built-in descriptors, in the order messages list them
+   (each strategy's own in its folder's ``descriptor.py``);
 2. :func:`register` adds a descriptor at run time: ``hvdx.register_compressor`` adds
    one per registered compressor (kind ``compression``, all sharing the adapters of
    ``user_compression``), and :func:`unregister` takes it out again;
@@ -20,9 +22,11 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Iterator, Mapping, Optional, Tuple
 
-from hvdx.strategies.descriptor import (KINDS, VARIABLES, BenchVariant, Constructor,
-                                        PlanOption, StrategyDescriptor, load)
-from hvdx.topk_presets import PRESETS
+from hvdx.strategies.decentralized.descriptor import DECENTRALIZED
+from hvdx.strategies.descriptor import KINDS, VARIABLES, Constructor, StrategyDescriptor, load
+from hvdx.strategies.dssync.descriptor import DSSYNC
+from hvdx.strategies.stanza.descriptor import STANZA
+from hvdx.strategies.topk.descriptor import TOPK
 
 __all__ = ["BUILT_IN", "adapters", "all_descriptors", "descriptor", "environment_constructors",
            "of_kind", "register", "unregister", "variable_kind"]
@@ -34,33 +38,9 @@ _USER_COMPRESSION = dict(
     tensorflow_keras="hvdx.tensorflow.user_compression:keras_adapter",
     tensorflow_tape_counters="hvdx.tensorflow.user_compression:tape_counters")
 
-#: The built-in strategies, each once.
+#: The built-in strategies, each once (each from its folder's descriptor.py).
 BUILT_IN: Tuple[StrategyDescriptor, ...] = (
-    StrategyDescriptor(
-        name="topk", kind="compression", title="TopK",
-        # The presets are bare names for topk(preset=...): topk_presets.PRESETS says
-        # which there are, so a new preset needs no entry here.
-        constructors=(Constructor("topk", "hvdx.compression:topk"),) + tuple(
-            Constructor(p, preset=p, calls="topk") for p in PRESETS),
-        torch_adapter="hvdx.torch.topk_optimizer:adapter",
-        torch_fit="hvdx.torch.registry:_fit_topk",
-        tensorflow_tape="hvdx.tensorflow.topk:tape_adapter",
-        tensorflow_keras="hvdx.tensorflow.topk:keras_adapter",
-        tensorflow_tape_counters="hvdx.tensorflow.topk:tape_counters",
-        cost_model="topk",
-        state_exports=("hvdx.tensorflow.topk:topk_state",),
-        examples=("topk(0.01, 0.01)", "topk(preset='safe', downlink_ratio=0.05)"),
-        tensorflow_exports=("hvdx.tensorflow.topk:TopKState",),
-        bench=(BenchVariant("topk", "hvdx.bench.strategies:topk_strategy", default=False,
-                            full=True),
-               BenchVariant("topk_dgc", "hvdx.bench.strategies:topk_strategy",
-                            {"preset": "fast"}, aliases=("fast",)),
-               BenchVariant("topk_masked", "hvdx.bench.strategies:topk_strategy",
-                            {"preset": "safe"}, aliases=("safe",))),
-        soak="topk(0.01, 0.01)", plan_line="hvdx.plan:_topk_line",
-        plan_options=(PlanOption("--ratio", float, "topk: uplink ratio", 0.01),
-                      PlanOption("--downlink-ratio", float,
-                                 "topk sharded: downlink ratio (default: --ratio)"))),
+    TOPK,
     StrategyDescriptor(
         name="user_compression", kind="compression",
         title="a registered compressor with error feedback",
@@ -69,56 +49,9 @@ BUILT_IN: Tuple[StrategyDescriptor, ...] = (
         **_USER_COMPRESSION,
         state_exports=("hvdx.tensorflow.user_compression:compression_state",),
         tensorflow_exports=("hvdx.tensorflow.user_compression:CompressionState",)),
-    StrategyDescriptor(
-        name="dssync", kind="sync", title="DS-Sync",
-        constructors=(Constructor("DSSync", "hvdx.dssync:DSSync"),),
-        torch_adapter="hvdx.torch.dssync_optimizer:adapter",
-        tensorflow_tape="hvdx.tensorflow.dssync:tape_adapter",
-        tensorflow_keras="hvdx.tensorflow.dssync:keras_adapter",
-        tensorflow_tape_counters="hvdx.tensorflow.mixing:tape_counters",
-        cost_model="dssync",
-        state_exports=("hvdx.tensorflow.dssync:dssync_state",),
-        dynamic_process_sets=True,
-        examples=("DSSync(intra_phases=4)",),
-        torch_exports=("hvdx.torch.dssync_optimizer:dssync_process_sets",),
-        tensorflow_exports=("hvdx.tensorflow.dssync:dssync_process_sets",),
-        bench=(BenchVariant("dssync", "hvdx.bench.strategies:dssync_strategy"),
-               BenchVariant("dssync_adaptive", "hvdx.bench.strategies:dssync_strategy",
-                            {"adaptive": True}, default=False)),
-        soak="DSSync('shuffle', group_size=2, seed=0)", plan_line="hvdx.plan:_dssync_line",
-        plan_options=(PlanOption("--intra-phases", int,
-                                 "dssync: intra-rack phases per cross-rack phase", 1),
-                      PlanOption("--cross-ranks", int,
-                                 "dssync: ranks per rack in a cross phase (default: all)"))),
-    StrategyDescriptor(
-        name="decentralized", kind="sync", title="decentralized SGD",
-        constructors=(Constructor("Decentralized", "hvdx.decentralized:Decentralized"),),
-        torch_adapter="hvdx.torch.decentralized_optimizer:adapter",
-        tensorflow_tape="hvdx.tensorflow.decentralized:tape_adapter",
-        tensorflow_keras="hvdx.tensorflow.decentralized:keras_adapter",
-        tensorflow_tape_counters="hvdx.tensorflow.mixing:tape_counters",
-        cost_model="decentralized",
-        state_exports=("hvdx.tensorflow.decentralized:decentralized_state",),
-        examples=("Decentralized(topology='one-peer-exp')",),
-        bench=tuple(BenchVariant(name, "hvdx.bench.strategies:decentralized_strategy", kwargs,
-                                 default=not kwargs) for name, kwargs in (
-            ("decentralized", {}), ("decentralized_static", {"topology": "static-exp"}),
-            ("decentralized_cta", {"order": "combine_then_adapt"}))),
-        soak="Decentralized('one-peer-exp')", plan_line="hvdx.plan:_decentralized_line",
-        plan_options=(PlanOption("--mix-every", int, "decentralized: mix every N steps, "
-                                 "local steps between", 1),)),
-    StrategyDescriptor(
-        name="stanza", kind="trainer", title="Stanza",
-        torch_trainer="hvdx.torch.stanza:Stanza",
-        tensorflow_trainer="hvdx.tensorflow.stanza:Stanza",
-        cost_model="stanza",
-        bench=tuple(BenchVariant(name, "hvdx.bench.strategies:stanza_strategy", kwargs,
-                                 default=name == "stanza") for name, kwargs in (
-            ("stanza", {"fc_workers": 1}), ("stanza_f2", {"fc_workers": 2}),
-            ("stanza_auto", {"fc_workers": "auto"}),
-            ("stanza_micro", {"fc_workers": 1, "micro_batches": 4}))),
-        plan_line="hvdx.plan:_stanza_line",
-        plan_options=(PlanOption("--fc-workers", int, "stanza: FC workers", 1),)),
+    DSSYNC,
+    DECENTRALIZED,
+    STANZA,
 )
 
 #: Descriptors added by :func:`register`, by name, in the order they came.

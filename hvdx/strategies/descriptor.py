@@ -7,7 +7,7 @@ checkpoint exports). A descriptor holds all of it; the catalogue
 views of it.
 
 Everything that lives in a framework is named by a *lazy path*, ``"module:attribute"``
-(``"hvdx.torch.topk_optimizer:adapter"``), and imported only when it is used
+(``"hvdx.strategies.topk.torch.optimizer:adapter"``), and imported only when it is used
 (:func:`load`):
 
 1. the catalogue is imported by framework-neutral code (the environment parser, which

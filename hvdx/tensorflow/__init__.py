@@ -8,26 +8,27 @@ unchanged, except:
   its first ``gradient()`` call checks that all ranks agree on the variables and
   settings before the first allreduce;
 - ``Compression`` keeps Horovod's ``none`` and ``fp16`` and adds ``topk`` (bidirectional
-  TopK with error feedback, :mod:`hvdx.tensorflow.topk`); :func:`topk_state` gives a
-  tape's residuals (checkpoint them with ``tf.train.Checkpoint``);
+  TopK with error feedback, :mod:`hvdx.strategies.topk.tensorflow.adapters`); :func:`topk_state`
+  gives a tape's residuals (checkpoint them with ``tf.train.Checkpoint``);
 - ``Compression.<name>(...)``: a compressor of your own, registered with
   ``hvdx.register_compressor`` (:mod:`hvdx.tensorflow.user_compression`);
   :func:`compression_state` gives a tape's residuals;
 - ``sync=hvdx.DSSync(...)`` replaces the gradient allreduce by DS-Sync group averaging
-  through Horovod process sets (:mod:`hvdx.tensorflow.dssync`); :func:`dssync_state`
-  gives the tape's DS-Sync state (checkpoint, ``synchronize_parameters``), and
+  through Horovod process sets (:mod:`hvdx.strategies.dssync.tensorflow.adapters`);
+  :func:`dssync_state` gives the tape's DS-Sync state (checkpoint, ``synchronize_parameters``), and
   :func:`dssync_process_sets` the sets for a static ``hvd.init``;
 - ``sync=hvdx.Decentralized(..., order="combine_then_adapt")``: decentralized SGD over a
   graph, mixing with neighbours by MPI point-to-point
-  (:mod:`hvdx.tensorflow.decentralized`); :func:`decentralized_state` gives the tape's
-  state (checkpoint, ``synchronize_parameters``, ``consensus_distance``);
+  (:mod:`hvdx.strategies.decentralized.tensorflow.adapters`); :func:`decentralized_state` gives the
+  tape's state (checkpoint, ``synchronize_parameters``, ``consensus_distance``);
 - :func:`save_checkpoint` / :func:`load_checkpoint`: every rank's
   ``tf.train.Checkpoint`` in one file on rank 0, written atomically
   (:mod:`hvdx.tensorflow.checkpoint`);
 - :func:`join` refuses, with what to do instead, once a tape or Keras optimizer was
   built with an hvdx strategy (:mod:`hvdx.tensorflow.join_guard`);
 - :class:`Stanza`: layer separation, conv workers train the features and FC workers
-  the head (:mod:`hvdx.tensorflow.stanza`); a trainer, called on every rank each step;
+  the head (:mod:`hvdx.strategies.stanza.tensorflow.trainer`); a trainer, called on every rank each
+  step;
 - :func:`shutdown`, :func:`start_timeline`, :func:`stop_timeline` are Horovod's, then
   add hvdx's own exchanges to Horovod's timeline file once it is closed
   (:mod:`hvdx.mpi.timeline`).

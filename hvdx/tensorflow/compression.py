@@ -8,14 +8,14 @@ import functools
 import horovod.tensorflow as _hvd
 import tensorflow as tf
 
-from hvdx.compression import TopKCompression, topk as _topk
 from hvdx.compression_registry import Registered
-from hvdx.topk_presets import WITHOUT_MOMENTUM_CORRECTION
+from hvdx.strategies.topk.presets import WITHOUT_MOMENTUM_CORRECTION
+from hvdx.strategies.topk.spec import TopKCompression, topk as _topk
 
 __all__ = ["Compression", "TopKCompression"]
 
 
-# hvdx.compression.topk (its name, docstring and signature), whose presets leave DGC's
+# hvdx.strategies.topk.spec.topk (its name, docstring and signature), whose presets leave DGC's
 # momentum correction off unless it is given (WITHOUT_MOMENTUM_CORRECTION).
 @functools.wraps(_topk)
 def _tensorflow_topk(*args, preset=None, **kwargs):
@@ -36,14 +36,14 @@ class Compression(_hvd.Compression, metaclass=_Registered):
     """Optional gradient compression (TensorFlow and Keras).
 
     ``none`` and ``fp16`` are Horovod's own compressors (the same objects). ``topk``
-    builds a :class:`~hvdx.compression.TopKCompression`: bidirectional TopK with error
+    builds a :class:`~hvdx.strategies.topk.spec.TopKCompression`: bidirectional TopK with error
     feedback, which :func:`hvdx.tensorflow.DistributedGradientTape` and
     :func:`hvdx.tensorflow.keras.DistributedOptimizer` run with hvdx's own
-    synchronization (see :mod:`hvdx.tensorflow.topk`)::
+    synchronization (see :mod:`hvdx.strategies.topk.tensorflow.adapters`)::
 
         compression=hvd.Compression.topk(ratio=0.01, downlink_ratio=0.01)
 
-    ``topk(preset="fast")`` / ``"safe"`` run the presets of :mod:`hvdx.topk_presets`
+    ``topk(preset="fast")`` / ``"safe"`` run the presets of :mod:`hvdx.strategies.topk.presets`
     without DGC's momentum correction, which is implemented for PyTorch's SGD only.
 
     ``Compression.<name>(...)`` builds a compressor registered under ``name``

@@ -29,17 +29,18 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     order) and settings, and raises the same ``ValueError`` on every rank otherwise.
 
     ``sync=hvdx.DSSync(...)``: ``gradient()`` returns the local gradients and replaces
-    the variables by their group average (see :mod:`hvdx.tensorflow.dssync`).
+    the variables by their group average (see :mod:`hvdx.strategies.dssync.tensorflow.adapters`).
     ``sync=hvdx.Decentralized(..., order="combine_then_adapt")``: likewise, with the
-    graph's neighbours (see :mod:`hvdx.tensorflow.decentralized`).
+    graph's neighbours (see :mod:`hvdx.strategies.decentralized.tensorflow.adapters`).
     ``non_trainable_variables=model.non_trainable_variables`` (hvdx's; a list or a
     callable returning one): with ``sync=``, also mix these (BatchNorm moving
     statistics), so that every rank evaluates alike after ``synchronize_parameters()``.
     Ignored otherwise (Horovod averages gradients only).
 
     ``compression=hvd.Compression.topk(...)``: bidirectional TopK with error feedback,
-    synchronized by hvdx (see :mod:`hvdx.tensorflow.topk`); ``op`` must be ``Average``
-    or ``Sum``, and :func:`hvdx.tensorflow.topk_state` gives the residuals to checkpoint.
+    synchronized by hvdx (see :mod:`hvdx.strategies.topk.tensorflow.adapters`); ``op`` must be
+    ``Average`` or ``Sum``, and :func:`hvdx.tensorflow.topk_state` gives the residuals to
+    checkpoint.
 
     ``compression`` left at Horovod's ``Compression.none`` and ``sync=None`` are taken
     from ``HVDX_COMPRESSION`` and ``HVDX_SYNC`` where set (:mod:`hvdx.environment`).

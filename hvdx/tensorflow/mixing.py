@@ -1,8 +1,8 @@
 """The parameter-mixing strategies' shared TensorFlow part: local steps, then a mixer.
 
-DS-Sync (:mod:`hvdx.tensorflow.dssync`) and decentralized SGD
-(:mod:`hvdx.tensorflow.decentralized`) send no gradients: every rank steps locally
-and then averages its variables with other ranks. What they share lives here once:
+DS-Sync (:mod:`hvdx.strategies.dssync.tensorflow.adapters`) and decentralized SGD
+(:mod:`hvdx.strategies.decentralized.tensorflow.adapters`) send no gradients: every rank steps
+locally and then averages its variables with other ranks. What they share lives here once:
 
 - :class:`MixingState` (a ``tf.Module``, so it checkpoints): the step counter, the SWA
   running means, the variables it mixes (checked across ranks when first seen),

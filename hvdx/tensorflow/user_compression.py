@@ -3,8 +3,8 @@ the Keras optimizer.
 
 The algorithm is :mod:`hvdx.core.user_compression`, its step across ranks
 :class:`hvdx.mpi.user_compression_exchange.UserCompressionSynchronizer`, the same
-object the PyTorch optimizer runs. As for TopK (:mod:`hvdx.tensorflow.topk`), hvdx
-builds Horovod's tape or Keras optimizer and replaces, on that instance only, the
+object the PyTorch optimizer runs. As for TopK (:mod:`hvdx.strategies.topk.tensorflow.adapters`),
+hvdx builds Horovod's tape or Keras optimizer and replaces, on that instance only, the
 function through which Horovod sends the gradients (``_allreduce_grads``, and the
 aggregation helper's with ``backward_passes_per_step > 1``). One call:
 
@@ -42,7 +42,7 @@ from hvdx.mpi import communicator_for
 from hvdx.mpi.user_compression_exchange import (UserCompressionStats,
                                                 UserCompressionSynchronizer)
 # One string that the owner's _serialize/_deserialize make, as TopK's residuals are saved.
-from hvdx.tensorflow.topk import _SerializedResiduals as _Serialized
+from hvdx.strategies.topk.tensorflow.adapters import _SerializedResiduals as _Serialized
 
 __all__ = ["CompressionState", "compression_state", "install_on_keras_optimizer",
            "install_on_tape", "keras_adapter", "tape_adapter", "tape_counters"]
@@ -218,7 +218,8 @@ def install_on_keras_optimizer(opt, spec, op, gradient_predivide_factor, process
     allreduce_grads = make_allreduce_grads(spec, op, process_set, lambda variables: state)
     object.__setattr__(opt, "_allreduce_grads", allreduce_grads)
     helper = getattr(opt, "_agg_helper", None)
-    if helper is not None:  # backward_passes_per_step > 1 (see hvdx.tensorflow.topk)
+    # backward_passes_per_step > 1 (see hvdx.strategies.topk.tensorflow.adapters)
+    if helper is not None:
         for attribute in ("allreduce_grads", "_allreduce_grads"):
             if hasattr(helper, attribute):
                 object.__setattr__(helper, attribute, allreduce_grads)

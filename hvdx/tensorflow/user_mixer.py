@@ -25,10 +25,10 @@ import horovod.tensorflow as _hvd
 import numpy as np
 import tensorflow as tf
 
-from hvdx.decentralized import DecentralizedStats
 from hvdx.mixer_registry import UserMixing
 from hvdx.mpi.comm import world
 from hvdx.mpi.user_mixer_exchange import Peers
+from hvdx.strategies.decentralized.spec import DecentralizedStats
 from hvdx.tensorflow.mixing import (MixingState, average_over_all_ranks,
                                     mixing_keras_optimizer, mixing_tape, state_of)
 

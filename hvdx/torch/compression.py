@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import horovod.torch as _hvd
 
-from hvdx.compression import TopKCompression, topk as _topk
 from hvdx.compression_registry import Registered
+from hvdx.strategies.topk.spec import TopKCompression, topk as _topk
 
 __all__ = ["Compression", "TopKCompression"]
 
@@ -15,7 +15,7 @@ class Compression(_hvd.Compression, metaclass=Registered):
     """Optional gradient compression.
 
     ``none`` and ``fp16`` are Horovod's own compressors (the same objects). ``topk``
-    builds a :class:`~hvdx.compression.TopKCompression`: bidirectional TopK with error
+    builds a :class:`~hvdx.strategies.topk.spec.TopKCompression`: bidirectional TopK with error
     feedback, which :func:`hvdx.torch.DistributedOptimizer` runs with hvdx's own
     synchronization (mpi4py collectives), because an allreduce cannot carry TopK::
 

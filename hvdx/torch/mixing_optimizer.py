@@ -21,8 +21,8 @@ optimizers. What every mixing strategy shares lives here, once:
 5. ``t += 1``; ``state_dict()`` holds ``t``, the SWA mean and the mixer's state under
    the strategy's key, so a resumed run continues the same schedule.
 
-A mixer implements (DS-Sync's ``GroupMixer`` in :mod:`hvdx.torch.dssync_optimizer`, the
-graph's ``GraphMixer`` in :mod:`hvdx.torch.decentralized_optimizer`):
+A mixer implements (DS-Sync's ``GroupMixer`` in :mod:`hvdx.strategies.dssync.torch.optimizer`, the
+graph's ``GraphMixer`` in :mod:`hvdx.strategies.decentralized.torch.optimizer`):
 
 - ``step``, ``swa_count``: the schedule's position and the SWA samples (checkpointed);
   ``stats``: byte counters;

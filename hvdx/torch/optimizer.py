@@ -35,9 +35,9 @@ def DistributedOptimizer(optimizer, named_parameters=None,
     Args:
         sync: an hvdx synchronization strategy, or ``None`` for Horovod's gradient
             allreduce. ``hvdx.DSSync(...)`` (group averaging, see
-            :mod:`hvdx.torch.dssync_optimizer`) and ``hvdx.Decentralized(...)``
+            :mod:`hvdx.strategies.dssync.torch.optimizer`) and ``hvdx.Decentralized(...)``
             (neighbour averaging over a graph, see
-            :mod:`hvdx.torch.decentralized_optimizer`) average parameters after a local
+            :mod:`hvdx.strategies.decentralized.torch.optimizer`) average parameters after a local
             step instead of averaging gradients: ``compression`` must then be
             ``Compression.none`` and ``process_set`` the global set, and the other
             gradient arguments are unused.
@@ -49,7 +49,7 @@ def DistributedOptimizer(optimizer, named_parameters=None,
 
     ``compression`` also takes ``hvdx.torch.Compression.topk(...)``: bidirectional TopK
     with error feedback, synchronized by hvdx itself (see
-    :mod:`hvdx.torch.topk_optimizer`); ``op`` must then be ``Average`` or ``Sum``.
+    :mod:`hvdx.strategies.topk.torch.optimizer`); ``op`` must then be ``Average`` or ``Sum``.
 
     Before anything is sent, every rank of ``process_set`` compares the parameter names,
     shapes and dtypes and the settings; a mismatch raises the same ``ValueError`` on
@@ -57,7 +57,7 @@ def DistributedOptimizer(optimizer, named_parameters=None,
     ``named_parameters`` is checked as Horovod checks it, with its messages, and
     ``optimizer._parameter_names`` names every parameter
     (:mod:`hvdx.torch.parameter_names`); a TopK preset keeps DGC's momentum correction
-    only with ``torch.optim.SGD`` with plain momentum (:mod:`hvdx.topk_presets`).
+    only with ``torch.optim.SGD`` with plain momentum (:mod:`hvdx.strategies.topk.presets`).
 
     ``compression`` left at Horovod's ``Compression.none`` and ``sync=None`` are taken
     from ``HVDX_COMPRESSION`` and ``HVDX_SYNC`` where set (:mod:`hvdx.environment`).

@@ -63,10 +63,10 @@ ADAPTERS: Mapping[str, Callable] = catalogue.adapters("torch_adapter")
 
 def _fit_topk(spec, optimizer):
     """A TopK preset with this optimizer: DGC's momentum correction only where it
-    applies (:func:`hvdx.topk_presets.for_optimizer`); rank 0 says once what it chose
+    applies (:func:`hvdx.strategies.topk.presets.for_optimizer`); rank 0 says once what it chose
     and why. (TopK's ``torch_fit`` in the catalogue; it stays here beside
     :data:`_SAID`, the memory of what was said, which tests clear.)"""
-    from hvdx.topk_presets import for_optimizer
+    from hvdx.strategies.topk.presets import for_optimizer
 
     fitted, why = for_optimizer(spec, type(optimizer).__name__, optimizer.param_groups)
     if why is not None and (spec.preset, why) not in _SAID:

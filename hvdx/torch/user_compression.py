@@ -31,7 +31,7 @@ import torch
 
 from hvdx.compression_registry import UserCompression
 from hvdx.mpi.user_compression_exchange import UserCompressionSynchronizer
-from hvdx.torch.topk_optimizer import _STEP_AFTER_SYNCHRONIZE
+from hvdx.strategies.topk.torch.optimizer import _STEP_AFTER_SYNCHRONIZE
 from hvdx.torch.wrapping import subclass_of
 
 __all__ = ["STATE_KEY", "adapter", "make_user_compression_optimizer"]

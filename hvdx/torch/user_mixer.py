@@ -16,10 +16,10 @@ import horovod.torch as _hvd
 import numpy as np
 import torch
 
-from hvdx.decentralized import DecentralizedStats
 from hvdx.mixer_registry import UserMixing
 from hvdx.mpi.comm import world
 from hvdx.mpi.user_mixer_exchange import Peers
+from hvdx.strategies.decentralized.spec import DecentralizedStats
 from hvdx.torch.mixing_optimizer import (average_over_all_ranks, make_mixing_optimizer,
                                          tensor_bytes)
 

@@ -16,9 +16,9 @@ from mpi4py import MPI
 
 from hvdx.mpi.abort import install_abort_on_error
 from hvdx.mpi.calibrate import set_allreduce_times
-from hvdx.mpi.dssync_groups import registered_sets
 from hvdx.mpi.finalize import finalize
 from hvdx.mpi.topology import rack_labels
+from hvdx.strategies.dssync.mpi_groups import registered_sets
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ import pytest
 from cluster_helpers import NIC, UPLINK, child_env
 from test_cluster_mpi import _mpi_skip_reason
 from hvdx.cluster import parse_rate
-from hvdx.dssync import parse_link_rates
+from hvdx.strategies.dssync.spec import parse_link_rates
 
 pytestmark = pytest.mark.skipif(_mpi_skip_reason() is not None,
                                 reason=str(_mpi_skip_reason()))

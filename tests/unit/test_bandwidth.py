@@ -14,8 +14,8 @@ from hvdx.core.bandwidth import (
     pair_rounds,
     rotation_changed,
 )
-from hvdx.core.dssync_schedule import RotationSchedule
 from hvdx.core.topology import Topology
+from hvdx.strategies.dssync.core_schedule import RotationSchedule
 
 GBIT, MBIT = 1e9 / 8, 1e6 / 8  # bytes per second
 

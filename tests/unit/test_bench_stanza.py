@@ -12,7 +12,7 @@ from hvdx.bench.workloads import WORKLOADS
 from hvdx.cluster import ClusterSpec
 from hvdx.core.cost_model import Prediction
 from hvdx.core.stanza_roles import stanza_roles
-from hvdx.mpi.stanza_exchange import StanzaStats
+from hvdx.strategies.stanza.mpi_exchange import StanzaStats
 
 
 def test_a_plain_bench_runs_stanza_with_one_fc_worker_and_its_variants_when_named():

@@ -71,9 +71,9 @@ def test_the_runner_records_the_rotations_and_the_graphs_period():
     from types import SimpleNamespace
 
     from hvdx.bench.strategies import STRATEGIES
-    from hvdx.core.dssync_schedule import RotationSchedule
     from hvdx.core.topology import Topology
-    from hvdx.decentralized import MixingGraph
+    from hvdx.strategies.decentralized.spec import MixingGraph
+    from hvdx.strategies.dssync.core_schedule import RotationSchedule
 
     def rotation(intra_phases):
         schedule = RotationSchedule(Topology.from_counts(2, 2), intra_phases=intra_phases,

@@ -6,7 +6,8 @@ the cost model assumes."""
 import numpy as np
 import pytest
 
-from hvdx.core.bidirectional_topk import (
+from hvdx.core.sharding import shard_bounds, shard_k, split_by_shard
+from hvdx.strategies.topk.core_bidirectional import (
     TopKConfig,
     aggregate,
     dense_allreduce_bytes,
@@ -20,9 +21,8 @@ from hvdx.core.bidirectional_topk import (
     to_dense,
     uplink,
 )
-from hvdx.core.error_feedback import ResidualMemory
-from hvdx.core.sharding import shard_bounds, shard_k, split_by_shard
-from hvdx.core.topk_selection import k_for, select_exact
+from hvdx.strategies.topk.core_error_feedback import ResidualMemory
+from hvdx.strategies.topk.core_selection import k_for, select_exact
 
 MODES = ("gathered", "sharded")
 

@@ -3,8 +3,8 @@ and renders the same fingerprint text on every rank."""
 
 import pytest
 
-from hvdx.compression import TopKCompression, topk
-from hvdx.core.bidirectional_topk import TopKConfig
+from hvdx.strategies.topk.core_bidirectional import TopKConfig
+from hvdx.strategies.topk.spec import TopKCompression, topk
 
 
 def test_defaults_and_description():

@@ -12,13 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from hvdx.core.bidirectional_topk import TopKConfig, simulate_step
-from hvdx.core.dssync_schedule import ShuffleSchedule
-from hvdx.core.error_feedback import ResidualMemory
-from hvdx.core.global_topk import shares
 from hvdx.core.mixing_graphs import TOPOLOGIES, mixing_matrix, neighbors
 from hvdx.core.sharding import shard_bounds, shard_k, split_by_shard
-from hvdx.core.topk_selection import select_exact
+from hvdx.strategies.dssync.core_schedule import ShuffleSchedule
+from hvdx.strategies.topk.core_bidirectional import TopKConfig, simulate_step
+from hvdx.strategies.topk.core_error_feedback import ResidualMemory
+from hvdx.strategies.topk.core_global import shares
+from hvdx.strategies.topk.core_selection import select_exact
 
 SETTINGS = settings(max_examples=60, deadline=None)
 DTYPES = st.sampled_from([np.float32, np.float64])

@@ -5,7 +5,7 @@ graph is synchronous SGD (with momentum: DmSGD is SGD with momentum), ``mix_ever
 leaves local SGD in between, and the momentum buffers stay local.
 
 Expected values come from plain loops and explicit matrices written here, never from
-hvdx.core.mixing_graphs, hvdx.core.decentralized or hvdx.core.group_averaging.
+hvdx.core.mixing_graphs, hvdx.strategies.decentralized.core_reference or hvdx.core.group_averaging.
 """
 
 import numpy as np
@@ -13,8 +13,8 @@ import pytest
 
 from explicit_graphs import (explicit, explicit_one_peer_exp, explicit_static_exp,
                              mixes_before, tau)
-from hvdx.core.decentralized import mix, simulate_decentralized
 from hvdx.core.group_averaging import ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT
+from hvdx.strategies.decentralized.core_reference import mix, simulate_decentralized
 
 ORDERS = (ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT)
 

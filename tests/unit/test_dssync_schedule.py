@@ -9,16 +9,16 @@ import sys
 import numpy as np
 import pytest
 
-from hvdx.core.dssync_schedule import (
+from hvdx.core.fingerprint import Fingerprint
+from hvdx.core.group_averaging import mean_uplink_bytes, uplink_bytes
+from hvdx.core.topology import Topology
+from hvdx.strategies.dssync.core_schedule import (
     ListSchedule,
     RotationSchedule,
     ShuffleSchedule,
     default_rotation_parameters,
     validate_partition,
 )
-from hvdx.core.fingerprint import Fingerprint
-from hvdx.core.group_averaging import mean_uplink_bytes, uplink_bytes
-from hvdx.core.topology import Topology
 
 STEPS = [0, 1, 2, 3, 7, 12, 99, 1000, 2**31 + 5]
 
@@ -87,7 +87,7 @@ def test_all_ranks_compute_the_same_partition_in_any_order_of_calls(n):
 
 
 def test_shuffle_partitions_do_not_depend_on_the_process():
-    code = ("from hvdx.core.dssync_schedule import ShuffleSchedule\n"
+    code = ("from hvdx.strategies.dssync.core_schedule import ShuffleSchedule\n"
             "print([ShuffleSchedule(10, 3, 7).partition(s) for s in (0, 5, 10**6)])")
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            check=True, env={**os.environ, "PYTHONHASHSEED": seed}).stdout

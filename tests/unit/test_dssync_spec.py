@@ -8,10 +8,10 @@ import sys
 import pytest
 
 import hvdx
-from hvdx.core.dssync_schedule import ListSchedule, RotationSchedule, ShuffleSchedule
 from hvdx.core.topology import Topology
-from hvdx.dssync import DSSync
 from hvdx.settings import validate_sync
+from hvdx.strategies.dssync.core_schedule import ListSchedule, RotationSchedule, ShuffleSchedule
+from hvdx.strategies.dssync.spec import DSSync
 
 
 def test_exported_from_hvdx_without_a_framework():
@@ -117,7 +117,7 @@ def test_rotation_parameters_come_from_the_link_rates_when_not_given():
 
 
 def test_link_rates_are_in_the_fingerprint_and_read_from_the_environment(monkeypatch):
-    from hvdx.dssync import link_rates_from_environment
+    from hvdx.strategies.dssync.spec import link_rates_from_environment
 
     topology = Topology.from_counts(2, 2)
     assert DSSync().settings(4, topology, (1e9, 1e8)) != DSSync().settings(4, topology)

@@ -4,7 +4,6 @@ combine-then-adapt order, and the validation of ``swa_start`` / ``swa_every``.""
 import numpy as np
 import pytest
 
-from hvdx.core.dssync_schedule import ListSchedule, ShuffleSchedule
 from hvdx.core.group_averaging import (
     COMBINE_THEN_ADAPT,
     average_in_groups,
@@ -12,7 +11,8 @@ from hvdx.core.group_averaging import (
     simulate_dssync,
     swa_due,
 )
-from hvdx.dssync import DSSync
+from hvdx.strategies.dssync.core_schedule import ListSchedule, ShuffleSchedule
+from hvdx.strategies.dssync.spec import DSSync
 
 
 def setup(n=4, d=3):

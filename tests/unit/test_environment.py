@@ -8,9 +8,9 @@ import pytest
 
 import hvdx
 from hvdx import environment, environment_variables
-from hvdx.compression import topk
 from hvdx.environment_variables import VariableError
 from hvdx.mpi.init_environment import init_arguments, launch_difference
+from hvdx.strategies.topk.spec import topk
 
 NONE = object()  # a framework's Compression.none
 

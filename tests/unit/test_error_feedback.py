@@ -4,8 +4,8 @@ reach it, and a checkpointed memory continues exactly where it stopped."""
 import numpy as np
 import pytest
 
-from hvdx.core.error_feedback import ResidualMemory
-from hvdx.core.topk_selection import select_exact
+from hvdx.strategies.topk.core_error_feedback import ResidualMemory
+from hvdx.strategies.topk.core_selection import select_exact
 
 
 def steps(memory, name, grads, k, copy=True):

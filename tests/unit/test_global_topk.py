@@ -10,8 +10,8 @@ import threading
 import numpy as np
 import pytest
 
-from hvdx.core.global_topk import agree_shares, shares
 from hvdx.core.sharding import shard_bounds
+from hvdx.strategies.topk.core_global import agree_shares, shares
 
 
 def brute_force_shares(b, bounds, k):

@@ -5,7 +5,6 @@ synchronous SGD (one group of everyone); the uplink carries what ring allreduce 
 import numpy as np
 import pytest
 
-from hvdx.core.dssync_schedule import ListSchedule, RotationSchedule, ShuffleSchedule
 from hvdx.core.group_averaging import (
     average_in_groups,
     consensus_distance,
@@ -14,6 +13,7 @@ from hvdx.core.group_averaging import (
     uplink_bytes,
 )
 from hvdx.core.topology import Topology
+from hvdx.strategies.dssync.core_schedule import ListSchedule, RotationSchedule, ShuffleSchedule
 
 
 def values(n, d=5, seed=0, dtype=np.float64):

@@ -8,9 +8,9 @@ import pytest
 
 import hvdx
 from hvdx import environment
-from hvdx.compression import topk
 from hvdx.environment_variables import VariableError
 from hvdx.keywords import bind, unexpected_keyword
+from hvdx.strategies.topk.spec import topk
 
 MISSPELT = [
     (lambda: topk(ration=0.1),

@@ -5,7 +5,7 @@ prints: ``info`` (the default) what runs and the warnings, ``warning`` the warni
 import pytest
 
 from hvdx import environment, log
-from hvdx.compression import topk
+from hvdx.strategies.topk.spec import topk
 
 NONE = object()  # a framework's Compression.none
 

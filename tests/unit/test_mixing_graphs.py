@@ -15,7 +15,7 @@ from explicit_graphs import (explicit, explicit_static_exp, explicit_torus, mixe
 from hvdx.core.mixing_graphs import (TOPOLOGIES, Neighbors, check_mixing_matrix, is_exact,
                                      mix_index, mixing_matrix, neighbors, period,
                                      spectral_gap, topology_name)
-from hvdx.decentralized import MixingGraph
+from hvdx.strategies.decentralized.spec import MixingGraph
 
 
 def explicit_period(topology, n):

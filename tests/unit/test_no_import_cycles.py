@@ -106,7 +106,21 @@ def _describe(cycles: List[List[str]], graph: Dict[str, Set[str]]) -> str:
 
 
 def _layer(module: str) -> str:
+    """The subpackage a module belongs to, or the module itself.
+
+    A strategy's folder (hvdx/strategies/<name>/) holds a module per layer, named
+    for it: ``core_*.py`` belongs to hvdx.core, ``mpi_*.py`` to hvdx.mpi,
+    ``torch/`` to hvdx.torch, ``tensorflow/`` to hvdx.tensorflow; its
+    ``descriptor.py`` to hvdx.strategies (the catalogue); the rest (``spec.py``,
+    ``presets.py``) are modules of their own, as the specs at the top were.
+    """
     parts = module.split(".")
+    if len(parts) >= 4 and parts[1] == "strategies":
+        role = parts[3].split("_")[0]
+        if role in SUBPACKAGES:
+            return f"hvdx.{role}"
+        if parts[3] != "descriptor":
+            return module
     return ".".join(parts[:2]) if len(parts) > 1 and parts[1] in SUBPACKAGES else module
 
 
@@ -130,4 +144,10 @@ def test_no_subpackage_imports_back_into_what_imports_it():
 def test_the_cycles_are_found():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _cycles(graph) == [["a", "b", "c"]]
-    assert _layer("hvdx.mpi.comm") == "hvdx.mpi" and _layer("hvdx.dssync") == "hvdx.dssync"
+    assert _layer("hvdx.mpi.comm") == "hvdx.mpi"
+    assert _layer("hvdx.strategies.dssync.spec") == "hvdx.strategies.dssync.spec"
+    assert _layer("hvdx.strategies.topk.core_global") == "hvdx.core"
+    assert _layer("hvdx.strategies.topk.mpi_sync") == "hvdx.mpi"
+    assert _layer("hvdx.strategies.stanza.tensorflow.trainer") == "hvdx.tensorflow"
+    assert _layer("hvdx.strategies.stanza.torch") == "hvdx.torch"
+    assert _layer("hvdx.strategies.topk.descriptor") == "hvdx.strategies"

@@ -252,7 +252,7 @@ def test_the_line_builds_the_strategy_the_row_prices(capsys):
 
     import hvdx
     from hvdx import environment
-    from hvdx.compression import topk
+    from hvdx.strategies.topk.spec import topk
 
     _, text, _ = run(capsys, "--preset", "emulated", "--mix-every", "2")
     lines = run_lines(text)

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from hvdx.mpi import dssync_groups
+from hvdx.strategies.dssync import mpi_groups as dssync_groups
 
 
 class Library:

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from hvdx.core.bidirectional_topk import TopKConfig
-from hvdx.core.sparsity_warmup import DGC_START_RATIO, config_at, warmup_ratio
+from hvdx.strategies.topk.core_bidirectional import TopKConfig
+from hvdx.strategies.topk.core_sparsity_warmup import DGC_START_RATIO, config_at, warmup_ratio
 
 
 def test_four_steps_give_dgcs_densities_from_75_to_99_9_percent_sparsity():

@@ -14,13 +14,13 @@ import sys
 import pytest
 
 from hvdx import environment
-from hvdx.compression import topk
 from hvdx.environment_variables import COMPRESSION_VARIABLE, SYNC_VARIABLE, asks_for_dssync
 from hvdx.strategies import catalogue
 from hvdx.strategies.descriptor import (KINDS, VARIABLES, BenchVariant, Constructor,
                                         PlanOption, StrategyDescriptor, load)
+from hvdx.strategies.topk.presets import PRESETS
+from hvdx.strategies.topk.spec import topk
 from hvdx.strategy import Strategy
-from hvdx.topk_presets import PRESETS
 
 BUILT_IN = {"topk", "user_compression", "dssync", "decentralized", "stanza"}
 FRAMEWORKS = ("torch", "tensorflow")
@@ -110,9 +110,9 @@ def test_every_lazy_path_resolves(name):
 
 def test_a_lazy_path_that_names_nothing_is_an_error():
     with pytest.raises(AttributeError):
-        load("hvdx.compression:no_such_thing")
+        load("hvdx.strategies.topk.spec:no_such_thing")
     with pytest.raises(ValueError, match="module:attribute"):
-        load("hvdx.compression.topk")
+        load("hvdx.strategies.topk.spec.topk")
 
 
 def test_the_cost_model_keys_are_layouts():
@@ -306,9 +306,9 @@ def test_a_fifth_built_in_strategy_is_one_catalogue_entry(monkeypatch):
 
     fifth = StrategyDescriptor(
         name="fifth", kind="sync", title="Fifth",
-        constructors=(Constructor("Fifth", "hvdx.dssync:DSSync"),),
+        constructors=(Constructor("Fifth", "hvdx.strategies.dssync.spec:DSSync"),),
         examples=("Fifth(level=2)",), cost_model="fifth",
-        torch_exports=("hvdx.torch.dssync_optimizer:dssync_process_sets",),
+        torch_exports=("hvdx.strategies.dssync.torch.optimizer:dssync_process_sets",),
         bench=(BenchVariant("fifth", _fifth_row),
                BenchVariant("fifth_high", _fifth_row, {"level": 9}, default=False,
                             aliases=("high",))),
@@ -320,8 +320,9 @@ def test_a_fifth_built_in_strategy_is_one_catalogue_entry(monkeypatch):
         "none, DSSync, Decentralized, Fifth, or a call of any of them with literal "
         "arguments, e.g. \"DSSync(intra_phases=4)\" or "
         "\"Decentralized(topology='one-peer-exp')\" or \"Fifth(level=2)\"")
-    assert ("Fifth", "hvdx.dssync:DSSync") in fifth.exports("torch")
-    assert ("dssync_process_sets", "hvdx.torch.dssync_optimizer:dssync_process_sets") in \
+    assert ("Fifth", "hvdx.strategies.dssync.spec:DSSync") in fifth.exports("torch")
+    assert ("dssync_process_sets",
+            "hvdx.strategies.dssync.torch.optimizer:dssync_process_sets") in \
         fifth.exports("torch")
 
     rows = bench._rows()

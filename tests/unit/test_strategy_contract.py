@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import hvdx
-from hvdx.compression import topk
+from hvdx.strategies.topk.spec import topk
 from hvdx.compression_registry import UserCompression
 from hvdx.core.user_compression import Compressor
 from hvdx.core.topology import Topology

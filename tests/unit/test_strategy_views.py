@@ -13,9 +13,9 @@ import hvdx
 from hvdx import plan
 from hvdx.bench import script, soak
 from hvdx.bench import strategies as bench
-from hvdx.compression import topk
 from hvdx.core.cost_model import DEFAULT_STRATEGIES as PLAN_ENTRIES
 from hvdx.environment_variables import ACCEPTED
+from hvdx.strategies.topk.spec import topk
 
 
 def test_the_variables_accept_what_their_messages_say():
@@ -237,10 +237,13 @@ def test_the_frameworks_export_each_strategys_names():
     pytest.importorskip("horovod.torch")
     import hvdx.tensorflow as tf_hvd
     import hvdx.torch as torch_hvd
-    from hvdx.tensorflow import decentralized as tf_decentralized, dssync as tf_dssync
-    from hvdx.tensorflow import stanza as tf_stanza, topk as tf_topk
+    from hvdx.strategies.decentralized.tensorflow import adapters as tf_decentralized
+    from hvdx.strategies.dssync.tensorflow import adapters as tf_dssync
+    from hvdx.strategies.stanza.tensorflow import trainer as tf_stanza
+    from hvdx.strategies.topk.tensorflow import adapters as tf_topk
     from hvdx.tensorflow import user_compression as tf_user
-    from hvdx.torch import dssync_optimizer, stanza as torch_stanza
+    from hvdx.strategies.dssync.torch import optimizer as dssync_optimizer
+    from hvdx.strategies.stanza.torch import trainer as torch_stanza
 
     assert torch_hvd.dssync_process_sets is dssync_optimizer.dssync_process_sets
     assert torch_hvd.Stanza is torch_stanza.Stanza

@@ -3,9 +3,9 @@ and the benchmark built from the same table."""
 
 import pytest
 
-from hvdx.compression import topk
+from hvdx.strategies.topk.presets import for_optimizer, momentum_correction_refusal
+from hvdx.strategies.topk.spec import topk
 from hvdx.strategy import strategy_of
-from hvdx.topk_presets import for_optimizer, momentum_correction_refusal
 
 
 def test_fast_is_one_percent_both_ways_with_dgc_momentum_without_masking():
@@ -176,7 +176,7 @@ def test_the_refusal_of_an_explicit_momentum_correction(name, groups, message):
 
 
 def test_tensorflow_presets_run_without_momentum_correction_as_the_torch_fallback():
-    from hvdx.topk_presets import WITHOUT_MOMENTUM_CORRECTION
+    from hvdx.strategies.topk.presets import WITHOUT_MOMENTUM_CORRECTION
 
     assert topk(preset="safe", **WITHOUT_MOMENTUM_CORRECTION) == \
         for_optimizer(topk(preset="safe"), "Adam", [ADAM])[0]

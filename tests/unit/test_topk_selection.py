@@ -4,7 +4,7 @@ selector keeps at most k of them and reports its recall."""
 import numpy as np
 import pytest
 
-from hvdx.core.topk_selection import (
+from hvdx.strategies.topk.core_selection import (
     benchmark_selection,
     k_for,
     recall,

@@ -10,10 +10,10 @@ import pytest
 
 from hvdx.cli import main
 from hvdx.core.bandwidth import MeasuredTopology, measured_topology
-from hvdx.core.dssync_schedule import RotationSchedule
 from hvdx.core.topology import Topology
 from hvdx.core.units import format_rate
-from hvdx.dssync import parse_link_rates
+from hvdx.strategies.dssync.core_schedule import RotationSchedule
+from hvdx.strategies.dssync.spec import parse_link_rates
 from hvdx.topology_cli import TopologyReport, _exact_rate, figures, render
 
 MBIT = 1e6 / 8

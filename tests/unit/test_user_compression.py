@@ -10,9 +10,9 @@ import pytest
 
 import hvdx
 from hvdx import compression_registry, environment
-from hvdx.compression import topk
 from hvdx.compression_registry import UserCompression, register_compressor
 from hvdx.core.user_compression import Compressor, step_all_ranks
+from hvdx.strategies.topk.spec import topk
 from hvdx.strategy import Job, resolve, strategy_of
 
 

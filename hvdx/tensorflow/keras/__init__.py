@@ -6,8 +6,8 @@ unchanged, except :func:`init` (job-wide abort on an uncaught exception) and
 :func:`DistributedOptimizer`, which accepts every Horovod argument plus ``sync=`` and
 checks on its first gradient aggregation that all ranks agree on the variables and
 settings, ``Compression``, which adds ``topk`` to Horovod's compressors (TopK with
-error feedback, :mod:`hvdx.tensorflow.topk`), :func:`load_model`, which wraps the
-loaded optimizer with hvdx's, and :func:`shutdown`, :func:`start_timeline` and
+error feedback, :mod:`hvdx.strategies.topk.tensorflow.adapters`), :func:`load_model`, which wraps
+the loaded optimizer with hvdx's, and :func:`shutdown`, :func:`start_timeline` and
 :func:`stop_timeline`, which add hvdx's exchanges to Horovod's timeline file once it is
 closed. With no hvdx feature switched on, the optimizer is
 Horovod's own.
@@ -25,7 +25,7 @@ from hvdx.tensorflow.compression import Compression  # noqa: E402,F401
 from hvdx.tensorflow.runtime import init, shutdown, start_timeline, stop_timeline  # noqa: E402,F401,E501
 from hvdx.tensorflow.keras.optimizer import DistributedOptimizer  # noqa: E402,F401
 from hvdx.tensorflow.keras.loading import load_model  # noqa: E402,F401
-from hvdx.tensorflow.dssync import dssync_process_sets  # noqa: E402,F401
+from hvdx.strategies.dssync.tensorflow.adapters import dssync_process_sets  # noqa: E402,F401
 from hvdx.tensorflow.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402,F401
-from hvdx.decentralized import Decentralized  # noqa: E402,F401
-from hvdx.dssync import DSSync  # noqa: E402,F401
+from hvdx.strategies.decentralized.spec import Decentralized  # noqa: E402,F401
+from hvdx.strategies.dssync.spec import DSSync  # noqa: E402,F401

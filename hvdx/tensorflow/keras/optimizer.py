@@ -28,23 +28,23 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     every rank trains the same variables with the same settings.
 
     ``sync=hvdx.DSSync(...)``: ``apply_gradients`` applies the local gradients, then
-    averages the variables in the step's group (see :mod:`hvdx.tensorflow.dssync`);
-    ``compression`` and ``process_set`` must keep their defaults; ``op``,
-    ``gradient_predivide_factor``, ``groups`` and the devices are unused (no gradient
-    is sent). ``sync=hvdx.Decentralized(...)``: the local step and the mix with the
-    graph's neighbours, in either order (see :mod:`hvdx.tensorflow.decentralized`).
-    Both keep Horovod's Keras optimizer API: ``backward_passes_per_step=N`` sums N
-    passes' gradients locally (``average_aggregated_gradients``, ``sparse_as_dense``
-    as in Horovod), then takes one local step and one mix; ``register_local_var(v)``
-    keeps ``v`` out of the mix, its gradient scaled as Horovod scales it
-    (``scale_local_gradients``); see :class:`hvdx.tensorflow.mixing._KerasMixing`.
+    averages the variables in the step's group (see
+    :mod:`hvdx.strategies.dssync.tensorflow.adapters`); ``compression`` and ``process_set`` must
+    keep their defaults; ``op``, ``gradient_predivide_factor``, ``groups`` and the devices are
+    unused (no gradient is sent). ``sync=hvdx.Decentralized(...)``: the local step and the mix with
+    the graph's neighbours, in either order (see
+    :mod:`hvdx.strategies.decentralized.tensorflow.adapters`). Both keep Horovod's Keras optimizer
+    API: ``backward_passes_per_step=N`` sums N passes' gradients locally
+    (``average_aggregated_gradients``, ``sparse_as_dense`` as in Horovod), then takes one local step
+    and one mix; ``register_local_var(v)`` keeps ``v`` out of the mix, its gradient scaled as
+    Horovod scales it (``scale_local_gradients``); see :class:`hvdx.tensorflow.mixing._KerasMixing`.
     ``non_trainable_variables=model.non_trainable_variables`` (hvdx's; a list or a
     callable returning one): with ``sync=``, also mix these (BatchNorm moving
     statistics). Ignored otherwise.
 
     ``compression=hvd.Compression.topk(...)``: bidirectional TopK with error feedback,
-    synchronized by hvdx (see :mod:`hvdx.tensorflow.topk`); ``op`` must be ``Average``
-    or ``Sum``; ``backward_passes_per_step > 1`` works (Horovod's local aggregation
+    synchronized by hvdx (see :mod:`hvdx.strategies.topk.tensorflow.adapters`); ``op`` must be
+    ``Average`` or ``Sum``; ``backward_passes_per_step > 1`` works (Horovod's local aggregation
     hands the summed gradients to TopK every N passes). The residuals are the tracked
     ``optimizer.hvdx_topk`` (saved with the optimizer), the bytes ``optimizer.hvdx_stats``.
 

@@ -19,8 +19,8 @@ from mpi4py import MPI
 
 import hvdx.tensorflow as hvd
 import hvdx.tensorflow.keras as hvd_keras
-from hvdx.core.bidirectional_topk import TopKConfig, simulate_step
-from hvdx.core.error_feedback import ResidualMemory
+from hvdx.strategies.topk.core_bidirectional import TopKConfig, simulate_step
+from hvdx.strategies.topk.core_error_feedback import ResidualMemory
 from tf_models import batches, small_cnn
 
 LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -128,7 +128,7 @@ def test_small_tensors_averaged_by_hvdx_are_horovods_average_and_horovod_idles(
     tensors = [tf.constant(g[hvd.rank()]) for g in grads]
     by_horovod = tape_step(flat_variables(), compiled, compression=hvd.Compression.topk(
         *RATIOS, min_size=MIN_SIZE))(*tensors)
-    import hvdx.tensorflow.topk as adapter
+    import hvdx.strategies.topk.tensorflow.adapters as adapter
     monkeypatch.setattr(adapter, "_hvd", _NoAllreduce(adapter._hvd))
     variables = flat_variables()
     by_hvdx = tape_step(variables, compiled, compression=hvd.Compression.topk(

@@ -14,7 +14,7 @@ import tensorflow as tf
 import hvdx
 import hvdx.tensorflow as hvd
 import hvdx.tensorflow.keras as hvd_keras
-from hvdx.compression import TopKCompression
+from hvdx.strategies.topk.spec import TopKCompression
 
 #: name -> (valid spec, wrong spec on rank 1, text the message must hold).
 SPECS = {

@@ -16,8 +16,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import hvdx.torch as hvd
-from hvdx.core.bidirectional_topk import TopKConfig, simulate_step
-from hvdx.core.error_feedback import ResidualMemory
+from hvdx.strategies.topk.core_bidirectional import TopKConfig, simulate_step
+from hvdx.strategies.topk.core_error_feedback import ResidualMemory
 from torch_models import SmallCNN, batches
 
 D = 3000

@@ -17,10 +17,10 @@ import torch.nn as nn
 
 import hvdx
 import hvdx.torch as hvd
-from hvdx.core.dssync_schedule import ShuffleSchedule
 from hvdx.core.group_averaging import simulate_dssync
 from hvdx.core.topology import Topology
-from hvdx.torch.dssync_optimizer import STATE_KEY, dssync_process_sets
+from hvdx.strategies.dssync.core_schedule import ShuffleSchedule
+from hvdx.strategies.dssync.torch.optimizer import STATE_KEY, dssync_process_sets
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from spec_errors import refused  # noqa: E402

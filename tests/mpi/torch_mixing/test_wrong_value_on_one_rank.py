@@ -15,7 +15,7 @@ import torch.nn as nn
 
 import hvdx
 import hvdx.torch as hvd
-from hvdx.torch.dssync_optimizer import dssync_process_sets
+from hvdx.strategies.dssync.torch.optimizer import dssync_process_sets
 
 #: name -> (the valid arguments, the wrong ones on rank 1, text the message must hold).
 #: The valid DS-Sync rotation detects the topology while it is prepared (collective):
@@ -44,7 +44,7 @@ SPECS = {
 def optimizer_with(spec):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 1))
-    argument = "compression" if isinstance(spec, hvdx.compression.TopKCompression) \
+    argument = "compression" if isinstance(spec, hvdx.strategies.topk.spec.TopKCompression) \
         else "sync"
     return hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                     named_parameters=model.named_parameters(),

@@ -1,0 +1,28 @@
+"""Decentralized SGD's entry in the strategy catalogue (:data:`hvdx.strategies.catalogue.BUILT_IN`).
+
+Its adapters are lazy paths ``"module:attribute"`` (:mod:`hvdx.strategies.descriptor`):
+importing this module imports no framework.
+"""
+
+from hvdx.strategies.descriptor import BenchVariant, Constructor, PlanOption, StrategyDescriptor
+
+__all__ = ["DECENTRALIZED"]
+
+DECENTRALIZED = StrategyDescriptor(
+    name="decentralized", kind="sync", title="decentralized SGD",
+    constructors=(Constructor("Decentralized",
+                              "hvdx.strategies.decentralized.spec:Decentralized"),),
+    torch_adapter="hvdx.strategies.decentralized.torch.optimizer:adapter",
+    tensorflow_tape="hvdx.strategies.decentralized.tensorflow.adapters:tape_adapter",
+    tensorflow_keras="hvdx.strategies.decentralized.tensorflow.adapters:keras_adapter",
+    tensorflow_tape_counters="hvdx.tensorflow.mixing:tape_counters",
+    cost_model="decentralized",
+    state_exports=("hvdx.strategies.decentralized.tensorflow.adapters:decentralized_state",),
+    examples=("Decentralized(topology='one-peer-exp')",),
+    bench=tuple(BenchVariant(name, "hvdx.bench.strategies:decentralized_strategy", kwargs,
+                             default=not kwargs) for name, kwargs in (
+        ("decentralized", {}), ("decentralized_static", {"topology": "static-exp"}),
+        ("decentralized_cta", {"order": "combine_then_adapt"}))),
+    soak="Decentralized('one-peer-exp')", plan_line="hvdx.plan:_decentralized_line",
+    plan_options=(PlanOption("--mix-every", int, "decentralized: mix every N steps, "
+                             "local steps between", 1),))

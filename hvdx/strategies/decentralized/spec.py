@@ -1,0 +1,195 @@
+"""``hvdx.Decentralized``: decentralized SGD over a graph, the framework-neutral spec.
+
+Decentralized SGD (DSGD; with the optimizer's local momentum, DmSGD) replaces the
+gradient allreduce by neighbour averaging: every rank takes a local step and averages its
+parameters with a few peers, chosen by a mixing graph. Over an exponential graph a rank
+talks to one peer per step (one-peer) or to ``log2 n`` peers (static), and information
+still reaches every rank in ``log2 n`` steps (Ying, Yuan, Chen, Hu, Pan and Yin,
+"Exponential Graph is Provably Efficient for Decentralized Deep Training", NeurIPS 2021,
+arXiv 2110.13363; the graphs follow BlueFog's ``topology_util.py``).
+
+At step ``t`` on every rank ``i`` (``W_t`` the graph's mixing matrix for the mix at
+step ``t``, item 3, :mod:`hvdx.core.mixing_graphs`; the numpy reference is
+:func:`hvdx.strategies.decentralized.core_reference.simulate_decentralized`):
+
+1. adapt-then-combine (the default): the local optimizer step, ``x_i - lr d_i``, then
+   ``x_i <- sum_j W_t[i, j] (x_j - lr d_j)``: the new parameters are sent to the
+   out-neighbours as soon as the step is done and combined before they are next read;
+2. combine-then-adapt: ``x_i <- sum_j W_t[i, j] x_j - lr d_i``, with ``d_i`` taken at
+   ``x_i``: the parameters are sent when the previous step ends, so the exchange runs
+   during this step's forward and backward pass;
+3. with ``mix_every=J``, only the steps ``t`` with ``(t + 1) % J == 0`` mix; the others
+   are local steps. The graph follows the mixes, not the steps: the mix at step ``t``
+   is mix ``m = t // J`` (:func:`hvdx.core.mixing_graphs.mix_index`) and ``W_t`` is the
+   graph's matrix ``m``, so a one-peer graph takes every shift in turn whatever ``J``
+   is;
+4. the options of every mixing strategy (:class:`hvdx.strategy.MixingStrategy`):
+   ``global_every``, the SWA merge, ``average_optimizer_state``.
+
+The optimizer's momentum stays local (DmSGD): mixing it too is
+``average_optimizer_state=True``.
+
+Exactness: for ``n`` a power of two, ``log2 n`` consecutive one-peer mixes
+(``log2 n * mix_every`` steps) average exactly: every rank holds the global mean when
+lr = 0. For other ``n`` they do not (about 0.2 contraction per period); hvdx warns on
+rank 0 when a one-peer graph is chosen there, and the static exponential graph is the
+better choice.
+
+Example::
+
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   sync=hvdx.Decentralized("one-peer-exp"))
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Dict, List, Tuple
+
+from hvdx.core import mixing_graphs
+from hvdx.core.counters import Counters
+from hvdx.core.group_averaging import ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT
+from hvdx.strategy import Job, MixingStrategy, check_integer, validating
+
+__all__ = ["ORDERS", "Decentralized", "DecentralizedStats", "MixingGraph"]
+
+#: Accepted ``order`` values.
+ORDERS = (ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT)
+
+
+class Decentralized(MixingStrategy):
+    """Decentralized SGD: local steps, then averaging with the graph's neighbours.
+
+    Args:
+        topology: ``"one-peer-exp"`` (default: one peer per step, exact averaging every
+            ``log2 n`` steps for ``n`` a power of two), ``"static-exp"`` (``log2 n``
+            peers every step), ``"one-peer-hypercube"`` (pairwise exchanges),
+            ``"ring"``, ``"torus"``, ``"complete"`` (every rank: the exact average, the
+            most bytes), or an ``n x n`` doubly stochastic mixing matrix ``W``
+            (``x_i <- sum_j W[i, j] x_j``).
+        order: ``"adapt_then_combine"`` (default) or ``"combine_then_adapt"`` (module
+            docstring).
+        mix_every: mix every ``mix_every`` steps (local steps in between).
+        global_every, swa_start, swa_every, average_optimizer_state: as for every
+            mixing strategy (:class:`hvdx.strategy.MixingStrategy`).
+
+    Raises:
+        ValueError: naming the argument and its value: an unknown topology, a matrix
+            that is not doubly stochastic, ``mix_every`` below 1, an unknown order.
+    """
+
+    name = "decentralized"
+
+    @validating
+    def __init__(self, topology="one-peer-exp", order: str = ADAPT_THEN_COMBINE,
+                 mix_every: int = 1, global_every: int = 0, swa_start=None,
+                 swa_every: int = 1, average_optimizer_state: bool = False):
+        if isinstance(topology, str):
+            if topology not in mixing_graphs.TOPOLOGIES:
+                raise ValueError(f"topology={topology!r} must be one of "
+                                 f"{mixing_graphs.TOPOLOGIES} or a mixing matrix")
+            self.topology = topology
+        else:
+            try:
+                self.topology = mixing_graphs.check_mixing_matrix(topology, name="topology")
+            except (TypeError, ValueError) as error:
+                if isinstance(error, ValueError) and str(error).startswith("topology"):
+                    raise
+                raise ValueError(f"topology={topology!r} must be one of "
+                                 f"{mixing_graphs.TOPOLOGIES} or a mixing matrix") from None
+        if order not in ORDERS:
+            raise ValueError(f"order={order!r} must be one of {ORDERS}")
+        self.order = order
+        self.mix_every = check_integer("mix_every", mix_every, 1)
+        self._init_mixing(global_every=global_every, swa_start=swa_start,
+                          swa_every=swa_every,
+                          average_optimizer_state=average_optimizer_state)
+
+    # --- the strategy contract (hvdx.strategy) ---------------------------------------
+
+    def prepare(self, job: Job) -> "MixingGraph":
+        """Check the arguments against the job and return this rank's graph."""
+        self.check_gradient_arguments(job, "decentralized SGD")
+        graph = MixingGraph(self.topology, job.size, job.rank, self.mix_every)
+        if job.rank == 0 and isinstance(self.topology, str) and \
+                self.topology.startswith("one-peer") and not graph.exact:
+            warnings.warn(
+                f"hvdx.Decentralized(topology={self.topology!r}) on {job.size} ranks: "
+                "one-peer graphs average exactly only when the number of ranks is a "
+                "power of two; consensus is slower here. Consider topology='static-exp'.",
+                stacklevel=4)
+        return graph
+
+    def fingerprint_settings(self, job: Job, plan) -> List[Tuple[str, object]]:
+        return [("decentralized.topology", mixing_graphs.topology_name(self.topology)),
+                ("decentralized.size", job.size),
+                ("decentralized.order", self.order),
+                ("decentralized.mix_every", self.mix_every),
+                ("decentralized.global_every", self.global_every),
+                ("decentralized.swa_start", self.swa_start),
+                ("decentralized.swa_every", self.swa_every),
+                ("decentralized.average_optimizer_state", self.average_optimizer_state)]
+
+    def mixes_at(self, step: int) -> bool:
+        """Whether step ``step`` (0-based) mixes (``mix_every``)."""
+        return (step + 1) % self.mix_every == 0
+
+    def __repr__(self) -> str:
+        if self.error is not None:
+            return self.invalid_repr()
+        topology = self.topology if isinstance(self.topology, str) else \
+            mixing_graphs.topology_name(self.topology)
+        return (f"Decentralized(topology={topology!r}, order={self.order!r}, "
+                f"mix_every={self.mix_every}, global_every={self.global_every}, "
+                f"swa_start={self.swa_start}, swa_every={self.swa_every}, "
+                f"average_optimizer_state={self.average_optimizer_state})")
+
+
+class MixingGraph:
+    """One rank's view of the graph: its neighbours and weights at every mixing step.
+
+    The one place where a training step becomes a graph index: the mix at step ``t`` is
+    mix ``t // mix_every`` (:func:`hvdx.core.mixing_graphs.mix_index`), so the index
+    follows from the step counter a checkpoint holds. The sequence repeats with
+    :attr:`period` mixes; each mix's neighbours are computed once.
+    """
+
+    def __init__(self, topology, n: int, rank: int, mix_every: int = 1):
+        if not isinstance(topology, str):
+            topology = mixing_graphs.check_mixing_matrix(topology, n, name="topology")
+        self.topology = topology
+        self.n = n
+        self.rank = rank
+        self.mix_every = mix_every
+        self.period = mixing_graphs.period(topology, n)
+        self.exact = mixing_graphs.is_exact(topology, n)
+        self._cache: Dict[int, mixing_graphs.Neighbors] = {}
+
+    def neighbors(self, step: int) -> "mixing_graphs.Neighbors":
+        """Send-to and receive-from ranks with the weights of the mix at training step
+        ``step`` (0-based, one that mixes)."""
+        key = mixing_graphs.mix_index(step, self.mix_every) % self.period
+        if key not in self._cache:
+            self._cache[key] = mixing_graphs.neighbors(self.topology, self.n, self.rank, key)
+        return self._cache[key]
+
+
+class DecentralizedStats(Counters):
+    """Bytes and messages this rank sent (payload only), steps taken."""
+
+    INITIAL = {"steps": 0, "last_bytes": 0.0, "total_bytes": 0.0, "last_messages": 0,
+               "total_messages": 0, "global_steps": 0}
+    __slots__ = tuple(INITIAL)
+
+    def _add(self, nbytes: float, messages: int, everyone: bool = False) -> None:
+        self.steps += 1
+        self.last_bytes = float(nbytes)
+        self.total_bytes += float(nbytes)
+        self.last_messages = messages
+        self.total_messages += messages
+        self.global_steps += int(everyone)
+
+    def add_everyone(self, nbytes: float, n: int) -> None:
+        """A step that averaged ``nbytes`` over all ``n`` ranks (``global_every``,
+        ``synchronize_parameters``), counted as a ring allreduce: ``2 (n - 1) / n``."""
+        self._add(2.0 * (n - 1) / n * nbytes, 0, everyone=True)

@@ -1,0 +1,17 @@
+"""DS-Sync: group averaging through Horovod process sets.
+
+One strategy, one folder (the shared machinery, the mixing bases among it, stays in
+hvdx.core, hvdx.mpi, hvdx.torch and hvdx.tensorflow):
+
+- ``spec.py``: the spec :class:`DSSync` (framework-neutral; ``hvdx.DSSync``);
+- ``core_schedule.py``, ``core_link_rates.py``: the group schedule and the link rates,
+  numpy and the standard library only;
+- ``mpi_groups.py``, ``mpi_adapt.py``: the groups and process sets shared by both
+  frameworks, and the bandwidth adaptation;
+- ``torch/optimizer.py``, ``tensorflow/adapters.py``: the framework adapters, mixers of
+  the parameter-mixing bases (each subpackage imports hvdx's package for its framework
+  first);
+- ``descriptor.py``: its entry in the catalogue (:mod:`hvdx.strategies.catalogue`).
+
+Importing this package imports nothing else.
+"""

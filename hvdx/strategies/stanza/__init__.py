@@ -1,0 +1,17 @@
+"""Stanza: layer separation, conv workers train the features and FC workers the head.
+
+One strategy, one folder (the shared machinery, the roles (``hvdx/core/stanza_roles.py``,
+which the cost model prices) among it, stays in hvdx.core, hvdx.mpi, hvdx.torch and
+hvdx.tensorflow):
+
+- ``core_checks.py``: what every rank checks before the first step, numpy and the
+  standard library only;
+- ``mpi_exchange.py``, ``mpi_gradients.py``, ``mpi_setup.py``, ``mpi_step.py``: its
+  messages over mpi4py, shared by both frameworks;
+- ``torch/trainer.py``, ``tensorflow/trainer.py``: the trainers (``hvdx.torch.Stanza``,
+  ``hvdx.tensorflow.Stanza``; each subpackage imports hvdx's package for its framework
+  first);
+- ``descriptor.py``: its entry in the catalogue (:mod:`hvdx.strategies.catalogue`).
+
+Importing this package imports nothing else.
+"""

@@ -1,0 +1,36 @@
+"""TopK's entry in the strategy catalogue (:data:`hvdx.strategies.catalogue.BUILT_IN`).
+
+Its adapters are lazy paths ``"module:attribute"`` (:mod:`hvdx.strategies.descriptor`):
+importing this module imports no framework.
+"""
+
+from hvdx.strategies.descriptor import BenchVariant, Constructor, PlanOption, StrategyDescriptor
+from hvdx.strategies.topk.presets import PRESETS
+
+__all__ = ["TOPK"]
+
+TOPK = StrategyDescriptor(
+    name="topk", kind="compression", title="TopK",
+    # The presets are bare names for topk(preset=...): presets.PRESETS says
+    # which there are, so a new preset needs no entry here.
+    constructors=(Constructor("topk", "hvdx.strategies.topk.spec:topk"),) + tuple(
+        Constructor(p, preset=p, calls="topk") for p in PRESETS),
+    torch_adapter="hvdx.strategies.topk.torch.optimizer:adapter",
+    torch_fit="hvdx.torch.registry:_fit_topk",
+    tensorflow_tape="hvdx.strategies.topk.tensorflow.adapters:tape_adapter",
+    tensorflow_keras="hvdx.strategies.topk.tensorflow.adapters:keras_adapter",
+    tensorflow_tape_counters="hvdx.strategies.topk.tensorflow.adapters:tape_counters",
+    cost_model="topk",
+    state_exports=("hvdx.strategies.topk.tensorflow.adapters:topk_state",),
+    examples=("topk(0.01, 0.01)", "topk(preset='safe', downlink_ratio=0.05)"),
+    tensorflow_exports=("hvdx.strategies.topk.tensorflow.adapters:TopKState",),
+    bench=(BenchVariant("topk", "hvdx.bench.strategies:topk_strategy", default=False,
+                        full=True),
+           BenchVariant("topk_dgc", "hvdx.bench.strategies:topk_strategy",
+                        {"preset": "fast"}, aliases=("fast",)),
+           BenchVariant("topk_masked", "hvdx.bench.strategies:topk_strategy",
+                        {"preset": "safe"}, aliases=("safe",))),
+    soak="topk(0.01, 0.01)", plan_line="hvdx.plan:_topk_line",
+    plan_options=(PlanOption("--ratio", float, "topk: uplink ratio", 0.01),
+                  PlanOption("--downlink-ratio", float,
+                             "topk sharded: downlink ratio (default: --ratio)")))

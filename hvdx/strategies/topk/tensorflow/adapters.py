@@ -1,0 +1,374 @@
+"""TopK compression with error feedback for TensorFlow: the tape and the Keras optimizer.
+
+Zou, De Sterck & Liu, "Downlink Compression Improves TopK Sparsification", arXiv
+2209.15203. The step (NaN/Inf agreement, dense/compressed split, fused exchange,
+residuals, counters) is :class:`hvdx.strategies.topk.mpi_sync.TopKSynchronizer`, the same object
+the PyTorch optimizer runs; this module only hands it TensorFlow's gradients.
+
+Horovod's ``DistributedGradientTape`` and Keras ``DistributedOptimizer`` funnel the
+gradients through one function, ``_allreduce_grads(grads, vars)``, after setting aside
+the variables registered as local (``register_local_source``/``register_local_var``);
+hvdx builds Horovod's object (the TopK spec is stored only in that function) and
+replaces the function, on this instance only, by :func:`make_allreduce_grads`. Keras
+with ``backward_passes_per_step > 1``: Horovod's aggregation helper sums the passes and
+calls the function it holds every N passes; hvdx replaces it on the helper of this
+optimizer too, so TopK compresses the sum. One call:
+
+1. takes the gradients in the order of the variables (the order the fingerprint
+   checked); a missing gradient is zeros (another rank may have one), an
+   ``IndexedSlices`` gradient is made dense and averaged by Horovod;
+2. runs the whole numpy step inside ONE ``tf.py_function`` that takes every gradient
+   and returns every update. Eagerly, the same Python function is called directly (no
+   py_function), so errors keep their Python type. Inside a ``tf.function`` (and Keras
+   ``fit``) the py_function is traced once and runs at every step, so the residuals,
+   the step counter and the warm-up decision live in Python, not in the graph;
+3. in it: every rank names its first non-finite gradient and the synchronizer combines
+   them. If any rank has one, every rank returns NaN for every gradient and nothing
+   else happens in that call (no exchange; no residual, step counter or byte counter
+   changes): Horovod's allreduce would carry the inf/NaN into every rank's average, and
+   a Keras ``LossScaleOptimizer`` (``mixed_float16``) counts on that to skip the step
+   and lower its scale on every rank together;
+4. the tensors left dense (fewer than ``min_size`` entries, sparse gradients, the
+   warm-up steps) go through ONE ``horovod.tensorflow.grouped_allreduce``, run eagerly
+   inside the py_function: it is Horovod's own reduction (same op, prescale/postscale,
+   process set, tensor fusion), so small tensors get exactly what Horovod would give
+   them, and it needs no extra graph branch for the warm-up. With
+   ``small_tensors="in_topk_step"`` the small tensors of a compressed step are averaged
+   by the synchronizer instead (one MPI allreduce), and Horovod carries nothing then;
+5. the others are flattened to float32 numpy and synchronized by TopK (mpi4py
+   collectives on hvdx's communicator, which matches Horovod's process set); the
+   updates come back in each gradient's shape and dtype.
+
+Why a py_function and not TensorFlow ops: TopK's pairs differ in number on every rank
+(Allgatherv/Alltoallv of variable length) and the residuals are Python state shared
+with the PyTorch adapter; one py_function per step runs that shared code unchanged, so
+TensorFlow's updates are bitwise PyTorch's and the numpy reference's.
+
+State: residuals live in a :class:`TopKState` (a ``tf.Module``), saved by
+``tf.train.Checkpoint`` through a ``PythonState`` (raw float32 bytes, so a resumed run
+continues bitwise). Keras: the optimizer tracks it as ``optimizer.hvdx_topk``, so a
+checkpoint of the model or of the optimizer includes it. Tape: a tape lives one step,
+so the state is kept per list of variables; :func:`topk_state` returns it
+(``tf.train.Checkpoint(model=model, optimizer=opt, topk=hvd.topk_state(variables))``).
+
+A NaN/Inf gradient on any rank raises nothing: every rank's gradients come back NaN
+(step 3), eagerly as inside a ``tf.function`` or ``fit``, and rank 0 reports the first
+such step on stderr.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import weakref
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import tensorflow as tf
+import horovod.tensorflow as _hvd
+
+from hvdx.mpi import communicator_for
+from hvdx.strategies.topk.mpi_sync import (TopKStats, TopKSynchronizer, check_saved_rank,
+                                           first_nonfinite)
+from hvdx.strategies.topk.spec import TopKCompression
+
+__all__ = ["TopKState", "check_topk_arguments", "install_on_keras_optimizer",
+           "install_on_tape", "keras_adapter", "make_allreduce_grads", "tape_adapter",
+           "tape_counters", "topk_state"]
+
+_OP_NAMES = {_hvd.Average: "Average", _hvd.Sum: "Sum", _hvd.Adasum: "Adasum"}
+
+
+def check_topk_arguments(op, gradient_predivide_factor, compression=None) -> None:
+    """The arguments TopK cannot honour raise ``ValueError`` naming them (as in torch)."""
+    if compression is not None and compression.momentum_correction:
+        raise ValueError("momentum_correction=True is implemented for PyTorch's SGD only; "
+                         "use momentum_correction=False with TensorFlow")
+    if op not in (_hvd.Average, _hvd.Sum):
+        raise ValueError(f"op={_OP_NAMES.get(op, op)} is not supported with TopK "
+                         "compression; use op=hvd.Average or op=hvd.Sum")
+    if gradient_predivide_factor != 1.0 and op != _hvd.Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+
+
+class _SerializedResiduals(tf.train.experimental.PythonState):
+    """What ``tf.train.Checkpoint`` saves of a :class:`TopKState`: one string tensor."""
+
+    def __init__(self, owner):
+        self._owner = weakref.ref(owner)
+
+    def serialize(self):
+        return self._owner()._serialize()
+
+    def deserialize(self, string_value):
+        self._owner()._deserialize(string_value)
+
+
+class TopKState(tf.Module):
+    """Residuals, step counter and byte counters of one TopK run, checkpointable.
+
+    It is bound on the first synchronization to the variables' names, the compression
+    spec and the communicator; a checkpoint restored before that is applied then.
+
+    Attributes:
+        stats: :class:`~hvdx.strategies.topk.mpi_sync.TopKStats` (bytes per step, like
+            ``optimizer.hvdx_stats`` in PyTorch).
+        synchronizer: the shared :class:`~hvdx.strategies.topk.mpi_sync.TopKSynchronizer`
+            (``None`` before the first step).
+    """
+
+    def __init__(self, name: str = "hvdx_topk"):
+        super().__init__(name=name)
+        # A trackable attribute: tf.train.Checkpoint saves it as this module's dependency.
+        self.residuals = _SerializedResiduals(self)
+        self._stats = TopKStats()
+        self._synchronizer: Optional[TopKSynchronizer] = None
+        self._pending: Optional[dict] = None
+
+    @property
+    def stats(self) -> TopKStats:
+        return self._stats
+
+    @property
+    def synchronizer(self) -> Optional[TopKSynchronizer]:
+        return self._synchronizer
+
+    @property
+    def step(self) -> int:
+        if self._synchronizer is None:
+            return 0 if self._pending is None else int(self._pending["step"])
+        return self._synchronizer.step
+
+    def bind(self, names: List[str], compression: TopKCompression, comm,
+             sum_op: bool, labels: Optional[List[str]] = None) -> TopKSynchronizer:
+        """The synchronizer for these variables and settings (made on the first call)."""
+        sync = self._synchronizer
+        if sync is None:
+            sync = TopKSynchronizer(names, compression, comm, sum_op=sum_op, labels=labels)
+            sync.stats = self._stats
+            if self._pending is not None:
+                sync.load_state_dict(self._pending)
+                self._pending = None
+            self._synchronizer = sync
+        elif (sync.names, sync.compression, sync.sum_op) != (tuple(names), compression,
+                                                              sum_op):
+            raise ValueError(
+                "hvdx TopK: these variables are already synchronized with "
+                f"'{sync.compression.describe()}' (op={'Sum' if sync.sum_op else 'Average'}); "
+                "one list of variables takes one TopK setting")
+        return sync
+
+    def _serialize(self) -> bytes:
+        state = (self._synchronizer.state_dict() if self._synchronizer is not None
+                 else self._pending)
+        if state is None:
+            state = {"step": 0, "mode": None, "size": None, "rank": None,
+                     "worker": {}, "server": {}}
+        # Everything but the residuals is small and JSON (step, layout, selection, ...).
+        header = {k: v for k, v in state.items() if k not in ("worker", "server")}
+        arrays = {}
+        for side in ("worker", "server"):
+            header[side] = list(state[side])
+            for i, e in enumerate(state[side].values()):
+                arrays[f"{side}{i}"] = e
+        buffer = io.BytesIO()
+        np.savez(buffer, header=np.frombuffer(json.dumps(header).encode(), np.uint8),
+                 **arrays)
+        return buffer.getvalue()
+
+    def _deserialize(self, value: bytes) -> None:
+        with np.load(io.BytesIO(value)) as data:
+            header = json.loads(data["header"].tobytes().decode())
+            state = dict(header)
+            for side in ("worker", "server"):
+                state[side] = {n: data[f"{side}{i}"].copy()
+                               for i, n in enumerate(header[side])}
+        if self._synchronizer is None:
+            # Checked now, while the checkpoint is read: found at the first step, it
+            # would stop some ranks and leave the others waiting in the exchange.
+            check_saved_rank(state, _hvd.rank())
+            self._pending = state
+        else:
+            self._synchronizer.load_state_dict(state)
+
+
+# One TopKState per list of variables for tapes, which live one step each.
+_tape_states: Dict[Tuple[int, ...], Tuple[List[weakref.ref], TopKState]] = {}
+
+
+@tf.autograph.experimental.do_not_convert
+def topk_state(variables) -> TopKState:
+    """The :class:`TopKState` that TopK tapes use for ``variables`` (made if missing).
+
+    Pass the same list, in the same order, as the ``sources`` of ``tape.gradient``
+    (without the sources registered with ``register_local_source``, which Horovod keeps
+    out of the synchronization); call it before training to checkpoint or restore the
+    residuals::
+
+        state = hvd.topk_state(model.trainable_variables)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=opt, topk=state)
+    """
+    variables = tf.nest.flatten(variables)
+    key = tuple(id(v) for v in variables)
+    entry = _tape_states.get(key)
+    if entry is not None and all(r() is v for r, v in zip(entry[0], variables)):
+        return entry[1]
+    for stale in [k for k, (refs, _) in _tape_states.items()
+                  if any(r() is None for r in refs)]:
+        del _tape_states[stale]
+    state = TopKState()
+    _tape_states[key] = ([weakref.ref(v) for v in variables], state)
+    return state
+
+
+def _keys(variables) -> List[str]:
+    """Residual keys by position, as the fingerprint names them: Keras makes layer names
+    unique per process (``dense_1``), so a restored model's variables may be named
+    differently from the saved one's while their order is the same."""
+    return [f"variable[{i}]" for i in range(len(variables))]
+
+
+def make_allreduce_grads(compression: TopKCompression, op, gradient_predivide_factor,
+                         process_set, state_of):
+    """A replacement for Horovod's ``_allreduce_grads(grads, vars, ...)`` (steps 1 to 5).
+
+    Args:
+        state_of: ``variables -> TopKState`` (the optimizer's own, or :func:`topk_state`).
+    """
+    sum_op = op == _hvd.Sum
+    prescale = postscale = 1.0
+    if op == _hvd.Average and gradient_predivide_factor != 1.0:
+        prescale, postscale = 1.0 / gradient_predivide_factor, gradient_predivide_factor
+
+    # Plain Python at trace time: AutoGraph would otherwise try to convert everything it
+    # calls (the synchronizer, mpi4py), which costs tens of seconds and changes nothing.
+    @tf.autograph.experimental.do_not_convert
+    def allreduce_grads(grads, variables, *unused_args, **unused_kwargs):
+        structure = grads
+        grads, variables = tf.nest.flatten(grads), tf.nest.flatten(variables)
+        if len(grads) != len(variables):
+            raise ValueError(f"got {len(grads)} gradients for {len(variables)} variables")
+        if not grads:
+            return structure
+        if not process_set.included():
+            # Outside process_set a rank keeps its own gradients, as Horovod's
+            # allreduce leaves them there.
+            return structure
+        comm = communicator_for(process_set, _hvd.global_process_set, _hvd.size())
+        state = state_of(variables)
+        sync = state.bind(_keys(variables), compression, comm, sum_op,
+                          labels=[v.name for v in variables])
+        force_dense = [i for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices)]
+        tensors = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+                   for g, v in zip(grads, variables)]
+
+        def step(*values):
+            return _step(sync, values, force_dense, op, prescale, postscale, process_set)
+
+        if tf.executing_eagerly():
+            out = step(*tensors)
+        else:
+            out = tf.py_function(step, tensors, Tout=[t.dtype for t in tensors],
+                                 name="hvdx_topk_synchronize")
+            for o, t in zip(out, tensors):
+                o.set_shape(t.shape)
+        return tf.nest.pack_sequence_as(structure, list(out))
+
+    return allreduce_grads
+
+
+def _step(sync: TopKSynchronizer, tensors, force_dense, op, prescale, postscale,
+          process_set):
+    """Steps 3 to 5 on eager tensors; returns one tensor per gradient."""
+    arrays = [t.numpy() for t in tensors]
+    results = list(tensors)
+
+    def start_dense(positions):
+        # Horovod's reduction for the small tensors: one fused, synchronous call.
+        if positions:
+            reduced = _hvd.grouped_allreduce(
+                [tensors[p] for p in positions], op=op, prescale_factor=prescale,
+                postscale_factor=postscale, process_set=process_set)
+            for p, r in zip(positions, reduced):
+                results[p] = r
+        return None
+
+    def flat(position):
+        return arrays[position].reshape(-1).astype(np.float32, copy=False)
+
+    # Once autotune chose dense, Horovod's allreduce alone: no NaN/Inf agreement.
+    first_bad = None if sync.overlaps_dense() else first_nonfinite(arrays)
+    updates = sync.synchronize(
+        [a.size for a in arrays], flat, start_dense, first_bad,
+        force_dense=force_dense, itemsizes=[a.dtype.itemsize for a in arrays])
+    if updates is None:
+        # Some rank's gradients were not finite: every rank's become NaN (every entry,
+        # so that clipping cannot make one finite again) and a loss scaler skips.
+        return [tf.fill(tf.shape(t), tf.constant(np.nan, t.dtype)) for t in tensors]
+    for p, u in updates.items():
+        update = tf.constant(u.reshape(arrays[p].shape))
+        results[p] = tf.cast(update, tensors[p].dtype) if tensors[p].dtype != tf.float32 \
+            else update
+    return results
+
+
+@tf.autograph.experimental.do_not_convert  # plain Python, often called in a tf.function
+def install_on_tape(tape, compression, op, gradient_predivide_factor, process_set):
+    """Make Horovod's tape ``tape`` synchronize with TopK (steps 1 to 5)."""
+    check_topk_arguments(op, gradient_predivide_factor, compression)
+    object.__setattr__(tape, "_allreduce_grads", make_allreduce_grads(
+        compression, op, gradient_predivide_factor, process_set, topk_state))
+    return tape
+
+
+def install_on_keras_optimizer(opt, compression, op, gradient_predivide_factor,
+                               process_set):
+    """Make Horovod's Keras optimizer ``opt`` synchronize with TopK (steps 1 to 5).
+
+    The state is ``opt.hvdx_topk`` (tracked, so checkpoints of the optimizer hold the
+    residuals); ``opt.hvdx_stats`` counts the bytes.
+    """
+    check_topk_arguments(op, gradient_predivide_factor, compression)
+    state = TopKState()
+    opt.hvdx_topk = state
+    if getattr(opt, "_lookup_dependency", None) is not None:
+        # Legacy (OptimizerV2) optimizers track no attribute by itself and build their
+        # table of dependencies only when first needed: build it, then track by name.
+        opt._maybe_initialize_trackable()
+        if opt._lookup_dependency("hvdx_topk") is None:
+            opt._track_trackable(state, name="hvdx_topk")
+    opt.hvdx_stats = state.stats
+    allreduce_grads = make_allreduce_grads(compression, op, gradient_predivide_factor,
+                                           process_set, lambda variables: state)
+    object.__setattr__(opt, "_allreduce_grads", allreduce_grads)
+    helper = getattr(opt, "_agg_helper", None)
+    if helper is not None:
+        # backward_passes_per_step > 1: Horovod's helper sums N passes locally, then
+        # calls the function it was given at construction (the eager helper names it
+        # allreduce_grads, the graph one _allreduce_grads) on this instance's helper.
+        for attribute in ("allreduce_grads", "_allreduce_grads"):
+            if hasattr(helper, attribute):
+                object.__setattr__(helper, attribute, allreduce_grads)
+    return opt
+
+
+# --- TopK's entries in hvdx.tensorflow.registry (the catalogue names them) ---------------
+
+def tape_adapter(horovod, strategy: TopKCompression, args, user):
+    """``DistributedGradientTape``: Horovod's tape (``horovod()``), with TopK on it."""
+    return install_on_tape(horovod(), strategy, args.op, args.gradient_predivide_factor,
+                           args.process_set)
+
+
+def keras_adapter(horovod, strategy: TopKCompression, args, user):
+    """Keras' ``DistributedOptimizer``: Horovod's optimizer, with TopK on it; TopK's
+    arguments are checked before Horovod's own checks."""
+    check_topk_arguments(args.op, args.gradient_predivide_factor, strategy)
+    return install_on_keras_optimizer(horovod(), strategy, args.op,
+                                      args.gradient_predivide_factor, args.process_set)
+
+
+def tape_counters(tape, variables):
+    """TopK's counters: the state of the variables the tape reduced."""
+    local = getattr(tape, "_local_sources", ())  # Horovod keeps these out
+    return topk_state([v for v in variables if v.ref() not in local]).stats
