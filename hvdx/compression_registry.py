@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import inspect
 import keyword
-from typing import Callable, ClassVar, Dict, Iterator, List, MutableMapping, Optional
+from typing import Callable, ClassVar, Dict, List, MutableMapping, Optional
 
 from hvdx.core.user_compression import Compressor
 from hvdx.strategies import catalogue
@@ -46,37 +46,8 @@ RESERVED = frozenset({"none", "fp16", "Compressor", "NoneCompressor", "FP16Compr
 _ADAPTERS_OF = "user_compression"
 
 
-class _Registry(MutableMapping):
-    """Registered name -> compressor class, kept in step with the catalogue: each name is
-    also a catalogue entry of kind ``compression`` (:func:`_descriptor`), so the
-    environment's names and the registries' views see it, and taking a name out here
-    takes it out there (tests restore the registry by clearing and refilling it)."""
-
-    def __init__(self):
-        self._classes: Dict[str, type] = {}
-
-    def __getitem__(self, name: str) -> type:
-        return self._classes[name]
-
-    def __setitem__(self, name: str, cls: type) -> None:
-        if self._classes.get(name) is cls:
-            return
-        catalogue.unregister(name)  # another class under this name (register_compressor
-        self._classes[name] = cls    # refuses that; a test may do it directly)
-        catalogue.register(_descriptor(name))
-
-    def __delitem__(self, name: str) -> None:
-        del self._classes[name]
-        catalogue.unregister(name)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._classes)
-
-    def __len__(self) -> int:
-        return len(self._classes)
-
-
-_REGISTRY: MutableMapping[str, type] = _Registry()
+# Its entries are catalogue entries too (catalogue.ClassRegistry), built by _descriptor.
+_REGISTRY: MutableMapping[str, type] = catalogue.ClassRegistry(lambda name: _descriptor(name))
 
 
 def _descriptor(name: str) -> StrategyDescriptor:

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import inspect
 import keyword
-from typing import Any, Callable, ClassVar, Dict, Iterator, List, MutableMapping, Optional
+from typing import Any, Callable, ClassVar, Dict, List, MutableMapping, Optional
 
 import numpy as np
 
@@ -118,35 +118,8 @@ class Mixer:
         """Restore :meth:`state`'s dictionary."""
 
 
-class _Registry(MutableMapping):
-    """Registered name -> mixer class, kept in step with the catalogue (each name is an
-    entry of kind ``sync`` there, with the shared adapters)."""
-
-    def __init__(self):
-        self._classes: Dict[str, type] = {}
-
-    def __getitem__(self, name: str) -> type:
-        return self._classes[name]
-
-    def __setitem__(self, name: str, cls: type) -> None:
-        if self._classes.get(name) is cls:
-            return
-        catalogue.unregister(name)
-        self._classes[name] = cls
-        catalogue.register(_descriptor(name))
-
-    def __delitem__(self, name: str) -> None:
-        del self._classes[name]
-        catalogue.unregister(name)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._classes)
-
-    def __len__(self) -> int:
-        return len(self._classes)
-
-
-_REGISTRY: MutableMapping[str, type] = _Registry()
+# Its entries are catalogue entries too (catalogue.ClassRegistry), built by _descriptor.
+_REGISTRY: MutableMapping[str, type] = catalogue.ClassRegistry(lambda name: _descriptor(name))
 
 
 def _descriptor(name: str) -> StrategyDescriptor:

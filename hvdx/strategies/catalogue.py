@@ -20,7 +20,7 @@ Nothing here imports a framework (the paths are lazy: :mod:`hvdx.strategies.desc
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterator, Mapping, Optional, Tuple
+from typing import Callable, Dict, Iterator, Mapping, MutableMapping, Optional, Tuple
 
 from hvdx.strategies.decentralized.descriptor import DECENTRALIZED
 from hvdx.strategies.descriptor import KINDS, VARIABLES, Constructor, StrategyDescriptor, load
@@ -28,8 +28,8 @@ from hvdx.strategies.dssync.descriptor import DSSYNC
 from hvdx.strategies.stanza.descriptor import STANZA
 from hvdx.strategies.topk.descriptor import TOPK
 
-__all__ = ["BUILT_IN", "adapters", "all_descriptors", "descriptor", "environment_constructors",
-           "of_kind", "register", "unregister", "variable_kind"]
+__all__ = ["BUILT_IN", "ClassRegistry", "adapters", "all_descriptors", "descriptor",
+           "environment_constructors", "of_kind", "register", "unregister", "variable_kind"]
 
 # The adapters a registered compressor runs with (one pair of modules for them all).
 _USER_COMPRESSION = dict(
@@ -173,3 +173,35 @@ def adapters(field: str, kinds: Optional[Tuple[str, ...]] = None) -> Mapping:
     if field not in StrategyDescriptor.__dataclass_fields__:
         raise ValueError(f"{field!r} is no field of StrategyDescriptor")
     return _Adapters(field, tuple(VARIABLES) if kinds is None else tuple(kinds))
+
+
+class ClassRegistry(MutableMapping):
+    """Registered name -> the user's class (a compressor, a mixer), kept in step with
+    the catalogue: each name is also a catalogue entry, ``descriptor_of(name)``, so the
+    environment's names and the registries' views see it, and taking a name out here
+    takes it out there (tests restore a registry by clearing and refilling it).
+    ``hvdx.register_compressor`` and ``hvdx.register_mixer`` each keep one."""
+
+    def __init__(self, descriptor_of: Callable[[str], StrategyDescriptor]):
+        self._descriptor_of = descriptor_of
+        self._classes: Dict[str, type] = {}
+
+    def __getitem__(self, name: str) -> type:
+        return self._classes[name]
+
+    def __setitem__(self, name: str, cls: type) -> None:
+        if self._classes.get(name) is cls:
+            return
+        unregister(name)  # another class under this name (the register functions
+        self._classes[name] = cls  # refuse that; a test may do it directly)
+        register(self._descriptor_of(name))
+
+    def __delitem__(self, name: str) -> None:
+        del self._classes[name]
+        unregister(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._classes)
+
+    def __len__(self) -> int:
+        return len(self._classes)
