@@ -39,7 +39,7 @@ from hvdx.mpi.consistency import check_consistent
 from hvdx.strategies.dssync.core_link_rates import link_rates_from_environment
 from hvdx.strategies.dssync.core_schedule import ShuffleSchedule
 from hvdx.strategies.dssync.mpi_adapt import DSSyncAdaptation
-from hvdx.strategy import MixingStrategy, Strategy, global_due
+from hvdx.strategy import MixingStrategy, Strategy
 
 __all__ = ["DSSyncGroups", "DSSyncStats", "LOOKAHEAD", "dynamic_process_sets",
            "registered_sets", "static_groups"]
@@ -121,7 +121,7 @@ class DSSyncGroups:
         rebuilt rotation (:meth:`_adapt`), on every rank alike.
         """
         self._adapt(step)
-        if global_due(step, self.sync.global_every):
+        if self.sync.global_due(step):  # decided by the spec, as for every mixer
             return self.all_ranks
         self._ensure_sets(step)
         return self.schedule.group(step, self.rank)

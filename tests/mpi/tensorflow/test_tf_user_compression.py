@@ -369,4 +369,6 @@ def test_keras_carries_a_registered_compressors_counters():
         tf.keras.optimizers.SGD(0.1), compression=hvd_keras.Compression.tf_random_k(4))
     assert optimizer.hvdx_stats is optimizer.hvdx_compression.stats
     keras_steps(optimizer, variables(), 2)
-    assert optimizer.hvdx_stats.steps == 2 and optimizer.hvdx_stats.total_sent > 0
+    # Alone, Horovod's Keras optimizer reduces nothing, and so nothing is sent.
+    assert optimizer.hvdx_stats.steps == 2
+    assert (optimizer.hvdx_stats.total_sent > 0) == (hvd.size() > 1)
