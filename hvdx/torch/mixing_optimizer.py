@@ -21,8 +21,11 @@ optimizers. What every mixing strategy shares lives here, once:
 5. ``t += 1``; ``state_dict()`` holds ``t``, the SWA mean and the mixer's state under
    the strategy's key, so a resumed run continues the same schedule.
 
-A mixer implements (DS-Sync's ``GroupMixer`` in :mod:`hvdx.strategies.dssync.torch.optimizer`, the
-graph's ``GraphMixer`` in :mod:`hvdx.strategies.decentralized.torch.optimizer`):
+A mixer implements (DS-Sync's ``GroupMixer`` in
+:mod:`hvdx.strategies.dssync.torch.optimizer`, the graph's ``GraphMixer`` in
+:mod:`hvdx.strategies.decentralized.torch.optimizer`; :class:`MixerDefaults` gives
+``before_step``, ``after_step``, ``finish`` and ``discard`` to a mixer that completes its
+mixing within ``mix``):
 
 - ``step``, ``swa_count``: the schedule's position and the SWA samples (checkpointed);
   ``stats``: byte counters;
@@ -55,8 +58,26 @@ from hvdx.strategy import MixingStrategy
 from hvdx.torch.finite import first_nonfinite
 from hvdx.torch.wrapping import subclass_of
 
-__all__ = ["average_over_all_ranks", "make_mixing_optimizer", "mixed_tensors",
-           "tensor_bytes"]
+__all__ = ["MixerDefaults", "average_over_all_ranks", "make_mixing_optimizer",
+           "mixed_tensors", "tensor_bytes"]
+
+
+class MixerDefaults:
+    """The protocol's methods for a mixer that mixes after the local step and completes
+    its mixing within ``mix`` (DS-Sync's groups, a user's mixer): nothing before the
+    step, nothing to start after it, nothing left in flight to finish or discard."""
+
+    def before_step(self, tensors_of, step: int, everyone: bool) -> bool:
+        return False
+
+    def after_step(self, tensors) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+    def discard(self) -> None:
+        pass
 
 
 def make_mixing_optimizer(optimizer, named_parameters, sync: MixingStrategy, mixer,

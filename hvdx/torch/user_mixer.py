@@ -20,8 +20,8 @@ from hvdx.mixer_registry import UserMixing
 from hvdx.mpi.comm import world
 from hvdx.mpi.user_mixer_exchange import Peers
 from hvdx.strategies.decentralized.spec import DecentralizedStats
-from hvdx.torch.mixing_optimizer import (average_over_all_ranks, make_mixing_optimizer,
-                                         tensor_bytes)
+from hvdx.torch.mixing_optimizer import (MixerDefaults, average_over_all_ranks,
+                                         make_mixing_optimizer, tensor_bytes)
 
 __all__ = ["STATE_KEY", "UserMixer", "adapter"]
 
@@ -29,7 +29,7 @@ __all__ = ["STATE_KEY", "UserMixer", "adapter"]
 STATE_KEY = "hvdx_mixer"
 
 
-class UserMixer:
+class UserMixer(MixerDefaults):
     """The torch mixer protocol (:mod:`hvdx.torch.mixing_optimizer`) around a user's
     :class:`hvdx.Mixer`."""
 
@@ -40,9 +40,6 @@ class UserMixer:
         self.peers._what = f"{type(sync.mixer).__qualname__}.matrix"
         self.step = 0
         self.swa_count = 0
-
-    def before_step(self, tensors_of, step: int, everyone: bool) -> bool:
-        return False
 
     def mix(self, tensors: List[torch.Tensor], step: int, everyone: bool) -> None:
         if everyone:
@@ -64,15 +61,6 @@ class UserMixer:
                                      f"{step}) returned shape {value.shape} for a tensor "
                                      f"of shape {tuple(t.shape)}")
                 t.copy_(torch.from_numpy(np.ascontiguousarray(value)).to(t.device, t.dtype))
-
-    def after_step(self, tensors) -> None:
-        pass
-
-    def finish(self) -> None:
-        pass
-
-    def discard(self) -> None:
-        pass
 
     def count_everyone(self, tensors: Sequence[torch.Tensor]) -> None:
         self.stats.add_everyone(tensor_bytes(tensors), self.peers.size)

@@ -37,8 +37,8 @@ import torch
 from hvdx.optimizer_surface import dssync_groups
 from hvdx.strategies.dssync.mpi_groups import LOOKAHEAD, DSSyncGroups, DSSyncStats, static_groups
 from hvdx.strategies.dssync.spec import DSSync
-from hvdx.torch.mixing_optimizer import (average_over_all_ranks, make_mixing_optimizer,
-                                         tensor_bytes)
+from hvdx.torch.mixing_optimizer import (MixerDefaults, average_over_all_ranks,
+                                         make_mixing_optimizer, tensor_bytes)
 
 __all__ = ["DSSyncStats", "GroupMixer", "LOOKAHEAD", "STATE_KEY", "adapter",
            "dssync_process_sets", "make_dssync_optimizer"]
@@ -81,7 +81,7 @@ class _DSSyncMethods:
                            "(:class:`~hvdx.strategies.dssync.mpi_groups.DSSyncGroups`), read-only.")
 
 
-class GroupMixer:
+class GroupMixer(MixerDefaults):
     """DS-Sync's mixer: an average inside this rank's group of the step's partition.
 
     Synchronous (Horovod's grouped allreduce on the group's process set): nothing stays
@@ -98,9 +98,6 @@ class GroupMixer:
     swa_count = property(lambda self: self.groups.swa_count,
                          lambda self, value: setattr(self.groups, "swa_count", value))
 
-    def before_step(self, tensors_of, step: int, everyone: bool) -> bool:
-        return False
-
     def mix(self, tensors: List[torch.Tensor], step: int, everyone: bool) -> None:
         # group_at also runs the probe at probing steps and answers all ranks at the
         # global_every steps (the same hvdx.strategy.global_due as ``everyone``).
@@ -109,15 +106,6 @@ class GroupMixer:
         if len(group) >= 2:
             average_over_all_ranks(tensors, self.groups.tensor_prefix(group),
                                    self.groups.process_set(group))
-
-    def after_step(self, tensors) -> None:
-        pass
-
-    def finish(self) -> None:
-        pass
-
-    def discard(self) -> None:
-        pass
 
     def count_everyone(self, tensors: Sequence[torch.Tensor]) -> None:
         self.groups.record(self.groups.all_ranks, tensor_bytes(tensors))
