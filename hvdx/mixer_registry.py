@@ -316,6 +316,22 @@ class UserMixing(MixingStrategy):
                          f"{_qualified(self.cls)}.matrix(0, {job.size})")
         return None
 
+    def mixed(self, step: int, arrays: List[np.ndarray], peers) -> List[np.ndarray]:
+        """Step ``step``'s mixing of ``arrays`` by the user's mixer, for either
+        framework's adapter: a list of arrays of the shapes given, else ``ValueError``
+        naming the mixer and what it returned."""
+        what = f"{type(self.mixer).__qualname__}.mix(step={step})"
+        mixed = self.mixer.mix(step, arrays, peers)
+        if not isinstance(mixed, (list, tuple)) or len(mixed) != len(arrays):
+            raise ValueError(f"{what} returned {type(mixed).__name__}; return a list of "
+                             f"{len(arrays)} arrays, one per array given")
+        out = [np.asarray(value) for value in mixed]
+        for a, value in zip(arrays, out):
+            if value.shape != a.shape:
+                raise ValueError(f"{what} returned shape {value.shape} for an array of "
+                                 f"shape {a.shape}")
+        return out
+
     def fingerprint_settings(self, job: Job, plan) -> List:
         return [("sync.class", _qualified(self.cls)),
                 ("sync.settings", repr(self.settings)),

@@ -22,7 +22,6 @@ import json
 from typing import List
 
 import horovod.tensorflow as _hvd
-import numpy as np
 import tensorflow as tf
 
 from hvdx.mixer_registry import UserMixing
@@ -64,18 +63,8 @@ class MixerState(MixingState):
         if saved != self._seen:  # restored from a checkpoint
             mixer.load_state(json.loads(saved) if saved else {})
         arrays = [v.numpy() for v in values]
-        mixed = mixer.mix(step, arrays, self._peers)
-        if not isinstance(mixed, (list, tuple)) or len(mixed) != len(arrays):
-            raise ValueError(f"{type(mixer).__qualname__}.mix(step={step}) returned "
-                             f"{type(mixed).__name__}; return a list of {len(arrays)} "
-                             "arrays, one per array given")
-        out = []
-        for a, value in zip(arrays, mixed):
-            value = np.asarray(value)
-            if value.shape != a.shape:
-                raise ValueError(f"{type(mixer).__qualname__}.mix(step={step}) returned "
-                                 f"shape {value.shape} for an array of shape {a.shape}")
-            out.append(tf.convert_to_tensor(value.astype(a.dtype, copy=False)))
+        out = [tf.convert_to_tensor(value.astype(a.dtype, copy=False)) for a, value in
+               zip(arrays, self._sync.mixed(step, arrays, self._peers))]
         state = mixer.state()
         text = json.dumps(state, sort_keys=True) if state else ""
         if text != saved:

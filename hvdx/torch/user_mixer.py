@@ -48,18 +48,9 @@ class UserMixer(MixerDefaults):
             return
         arrays = [t.detach().to("cpu").numpy() if t.dtype != torch.bfloat16 else
                   t.detach().to("cpu", torch.float32).numpy() for t in tensors]
-        mixed = self.sync.mixer.mix(step, arrays, self.peers)
-        if not isinstance(mixed, (list, tuple)) or len(mixed) != len(tensors):
-            raise ValueError(f"{type(self.sync.mixer).__qualname__}.mix(step={step}) "
-                             f"returned {type(mixed).__name__}; return a list of "
-                             f"{len(tensors)} arrays, one per array given")
+        mixed = self.sync.mixed(step, arrays, self.peers)
         with torch.no_grad():
             for t, value in zip(tensors, mixed):
-                value = np.asarray(value)
-                if value.shape != tuple(t.shape):
-                    raise ValueError(f"{type(self.sync.mixer).__qualname__}.mix(step="
-                                     f"{step}) returned shape {value.shape} for a tensor "
-                                     f"of shape {tuple(t.shape)}")
                 t.copy_(torch.from_numpy(np.ascontiguousarray(value)).to(t.device, t.dtype))
 
     def count_everyone(self, tensors: Sequence[torch.Tensor]) -> None:

@@ -193,3 +193,30 @@ def test_register_mixer_is_public():
     assert hvdx.register_mixer is register_mixer
     assert hvdx.Mixer is Mixer
     assert {"register_mixer", "Mixer", "mixer"} <= set(hvdx.__all__)
+
+
+class Returns(Mixer):
+    def __init__(self, what="same"):
+        self.what = what
+
+    def mix(self, step, arrays, peers):
+        if self.what == "one_short":
+            return arrays[:-1]
+        if self.what == "flat":
+            return [a.ravel() for a in arrays]
+        return [a * 2 for a in arrays]
+
+
+@pytest.mark.parametrize("what, text", [
+    ("one_short", "Returns.mix(step=3) returned list; return a list of 2 arrays"),
+    ("flat", r"Returns.mix\(step=3\) returned shape \(4,\) for an array of shape \(2, 2\)")])
+def test_a_mix_that_returns_the_wrong_arrays_is_refused_naming_the_mixer(what, text):
+    arrays = [np.ones((2, 2)), np.ones(3)]
+    with pytest.raises(ValueError, match=text.replace("(", r"\(").replace(")", r"\)")
+                       if what == "one_short" else text):
+        UserMixing("returns", Returns, (what,)).mixed(3, arrays, peers=None)
+
+
+def test_a_mix_gives_its_arrays_back_as_numpy_arrays():
+    got = UserMixing("returns", Returns).mixed(0, [np.ones(2), np.array([3.0])], peers=None)
+    assert [g.tolist() for g in got] == [[2.0, 2.0], [6.0]]
