@@ -500,26 +500,27 @@ def set_allreduce_times(comm: MPI.Comm, racks: Sequence[object], horovod,
     found = registered_sets(horovod) if groups else {}
     added = [horovod.add_process_set(list(g)) for g in groups if g not in found]
     sets = {**found, **{tuple(ps.ranks): ps for ps in added}}
-    group = next((g for g in groups[:len(members)] if rank in g), tuple(range(size)))
-    mine = sets.get(group, horovod.global_process_set)
-    sizes_of: Sequence[int] = sizes
+    own = next((g for g in groups[:len(members)] if rank in g), tuple(range(size)))
     average = getattr(horovod, "grouped_allreduce_", None) or horovod.grouped_allreduce
 
-    def round_of(nbytes: int) -> Callable[[], None]:
-        tensor = ones(nbytes)
-        # Named, as DS-Sync names its averages: from its second run on, Horovod's
-        # response cache answers a named op, and the cached op has its own time (5 MiB
-        # on the rack sets of the 2x2 cluster: a steady 121-145 ms in 80 runs, where the
-        # unnamed op, negotiated anew each time, took 48-168 ms, 88 on average).
-        name = f"hvdx.calibrate.{'-'.join(map(str, group))}.{nbytes}"
+    def timed(group: Tuple[int, ...], mine, sizes_of: Sequence[int]
+              ) -> List[Tuple[float, float]]:
+        """The average on this rank's set ``mine`` (``group``'s ranks) at ``sizes_of``."""
+        def round_of(nbytes: int) -> Callable[[], None]:
+            tensor = ones(nbytes)
+            # Named, as DS-Sync names its averages: from its second run on, Horovod's
+            # response cache answers a named op, and the cached op has its own time (5
+            # MiB on the rack sets of the 2x2 cluster: a steady 121-145 ms in 80 runs,
+            # where the unnamed op, negotiated anew each time, took 48-168 ms, 88 on
+            # average).
+            name = f"hvdx.calibrate.{'-'.join(map(str, group))}.{nbytes}"
 
-        def one_round() -> None:
-            average([tensor], op=horovod.Average, name=name, process_set=mine)
-        for _ in range(_CACHE_WARMUP):  # the timed runs are all answered from the cache
-            one_round()
-        return one_round
+            def one_round() -> None:
+                average([tensor], op=horovod.Average, name=name, process_set=mine)
+            for _ in range(_CACHE_WARMUP):  # the timed runs are answered from the cache
+                one_round()
+            return one_round
 
-    def timed(round_of) -> List[Tuple[float, float]]:
         # Once after a barrier, as DS-Sync averages once after its local step, and the
         # mean of 4 * repeats runs: the times can have two modes (unnamed, 5.5 MB on
         # the rack sets of the 2x2 cluster: 53-165 ms in 24 runs, DS-Sync's steps 170
@@ -530,17 +531,17 @@ def set_allreduce_times(comm: MPI.Comm, racks: Sequence[object], horovod,
 
     times = {}
     try:
-        times[name] = timed(round_of)
+        times[name] = timed(own, sets.get(own, horovod.global_process_set), sizes)
         _said(say, rank, f"Horovod's average on {name} process sets ({size} ranks)",
               times[name])
         if name != "world":
             # Horovod's own allreduce, on the global set with DS-Sync's sets registered
             # as they are in its runs, up to WORLD_AVERAGE_MAX_BYTES: where a step is
             # mostly Horovod's machinery rather than the wire (module step 9).
-            group, mine = tuple(range(size)), horovod.global_process_set
-            sizes_of = sorted({b for b in sizes if b <= WORLD_AVERAGE_MAX_BYTES} |
-                              ({through} if 0 < through <= WORLD_AVERAGE_MAX_BYTES else set()))
-            times["world"] = timed(round_of)
+            times["world"] = timed(
+                tuple(range(size)), horovod.global_process_set,
+                sorted({b for b in sizes if b <= WORLD_AVERAGE_MAX_BYTES} |
+                       ({through} if 0 < through <= WORLD_AVERAGE_MAX_BYTES else set())))
             _said(say, rank, f"Horovod's average on all {size} ranks", times["world"])
     finally:
         for ps in added:
