@@ -60,25 +60,27 @@ decentralized combine-then-adapt is credited with overlap here), TCP incast loss
 selection time, other jobs' traffic on the uplinks, and host-level hierarchy (NCCL inside
 a multi-GPU host; "hierarchical" here is per rack).
 
-The model's parts live in :mod:`hvdx.core.cost` (the types, the collectives' flows, each
-strategy's layout, the pricing, ``predict``); this module is their API, under the name
-callers import.
+The model's parts live in :mod:`hvdx.core.cost` (the types, the collectives' flows,
+Horovod's layouts, the pricing, ``predict``) and each strategy's layout in its folder
+(``hvdx/strategies/<name>/core_cost.py``, found through the strategy catalogue:
+:mod:`hvdx.core.cost.layouts`); this module is their API, under the name callers
+import.
 """
 
 from hvdx.core.cost.layouts import STRATEGIES
-from hvdx.core.cost.layouts.topk import topk_pair_bytes
 from hvdx.core.cost.predict import (DEFAULT_STRATEGIES, compare, predict, prediction_error,
                                     speedup, speedup_over_horovod)
 from hvdx.core.cost.types import (PLACEMENTS, Cluster, Phase, Prediction, Workload,
                                   host_order)
 from hvdx.core.units import format_rate, parse_rate, parse_time
+from hvdx.strategies.topk.core_cost import topk_pair_bytes
 
 # Reachable here as they always were, outside __all__: the model's constants and types,
 # and MPICH's allreduce layout, which the calibration's tests compare with its timings.
 from hvdx.core.cost.collectives import (  # noqa: F401
     HOROVOD_NEGOTIATION_BYTES, MPICH_SHORT_ALLREDUCE_BYTES, _recursive_halving)
-from hvdx.core.cost.layouts.decentralized import DECENTRALIZED_TOPOLOGIES  # noqa: F401
 from hvdx.core.cost.types import Flow, Number  # noqa: F401
+from hvdx.strategies.decentralized.core_cost import DECENTRALIZED_TOPOLOGIES  # noqa: F401
 
 __all__ = [
     "Cluster",

@@ -1,10 +1,12 @@
 """The catalogue of strategies: every built-in strategy listed once, and the look-ups.
 
 Each framework's registry (:mod:`hvdx.torch.registry`, :mod:`hvdx.tensorflow.registry`),
-the environment parser (:mod:`hvdx.environment`) and ``hvd.init``'s check of the
-variables (:func:`hvdx.environment_variables.asks_for_dssync`) read the strategies
-from here, so a new strategy is a folder of its own, ``hvdx/strategies/<name>/`` (its
-modules and its ``descriptor.py``), and one line in :data:`BUILT_IN`:
+the environment parser (:mod:`hvdx.environment`), ``hvd.init``'s check of the
+variables (:func:`hvdx.environment_variables.asks_for_dssync`) and the cost model's
+table of layouts (:mod:`hvdx.core.cost.layouts`) read the strategies from here, so a
+new strategy is a folder of its own, ``hvdx/strategies/<name>/`` (its modules, its
+cost layout ``core_cost.py`` and its ``descriptor.py``), and one line in
+:data:`BUILT_IN`:
 
 1. :data:`BUILT_IN` holds the built-in descriptors, in the order messages list them
    (each strategy's own in its folder's ``descriptor.py``);

@@ -155,7 +155,15 @@ class StrategyDescriptor:
             step log, or ``None``.
         torch_trainer, tensorflow_trainer: for a trainer, the lazy paths of its class.
         cost_model: its key among the cost model's layouts
-            (:data:`hvdx.core.cost.layouts.STRATEGIES`), or ``None`` if not priced.
+            (:data:`hvdx.core.cost_model.STRATEGIES`), or ``None`` if not priced.
+        cost_layout: with ``cost_model``, lazy path of its layout
+            ``layout(cluster, workload, **options) -> plan`` (its folder's
+            ``core_cost.py``: ``"hvdx.strategies.topk.core_cost:_topk"``), which the cost
+            model prices under that key (:mod:`hvdx.core.cost.layouts`).
+        cost_compared: the options of each of its entries among what the cost model
+            compares by default (:data:`hvdx.core.cost_model.DEFAULT_STRATEGIES`, the
+            rows of ``hvdx plan``), in order; ``{}``: its layout's defaults (the bare
+            key). Read only where ``cost_model`` is set.
         state_exports: lazy paths of the public functions that give its state for a
             checkpoint (``hvdx.tensorflow.topk_state``), where there are such.
         dynamic_process_sets: whether it registers Horovod process sets while it runs,
@@ -189,6 +197,9 @@ class StrategyDescriptor:
     torch_trainer: Optional[str] = None
     tensorflow_trainer: Optional[str] = None
     cost_model: Optional[str] = None
+    cost_layout: Optional[Builder] = None
+    # Dictionaries: left out of the hash, as BenchVariant's kwargs are.
+    cost_compared: Tuple[Mapping[str, Any], ...] = field(default=({},), hash=False)
     state_exports: Tuple[str, ...] = ()
     dynamic_process_sets: bool = False
     built_in: bool = True
@@ -209,6 +220,9 @@ class StrategyDescriptor:
         if self.constructors and self.kind not in VARIABLES:
             raise ValueError(f"strategy {self.name!r}: a {self.kind} is chosen by no "
                              "variable, so it has no constructors")
+        if (self.cost_model is None) != (self.cost_layout is None):
+            raise ValueError(f"strategy {self.name!r}: give cost_model= (its key in the "
+                             "cost model) with cost_layout= (its layout), or neither")
         names = [c.name for c in self.constructors]
         if len(set(names)) != len(names):
             raise ValueError(f"strategy {self.name!r}: a constructor name twice: {names}")
@@ -244,7 +258,7 @@ class StrategyDescriptor:
         """``(field, path)`` of every lazy path it holds, constructors' included."""
         fields = ("torch_adapter", "torch_fit", "tensorflow_tape", "tensorflow_keras",
                   "tensorflow_tape_counters", "torch_trainer", "tensorflow_trainer",
-                  "plan_line")
+                  "plan_line", "cost_layout")
         paths = [(f, getattr(self, f)) for f in fields if getattr(self, f) is not None]
         paths += [(f"constructor {c.name}", c.build) for c in self.constructors
                   if isinstance(c.build, str)]

@@ -433,3 +433,23 @@ def test_workload_errors_name_the_field_and_the_value(kwargs, name):
 def test_bad_strategies_and_options_are_named(strategy, options, message):
     with pytest.raises(ValueError, match=message):
         predict(strategy, cluster(2, 4), VGG16, **options)
+
+
+# --- the strategy table -----------------------------------------------------------------
+
+def test_the_priced_strategies_and_the_default_comparison_are_pinned():
+    """The cost model's keys and what compare() and hvdx plan price by default, in their
+    order (the table is built from the strategy catalogue: this pins what it builds)."""
+    from hvdx.core.cost_model import DEFAULT_STRATEGIES, STRATEGIES
+
+    assert list(STRATEGIES) == ["horovod", "hierarchical", "topk", "dssync",
+                                "decentralized", "stanza"]
+    assert DEFAULT_STRATEGIES == (
+        "horovod", "hierarchical", ("topk", {"mode": "gathered"}),
+        ("topk", {"mode": "sharded"}), "dssync",
+        ("decentralized", {"topology": "static-exp"}),
+        ("decentralized", {"topology": "one-peer-exp"}),
+        ("decentralized", {"topology": "one-peer-exp", "order": "combine_then_adapt"}),
+        "stanza")
+    assert [type(e) for e in DEFAULT_STRATEGIES] == \
+        [str, str, tuple, tuple, str, tuple, tuple, tuple, str]

@@ -9,19 +9,17 @@ import inspect
 import math
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from hvdx.core.cost.layouts import STRATEGIES
+from hvdx.core.cost.layouts import STRATEGIES, default_entries
 from hvdx.core.cost.pricing import _price
 from hvdx.core.cost.types import Cluster, Prediction, Workload
 from hvdx.core.units import parse_time
 
-#: What :func:`compare` prices by default: every strategy, both TopK modes, and the
-#: exponential graphs (static, one-peer, and one-peer overlapped with the compute).
-DEFAULT_STRATEGIES = ("horovod", "hierarchical", ("topk", {"mode": "gathered"}),
-                      ("topk", {"mode": "sharded"}), "dssync",
-                      ("decentralized", {"topology": "static-exp"}),
-                      ("decentralized", {"topology": "one-peer-exp"}),
-                      ("decentralized", {"topology": "one-peer-exp",
-                                         "order": "combine_then_adapt"}), "stanza")
+#: What :func:`compare` prices by default (and ``hvdx plan``'s rows): Horovod's two
+#: layouts, then every built-in strategy's entries from its descriptor's
+#: ``cost_compared`` (both TopK modes; the exponential graphs, static, one-peer, and
+#: one-peer overlapped with the compute), in catalogue order
+#: (:func:`hvdx.core.cost.layouts.default_entries`).
+DEFAULT_STRATEGIES = default_entries()
 
 
 def _options_of(strategy: str) -> Tuple[str, ...]:

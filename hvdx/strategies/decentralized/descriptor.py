@@ -17,6 +17,10 @@ DECENTRALIZED = StrategyDescriptor(
     tensorflow_keras="hvdx.strategies.decentralized.tensorflow.adapters:keras_adapter",
     tensorflow_tape_counters="hvdx.tensorflow.mixing:tape_counters",
     cost_model="decentralized",
+    cost_layout="hvdx.strategies.decentralized.core_cost:_decentralized",
+    # The exponential graphs: static, one-peer, and one-peer overlapped with the compute.
+    cost_compared=({"topology": "static-exp"}, {"topology": "one-peer-exp"},
+                   {"topology": "one-peer-exp", "order": "combine_then_adapt"}),
     state_exports=("hvdx.strategies.decentralized.tensorflow.adapters:decentralized_state",),
     examples=("Decentralized(topology='one-peer-exp')",),
     bench=tuple(BenchVariant(name, "hvdx.bench.strategies:decentralized_strategy", kwargs,

@@ -15,7 +15,7 @@ DSSYNC = StrategyDescriptor(
     tensorflow_tape="hvdx.strategies.dssync.tensorflow.adapters:tape_adapter",
     tensorflow_keras="hvdx.strategies.dssync.tensorflow.adapters:keras_adapter",
     tensorflow_tape_counters="hvdx.tensorflow.mixing:tape_counters",
-    cost_model="dssync",
+    cost_model="dssync", cost_layout="hvdx.strategies.dssync.core_cost:_dssync",
     state_exports=("hvdx.strategies.dssync.tensorflow.adapters:dssync_state",),
     dynamic_process_sets=True,
     examples=("DSSync(intra_phases=4)",),

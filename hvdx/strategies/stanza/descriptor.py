@@ -12,7 +12,7 @@ STANZA = StrategyDescriptor(
     name="stanza", kind="trainer", title="Stanza",
     torch_trainer="hvdx.strategies.stanza.torch.trainer:Stanza",
     tensorflow_trainer="hvdx.strategies.stanza.tensorflow.trainer:Stanza",
-    cost_model="stanza",
+    cost_model="stanza", cost_layout="hvdx.strategies.stanza.core_cost:_stanza",
     bench=tuple(BenchVariant(name, "hvdx.bench.strategies:stanza_strategy", kwargs,
                              default=name == "stanza") for name, kwargs in (
         ("stanza", {"fc_workers": 1}), ("stanza_f2", {"fc_workers": 2}),

@@ -1,4 +1,6 @@
-"""Stanza: activations to the FC workers and back, then an allreduce per role."""
+"""Stanza's cost layout: activations to the FC workers and back, then an allreduce per
+role (the cost model prices it under ``stanza``: its descriptor's ``cost_layout``,
+:mod:`hvdx.core.cost.layouts`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""TopK sparsification: the (index, value) pairs, gathered or sharded."""
+"""TopK's cost layout: the (index, value) pairs, gathered or sharded (the cost model
+prices it under ``topk``: its descriptor's ``cost_layout``,
+:mod:`hvdx.core.cost.layouts`)."""
 
 from __future__ import annotations
 

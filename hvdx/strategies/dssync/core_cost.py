@@ -1,4 +1,6 @@
-"""DS-Sync's rotation: averages inside the racks, then across them, on process sets."""
+"""DS-Sync's cost layout: averages inside the racks, then across them, on process sets
+(the cost model prices it under ``dssync``: its descriptor's ``cost_layout``,
+:mod:`hvdx.core.cost.layouts`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Decentralized SGD: every rank sends its model to its neighbours in the graph."""
+"""Decentralized SGD's cost layout: every rank sends its model to its neighbours in the
+graph (the cost model prices it under ``decentralized``: its descriptor's
+``cost_layout``, :mod:`hvdx.core.cost.layouts`)."""
 
 from __future__ import annotations
 
