@@ -28,6 +28,7 @@ from typing import Callable, ClassVar, Dict, List, MutableMapping, Optional
 
 from hvdx.core.user_compression import Compressor
 from hvdx.strategies import catalogue
+from hvdx.strategies.catalogue import RegisteredClassSpec, qualified, settings_of
 from hvdx.strategies.descriptor import Constructor, StrategyDescriptor, VARIABLES
 from hvdx.strategy import Strategy, kept_for_every_rank
 
@@ -95,7 +96,7 @@ def register_compressor(name: str, compressor_class: type) -> None:
                         "hvdx.core.user_compression.Compressor")
     known = _REGISTRY.get(name)
     if known is not None and known is not compressor_class:
-        raise ValueError(f"name={name!r} is already registered for {_qualified(known)}; "
+        raise ValueError(f"name={name!r} is already registered for {qualified(known)}; "
                          "choose another name")
     _REGISTRY[name] = compressor_class
 
@@ -119,7 +120,7 @@ def builder(name: str) -> Callable[..., "UserCompression"]:
         return UserCompression(name, cls, args, kwargs)
 
     build.__name__ = build.__qualname__ = name
-    build.__doc__ = f"Build compression={name}(...): {_qualified(cls)} with error feedback."
+    build.__doc__ = f"Build compression={name}(...): {qualified(cls)} with error feedback."
     build.hvdx_builds = "compression"  # refused uncalled (hvdx.strategy.strategy_of)
     try:  # help() and HVDX_COMPRESSION's check of the arguments see the constructor's
         build.__signature__ = inspect.signature(cls)
@@ -143,8 +144,9 @@ class Registered(type):
                                  f"{name!r}, YourCompressor) first)") from None
 
 
-class UserCompression(Strategy):
-    """A registered compressor, its arguments, and the instance every rank runs.
+class UserCompression(RegisteredClassSpec, Strategy):
+    """A registered compressor, its arguments, and the instance every rank runs
+    (``describe`` and ``repr``: :class:`~hvdx.strategies.catalogue.RegisteredClassSpec`).
 
     A ``ValueError`` of the compressor's constructor is kept, in a job of several
     ranks, and raised on every rank by the entry point (:func:`hvdx.strategy.validating`);
@@ -165,7 +167,7 @@ class UserCompression(Strategy):
         self.settings: List[tuple] = []
         try:
             self.compressor = cls(*self.args, **self.kwargs)
-            self.settings = _checked_settings(self.compressor)
+            self.settings = settings_of(self.compressor)
         except ValueError as error:
             self.error = kept_for_every_rank(
                 ValueError(f"{registered_name}(...): {error}"))
@@ -176,31 +178,8 @@ class UserCompression(Strategy):
                                                 sorted(self.kwargs.items())]
         return f"{self.registered_name}({', '.join(parts)})"
 
-    def describe(self) -> str:
-        if self.error is not None:
-            return self.invalid_repr()
-        return f"{self.call()} [{_qualified(self.cls)}] settings={self.settings!r}"
-
-    def __repr__(self) -> str:
-        return self.describe()
-
-    __str__ = __repr__
-
     def fingerprint_settings(self, job, plan) -> List:
         """The class and its settings (also in :meth:`describe`, which is the
         ``compression`` entry: TensorFlow's entry points compare that one)."""
-        return [("compression.class", _qualified(self.cls)),
+        return [("compression.class", qualified(self.cls)),
                 ("compression.settings", repr(self.settings))]
-
-
-def _checked_settings(compressor: Compressor) -> List[tuple]:
-    """``compressor.settings()`` as sorted pairs, else ``ValueError``: not a dict."""
-    settings = compressor.settings()
-    if not isinstance(settings, dict):
-        raise ValueError(f"{_qualified(type(compressor))}.settings() returned "
-                         f"{type(settings).__name__}; return a dict")
-    return sorted(settings.items(), key=lambda kv: str(kv[0]))
-
-
-def _qualified(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"

@@ -55,6 +55,7 @@ import numpy as np
 
 from hvdx.keywords import unexpected_keyword
 from hvdx.strategies import catalogue
+from hvdx.strategies.catalogue import RegisteredClassSpec, qualified, settings_of
 from hvdx.strategies.descriptor import StrategyDescriptor, Constructor, VARIABLES
 from hvdx.strategy import Job, MixingStrategy, kept_for_every_rank
 
@@ -155,19 +156,19 @@ def register_mixer(name: str, mixer_class: type) -> None:
     if not (isinstance(mixer_class, type) and issubclass(mixer_class, Mixer)):
         raise TypeError(f"mixer_class={mixer_class!r} must be a subclass of hvdx.Mixer")
     if mixer_class.matrix is Mixer.matrix and mixer_class.mix is Mixer.mix:
-        raise TypeError(f"mixer_class={_qualified(mixer_class)} implements neither "
+        raise TypeError(f"mixer_class={qualified(mixer_class)} implements neither "
                         "matrix(step, size) nor mix(step, arrays, peers)")
     try:
         taken = set(inspect.signature(mixer_class).parameters) & set(MIXING_OPTIONS)
     except (TypeError, ValueError):
         taken = set()
     if taken:
-        raise TypeError(f"mixer_class={_qualified(mixer_class)}: its constructor takes "
+        raise TypeError(f"mixer_class={qualified(mixer_class)}: its constructor takes "
                         f"{sorted(taken)}, which every mixer's spec takes itself "
                         f"({', '.join(MIXING_OPTIONS)}); rename them")
     known = _REGISTRY.get(name)
     if known is not None and known is not mixer_class:
-        raise ValueError(f"name={name!r} is already registered for {_qualified(known)}; "
+        raise ValueError(f"name={name!r} is already registered for {qualified(known)}; "
                          "choose another name")
     if known is None and any(d.name == name for d in catalogue.all_descriptors()):
         raise ValueError(f"name={name!r} is already a registered strategy (a compressor?); "
@@ -250,9 +251,10 @@ def _arguments(args, kwargs) -> str:
                      [f"{k}={v!r}" for k, v in sorted(kwargs.items())])
 
 
-class UserMixing(MixingStrategy):
+class UserMixing(RegisteredClassSpec, MixingStrategy):
     """A registered mixer, its arguments, the shared mixing options, and the instance
-    every rank runs.
+    every rank runs (``describe`` and ``repr``:
+    :class:`~hvdx.strategies.catalogue.RegisteredClassSpec`).
 
     A ``ValueError`` of the mixer's constructor (or of an option) is kept, in a job of
     several ranks, and raised on every rank by the entry point
@@ -278,11 +280,7 @@ class UserMixing(MixingStrategy):
                               swa_every=swa_every,
                               average_optimizer_state=average_optimizer_state)
             self.mixer = cls(*self.args, **self.kwargs)
-            settings = self.mixer.settings()
-            if not isinstance(settings, dict):
-                raise ValueError(f"{_qualified(cls)}.settings() returned "
-                                 f"{type(settings).__name__}; return a dict")
-            self.settings = sorted(settings.items(), key=lambda kv: str(kv[0]))
+            self.settings = settings_of(self.mixer)
         except ValueError as error:
             self.error = kept_for_every_rank(ValueError(f"{registered_name}(...): {error}"))
 
@@ -295,16 +293,6 @@ class UserMixing(MixingStrategy):
         changed = {k: v for k, v in options.items() if v != defaults[k]}
         return f"{self.name}({_arguments(self.args, {**self.kwargs, **changed})})"
 
-    def describe(self) -> str:
-        if self.error is not None:
-            return self.invalid_repr()
-        return f"{self.call()} [{_qualified(self.cls)}] settings={self.settings!r}"
-
-    def __repr__(self) -> str:
-        return self.describe()
-
-    __str__ = __repr__
-
     # --- the strategy contract (hvdx.strategy) ---------------------------------------
 
     def prepare(self, job: Job) -> Any:
@@ -313,7 +301,7 @@ class UserMixing(MixingStrategy):
         self.check_gradient_arguments(job, f"the mixer {self.name}")
         if type(self.mixer).mix is Mixer.mix:
             check_matrix(self.mixer.matrix(0, job.size), job.size,
-                         f"{_qualified(self.cls)}.matrix(0, {job.size})")
+                         f"{qualified(self.cls)}.matrix(0, {job.size})")
         return None
 
     def mixed(self, step: int, arrays: List[np.ndarray], peers) -> List[np.ndarray]:
@@ -333,7 +321,7 @@ class UserMixing(MixingStrategy):
         return out
 
     def fingerprint_settings(self, job: Job, plan) -> List:
-        return [("sync.class", _qualified(self.cls)),
+        return [("sync.class", qualified(self.cls)),
                 ("sync.settings", repr(self.settings)),
                 ("sync.size", job.size)] + \
             [(f"sync.{k}", getattr(self, k)) for k in MIXING_OPTIONS]
@@ -358,7 +346,3 @@ def check_matrix(w, n: int, what: str) -> np.ndarray:
         raise ValueError(f"{what}: row {int(bad[0])} sums to {float(sums[bad[0]])!r}; "
                          "every row of a mixing matrix sums to 1")
     return m
-
-
-def _qualified(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"

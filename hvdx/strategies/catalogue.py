@@ -22,7 +22,7 @@ Nothing here imports a framework (the paths are lazy: :mod:`hvdx.strategies.desc
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterator, Mapping, MutableMapping, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Mapping, MutableMapping, Optional, Tuple
 
 from hvdx.strategies.decentralized.descriptor import DECENTRALIZED
 from hvdx.strategies.descriptor import KINDS, VARIABLES, Constructor, StrategyDescriptor, load
@@ -30,8 +30,9 @@ from hvdx.strategies.dssync.descriptor import DSSYNC
 from hvdx.strategies.stanza.descriptor import STANZA
 from hvdx.strategies.topk.descriptor import TOPK
 
-__all__ = ["BUILT_IN", "ClassRegistry", "adapters", "all_descriptors", "descriptor",
-           "environment_constructors", "of_kind", "register", "unregister", "variable_kind"]
+__all__ = ["BUILT_IN", "ClassRegistry", "RegisteredClassSpec", "adapters", "all_descriptors",
+           "descriptor", "environment_constructors", "of_kind", "qualified", "register",
+           "settings_of", "unregister", "variable_kind"]
 
 # The adapters a registered compressor runs with (one pair of modules for them all).
 _USER_COMPRESSION = dict(
@@ -207,3 +208,48 @@ class ClassRegistry(MutableMapping):
 
     def __len__(self) -> int:
         return len(self._classes)
+
+
+def qualified(cls: type) -> str:
+    """``module.QualifiedName`` of a class: how the messages and the fingerprint name a
+    registered compressor's or mixer's class (the same on every rank, unlike its
+    ``repr``)."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def settings_of(instance) -> List[tuple]:
+    """A registered class's instance's ``settings()`` (a compressor's, a mixer's) as
+    ``(key, value)`` pairs sorted by key, else ``ValueError``: it did not return a dict.
+    """
+    settings = instance.settings()
+    if not isinstance(settings, dict):
+        raise ValueError(f"{qualified(type(instance))}.settings() returned "
+                         f"{type(settings).__name__}; return a dict")
+    return sorted(settings.items(), key=lambda kv: str(kv[0]))
+
+
+class RegisteredClassSpec:
+    """How the spec of a class in a :class:`ClassRegistry` shows itself
+    (:class:`hvdx.compression_registry.UserCompression`,
+    :class:`hvdx.mixer_registry.UserMixing`), in logs and in the entry point's own
+    fingerprint entry: ``call() [module.Class] settings=[...]``, or the invalid spec's
+    ``repr`` (:meth:`hvdx.strategy.Strategy.invalid_repr`).
+
+    A mixin, listed before the :class:`hvdx.strategy.Strategy` base: the spec gives
+    ``call()`` (its name and arguments as the user wrote them), ``cls`` (the registered
+    class), ``settings`` (:func:`settings_of` of its instance), and ``error`` and
+    ``invalid_repr()`` from its base.
+    """
+
+    cls: type
+    settings: List[tuple]
+
+    def describe(self) -> str:
+        if self.error is not None:
+            return self.invalid_repr()
+        return f"{self.call()} [{qualified(self.cls)}] settings={self.settings!r}"
+
+    def __repr__(self) -> str:
+        return self.describe()
+
+    __str__ = __repr__
