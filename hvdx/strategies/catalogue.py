@@ -25,12 +25,14 @@ from __future__ import annotations
 from typing import Callable, Dict, Iterator, List, Mapping, MutableMapping, Optional, Tuple
 
 from hvdx.strategies.decentralized.descriptor import DECENTRALIZED
-from hvdx.strategies.descriptor import KINDS, VARIABLES, Constructor, StrategyDescriptor, load
+from hvdx.strategies.descriptor import (KINDS, VARIABLES, Builder, Constructor,
+                                        StrategyDescriptor, load)
 from hvdx.strategies.dssync.descriptor import DSSYNC
 from hvdx.strategies.stanza.descriptor import STANZA
 from hvdx.strategies.topk.descriptor import TOPK
 
-__all__ = ["BUILT_IN", "ClassRegistry", "RegisteredClassSpec", "adapters", "all_descriptors",
+__all__ = ["BUILT_IN", "ClassRegistry", "LazyView", "RegisteredClassSpec", "adapters",
+           "all_descriptors",
            "descriptor", "environment_constructors", "of_kind", "qualified", "register",
            "settings_of", "unregister", "variable_kind"]
 
@@ -139,22 +141,19 @@ def unregister(name: str) -> None:
     _REGISTERED.pop(name, None)
 
 
-class _Adapters(Mapping):
-    """Name -> the object one descriptor field's lazy path names, for the descriptors
-    of the given kinds that have that field: a read-only view of the catalogue.
+class LazyView(Mapping):
+    """Name -> the object a lazy path names, for the paths ``paths()`` gives: a
+    read-only view of the catalogue (:func:`adapters`; the cost model's layouts,
+    :data:`hvdx.core.cost.layouts.STRATEGIES`).
 
     Looking a name up imports its module (as the registries' own functions used to,
-    inside their bodies); iterating over the names imports nothing. The view reads the
-    catalogue at every call, so a registered compressor appears in it.
+    inside their bodies); iterating over the names imports nothing. The view calls
+    ``paths`` at every call, so a registered compressor appears in it.
     """
 
-    def __init__(self, field: str, kinds: Tuple[str, ...]):
-        self._field = field
-        self._kinds = kinds
-
-    def _paths(self) -> Dict[str, str]:
-        return {d.name: getattr(d, self._field) for d in all_descriptors()
-                if d.kind in self._kinds and getattr(d, self._field) is not None}
+    def __init__(self, paths: Callable[[], Mapping[str, Builder]], what: str):
+        self._paths = paths
+        self._what = what
 
     def __getitem__(self, name: str) -> Callable:
         return load(self._paths()[name])
@@ -166,7 +165,7 @@ class _Adapters(Mapping):
         return len(self._paths())
 
     def __repr__(self) -> str:
-        return f"<catalogue view {self._field}: {sorted(self._paths())}>"
+        return f"<{self._what}: {sorted(self._paths())}>"
 
 
 def adapters(field: str, kinds: Optional[Tuple[str, ...]] = None) -> Mapping:
@@ -175,7 +174,13 @@ def adapters(field: str, kinds: Optional[Tuple[str, ...]] = None) -> Mapping:
     (default: those an entry point's ``compression=`` or ``sync=`` carries)."""
     if field not in StrategyDescriptor.__dataclass_fields__:
         raise ValueError(f"{field!r} is no field of StrategyDescriptor")
-    return _Adapters(field, tuple(VARIABLES) if kinds is None else tuple(kinds))
+    kinds = tuple(VARIABLES) if kinds is None else tuple(kinds)
+
+    def paths() -> Dict[str, str]:
+        return {d.name: getattr(d, field) for d in all_descriptors()
+                if d.kind in kinds and getattr(d, field) is not None}
+
+    return LazyView(paths, f"catalogue view {field}")
 
 
 class ClassRegistry(MutableMapping):

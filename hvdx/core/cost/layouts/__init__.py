@@ -23,11 +23,10 @@ when it is first looked up; a ``core_cost.py`` is numpy and hvdx.core only, as e
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterator, Mapping, Tuple, Union
+from typing import Callable, Dict, Mapping, Tuple, Union
 
 from hvdx.core.cost.layouts.horovod import _hierarchical, _horovod
 from hvdx.strategies import catalogue
-from hvdx.strategies.descriptor import load
 
 __all__ = ["HOROVOD", "STRATEGIES", "default_entries"]
 
@@ -35,39 +34,23 @@ __all__ = ["HOROVOD", "STRATEGIES", "default_entries"]
 HOROVOD: Dict[str, Callable] = {"horovod": _horovod, "hierarchical": _hierarchical}
 
 
-class _Layouts(Mapping):
-    """Strategy key -> the function that lays out its traffic: Horovod's, then the
-    catalogue's strategies' (``cost_model`` -> ``cost_layout``) in catalogue order.
-
-    It reads the catalogue at every call (a registered strategy is seen); looking a key
-    up imports its layout's module, iterating over the keys imports nothing.
-    """
-
-    def _paths(self) -> Dict[str, Union[str, Callable]]:
-        paths: Dict[str, Union[str, Callable]] = dict(HOROVOD)
-        for d in catalogue.all_descriptors():
-            if d.cost_model is None:
-                continue
-            if paths.setdefault(d.cost_model, d.cost_layout) != d.cost_layout:
-                raise ValueError(f"strategy {d.name!r}: cost_model={d.cost_model!r} is "
-                                 "already another layout's key")
-        return paths
-
-    def __getitem__(self, key: str) -> Callable:
-        return load(self._paths()[key])
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._paths())
-
-    def __len__(self) -> int:
-        return len(self._paths())
-
-    def __repr__(self) -> str:
-        return f"<cost model layouts: {', '.join(self._paths())}>"
+def _paths() -> Dict[str, Union[str, Callable]]:
+    """Strategy key -> its layout or the layout's lazy path: Horovod's, then the
+    catalogue's strategies' (``cost_model`` -> ``cost_layout``) in catalogue order."""
+    paths: Dict[str, Union[str, Callable]] = dict(HOROVOD)
+    for d in catalogue.all_descriptors():
+        if d.cost_model is None:
+            continue
+        if paths.setdefault(d.cost_model, d.cost_layout) != d.cost_layout:
+            raise ValueError(f"strategy {d.name!r}: cost_model={d.cost_model!r} is "
+                             "already another layout's key")
+    return paths
 
 
-#: Strategy keys and the function that lays out their traffic (a live view).
-STRATEGIES: Mapping[str, Callable] = _Layouts()
+#: Strategy keys and the function that lays out their traffic: a live view of the
+#: catalogue (a registered strategy is seen; looking a key up imports its layout's
+#: module, iterating over the keys imports nothing).
+STRATEGIES: Mapping[str, Callable] = catalogue.LazyView(_paths, "cost model layouts")
 
 
 def default_entries() -> Tuple[Union[str, Tuple[str, Dict]], ...]:
