@@ -30,7 +30,7 @@ from hvdx.core.user_compression import Compressor
 from hvdx.strategies import catalogue
 from hvdx.strategies.catalogue import RegisteredClassSpec, qualified, settings_of
 from hvdx.strategies.descriptor import Constructor, StrategyDescriptor, VARIABLES
-from hvdx.strategy import Strategy, kept_for_every_rank
+from hvdx.strategy import CompressionStrategy, kept_for_every_rank
 
 __all__ = ["RESERVED", "Registered", "UserCompression", "builder", "register_compressor", "registered"]
 
@@ -144,17 +144,20 @@ class Registered(type):
                                  f"{name!r}, YourCompressor) first)") from None
 
 
-class UserCompression(RegisteredClassSpec, Strategy):
+class UserCompression(RegisteredClassSpec, CompressionStrategy):
     """A registered compressor, its arguments, and the instance every rank runs
     (``describe`` and ``repr``: :class:`~hvdx.strategies.catalogue.RegisteredClassSpec`).
 
     A ``ValueError`` of the compressor's constructor is kept, in a job of several
     ranks, and raised on every rank by the entry point (:func:`hvdx.strategy.validating`);
-    a ``TypeError`` (arguments it does not take) is raised at once, as by any call.
+    a ``TypeError`` (arguments it does not take) is raised at once, as by any call. Its
+    job checks (``op`` Average or Sum, ``gradient_predivide_factor`` 1) are
+    :meth:`~hvdx.strategy.CompressionStrategy.prepare`'s.
     """
 
     name: ClassVar[str] = "user_compression"
     argument: ClassVar[str] = "compression"
+    title: ClassVar[str] = "a registered compressor"
 
     def __init__(self, registered_name: str, cls: type, args: tuple = (),
                  kwargs: Optional[dict] = None):

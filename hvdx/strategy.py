@@ -43,7 +43,7 @@ import numpy as np
 from hvdx.keywords import unexpected_keyword
 from hvdx.strategies import catalogue
 
-__all__ = ["Job", "MixingStrategy", "Resolved", "Strategy", "adapter_for", "global_due",
+__all__ = ["CompressionStrategy", "Job", "MixingStrategy", "Resolved", "Strategy", "adapter_for", "global_due",
            "kept_for_every_rank", "resolve", "several_ranks", "strategy_of",
            "strategy_or_error", "validating"]
 
@@ -63,6 +63,10 @@ class Job:
         no_compression: the framework's ``Compression.none``.
         process_set: the user's ``process_set=``.
         framework: ``"torch"`` or ``"tensorflow"``.
+        op: the user's ``op=``; ``None``: Horovod's default, ``Average``.
+        gradient_predivide_factor: the user's ``gradient_predivide_factor=``.
+        backward_passes_per_step: the user's ``backward_passes_per_step=`` (1 where the
+            entry point has none: TensorFlow's tape).
     """
 
     size: int
@@ -72,10 +76,29 @@ class Job:
     no_compression: Any
     process_set: Any
     framework: str
+    op: Any = None
+    gradient_predivide_factor: float = 1.0
+    backward_passes_per_step: int = 1
 
     @property
     def global_process_set(self):
         return self.horovod.global_process_set
+
+    def averages(self) -> bool:
+        """Whether ``op`` is Horovod's ``Average`` (``None`` counts as its default)."""
+        return self.op is None or self.op == self.horovod.Average
+
+    def op_name(self) -> str:
+        """``op`` as Horovod names it (``"Adasum"``), else its ``repr``."""
+        for name in _OP_NAMES:
+            if getattr(self.horovod, name, _NO_OP) == self.op:
+                return name
+        return repr(self.op)
+
+
+#: Horovod's reduction ops, by their names in ``horovod.torch`` / ``horovod.tensorflow``.
+_OP_NAMES = ("Average", "Sum", "Adasum", "Min", "Max", "Product")
+_NO_OP = object()
 
 
 class Strategy(abc.ABC):
@@ -115,6 +138,43 @@ class Strategy(abc.ABC):
         """One rank-independent line for logs and the entry point's own fingerprint
         entry (``compression=`` or ``sync=``)."""
         return self.name
+
+
+class CompressionStrategy(Strategy):
+    """A strategy passed as ``compression=`` that synchronizes the gradients itself
+    (TopK, a registered compressor): it averages or sums, nothing else.
+
+    Its job checks are :meth:`prepare`'s, the same for every framework's entry points
+    (``op``, ``gradient_predivide_factor``, ``backward_passes_per_step``); the adapters
+    receive a job that passed them.
+    """
+
+    argument: ClassVar[str] = "compression"
+    #: What the messages call the strategy: ``"TopK compression"``.
+    title: ClassVar[str] = "compression"
+    #: Whether ``gradient_predivide_factor`` (with ``op=Average``) is honoured.
+    predivides: ClassVar[bool] = False
+
+    def prepare(self, job: Job) -> Any:
+        self.check_reduction(job)
+        return None
+
+    def check_reduction(self, job: Job) -> None:
+        """``op`` must be Average or Sum, and ``gradient_predivide_factor`` 1 unless
+        the strategy predivides (then with Average only); ``ValueError`` naming them."""
+        if not (job.averages() or job.op == job.horovod.Sum):
+            raise ValueError(f"op={job.op_name()} is not supported with {self.title}; "
+                             "use op=hvd.Average or op=hvd.Sum")
+        if job.gradient_predivide_factor != 1.0:
+            if not self.predivides:
+                raise ValueError(
+                    f"gradient_predivide_factor={job.gradient_predivide_factor!r} is not "
+                    f"supported with {self.title}; leave it 1.0")
+            if not job.averages():
+                raise ValueError("gradient_predivide_factor not supported with op != "
+                                 "Average")
+        if job.backward_passes_per_step <= 0:
+            raise ValueError("backward_passes_per_step must be > 0")
 
 
 class MixingStrategy(Strategy):

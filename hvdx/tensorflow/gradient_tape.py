@@ -62,9 +62,8 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     arguments = registry.GradientArguments(compression, op, gradient_predivide_factor,
                                            process_set, non_trainable_variables,
                                            scale_local_gradients=scale_local_gradients)
-    tape, error = registry.with_deferred_error(
-        lambda: registry.tape(horovod, strategy, arguments, gradtape), horovod, strategy)
-    error = error or problem
+    tape, resolved = registry.tape(horovod, strategy, arguments, gradtape)
+    error = resolved.error or problem
     # HVDX_BENCH_STEP_LOG (hvdx bench --script): step times; unset, nothing is added.
     tape = step_log.watch_tensorflow(tape, _hvd.rank, registry.tape_counters(strategy))
     if registry.checks_its_own_variables(strategy):
@@ -73,7 +72,8 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
         compression=compression, sparse_as_dense=sparse_as_dense, op=op,
         gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
         groups=group_sizes(groups),
-        process_set=process_set, scale_local_gradients=scale_local_gradients, sync=sync)
+        process_set=process_set, scale_local_gradients=scale_local_gradients,
+        sync=sync) + resolved.settings
     return check_variables_once(
         tape, "gradient",
         lambda args, kwargs: flat_variables(kwargs.get("sources", args[1] if len(args) > 1 else None)),

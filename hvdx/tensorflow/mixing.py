@@ -42,13 +42,12 @@ from horovod.tensorflow.gradient_aggregation_eager import (
 from hvdx.core.fingerprint import Fingerprint
 from hvdx.core.group_averaging import running_mean
 from hvdx.mpi import check_consistent, communicator_for
-from hvdx.mpi.consistency import resolve_checked
-from hvdx.settings import horovod_settings
-from hvdx.tensorflow.jobs import job
+from hvdx.tensorflow.jobs import job, resolve_sync
 
-__all__ = ["MixingState", "average_over_all_ranks", "extra_variables", "loss_scaling",
-           "make_mixing_keras_optimizer", "make_mixing_tape", "mixing_keras_optimizer",
-           "mixing_tape", "new_state", "state_of", "tape_counters", "tape_state"]
+__all__ = ["MixingState", "adapters", "average_over_all_ranks", "extra_variables",
+           "loss_scaling", "make_mixing_keras_optimizer", "make_mixing_tape",
+           "mixing_keras_optimizer", "mixing_tape", "new_state", "state_of",
+           "tape_counters", "tape_state"]
 
 # Run-time tape classes, one per (user tape class, state attribute).
 _TAPE_CLASSES: Dict[tuple, type] = {}
@@ -161,19 +160,23 @@ class MixingState(tf.Module):
     @tf.autograph.experimental.do_not_convert
     def average(self, extra: Sequence[tf.Variable] = ()) -> None:
         """Mix the variables (and ``extra``, the optimizer's slots), then add the result
-        to the SWA running mean when due, then ``step += 1``; eagerly or in a graph."""
+        to the SWA running mean when due, then ``step += 1``; eagerly or in a graph.
+
+        Whether the step is an SWA sample is the spec's decision
+        (:meth:`hvdx.strategy.MixingStrategy.swa_due`), taken in the same eager
+        ``py_function`` that mixes, which returns it as its last output."""
         variables = list(self._variables) + list(extra)
         step = self.step.read_value()
-        mixed = tf.py_function(self._mix_at_tensor, [step] + [v.read_value()
-                                                               for v in variables],
-                               [v.dtype for v in variables], name=f"hvdx_{self.name}")
+        *mixed, due = tf.py_function(
+            self._mix_at_tensor, [step] + [v.read_value() for v in variables],
+            [v.dtype for v in variables] + [tf.bool], name=f"hvdx_{self.name}")
         for v, value in zip(variables, mixed):
             if not tf.executing_eagerly():
                 value.set_shape(v.shape)  # py_function outputs have unknown shapes
             v.assign(value)
         if self.swa:
-            start, every = self._sync.swa_start, self._sync.swa_every
-            due = tf.logical_and(step >= start, (step - start) % every == 0)
+            if not tf.executing_eagerly():
+                due.set_shape([])
             count = self.swa_count.read_value()
             for mean, value in zip(self.swa, mixed):
                 updated = running_mean(mean, tf.cast(count, mean.dtype), value)
@@ -182,8 +185,11 @@ class MixingState(tf.Module):
         self.step.assign_add(1)
 
     def _mix_at_tensor(self, step, *values):
-        """Body of the ``tf.py_function``: eager, with this step's peers."""
-        return self._mix_step(int(step.numpy()), list(values))
+        """Body of the ``tf.py_function``: eager, with this step's peers; the mixed
+        values, then whether they are an SWA sample."""
+        step = int(step.numpy())
+        return list(self._mix_step(step, list(values))) + \
+            [tf.constant(self._sync.swa_due(step))]
 
     def _mix_step(self, step: int, values: List[tf.Tensor]) -> List[tf.Tensor]:
         """Eager: step ``step``'s averaging. Decided here, once for every mixer: a
@@ -265,17 +271,11 @@ def average_over_all_ranks(values: List[tf.Tensor], name: str,
     return out
 
 
-@tf.autograph.experimental.do_not_convert
-def new_state(cls, sync, compression, process_set, what: str,
-              **settings) -> MixingState:
-    """Resolve ``sync``, check it and ``settings`` (more of the entry point's arguments)
-    across ranks (collective), raise on every rank, then ``cls.from_plan(sync, plan)``
-    with the fingerprint settings attached."""
-    comm = communicator_for(_hvd.global_process_set, _hvd.global_process_set, _hvd.size())
-    resolved, settings = resolve_checked(sync, job(compression, process_set),
-                                         horovod_settings(sync=sync, **settings), comm, what)
-    state = cls.from_plan(sync, resolved.plan)
-    state._bound.settings = settings
+def new_state(cls, sync, plan, settings) -> MixingState:
+    """``cls.from_plan(sync, plan)``, with ``settings`` (every setting the ranks compared
+    when ``sync`` was resolved) kept for the check of its variables."""
+    state = cls.from_plan(sync, plan)
+    state._bound.settings = list(settings)
     return state
 
 
@@ -283,18 +283,13 @@ def new_state(cls, sync, compression, process_set, what: str,
 _TAPE_STATE = "_hvdx_tensorflow_state"
 
 
-@tf.autograph.experimental.do_not_convert
-def tape_state(cls, sync, compression, process_set) -> MixingState:
-    """The state every tape given ``sync`` shares, made by :func:`new_state` at the
-    first call (collective: every rank builds its first tape at the same point)."""
+def tape_state(cls, sync, plan, settings) -> MixingState:
+    """The state every tape given ``sync`` shares, made (:func:`new_state`) by the first
+    tape, from the resolution the tapes share (:func:`hvdx.tensorflow.jobs.resolve_sync`)."""
     state = getattr(sync, _TAPE_STATE, None)
     if state is None:
-        state = new_state(cls, sync, compression, process_set, "DistributedGradientTape")
+        state = new_state(cls, sync, plan, settings)
         setattr(sync, _TAPE_STATE, state)
-    else:
-        # Built before: the collective checks ran then; these arguments are this call's.
-        sync.check_gradient_arguments(job(compression, process_set),
-                                      f"hvdx.{type(sync).__name__}")
     return state
 
 
@@ -305,41 +300,33 @@ def state_of(cls, sync) -> MixingState:
     or builds its first tape, at the same point)."""
     if not isinstance(sync, cls.STRATEGY):
         raise ValueError(f"sync={sync!r} must be a hvdx.{cls.STRATEGY.__name__}")
-    return tape_state(cls, sync, _hvd.Compression.none, _hvd.global_process_set)
+    resolved = resolve_sync(sync, job(_hvd.Compression.none, _hvd.global_process_set),
+                            "DistributedGradientTape", once=True)
+    return tape_state(cls, sync, resolved.plan, resolved.settings)
 
 
 # Often called while a tf.function is traced: AutoGraph must not convert (slowly, and
 # uselessly: no tensor decides anything here) the registration and mpi4py code below.
 @tf.autograph.experimental.do_not_convert
-def mixing_tape(cls, gradtape, sync, compression, process_set,
-                non_trainable_variables=None, scale_local_gradients=True):
+def mixing_tape(cls, gradtape, sync, plan, args):
     """``gradtape`` as a tape whose ``gradient`` mixes (:func:`make_mixing_tape`) with
-    the state of ``cls`` for ``sync`` (collective at the first tape)."""
-    state = tape_state(cls, sync, compression, process_set)
+    the state of ``cls`` for ``sync`` (``args``: :class:`hvdx.tensorflow.registry.
+    GradientArguments`)."""
+    state = tape_state(cls, sync, plan, args.checked_settings)
     cls.check_tape(sync)
-    return make_mixing_tape(gradtape, state, cls.ATTRIBUTE, non_trainable_variables,
-                            scale_local_gradients)
+    return make_mixing_tape(gradtape, state, cls.ATTRIBUTE, args.non_trainable_variables,
+                            args.scale_local_gradients)
 
 
-def mixing_keras_optimizer(cls, optimizer, sync, compression, process_set,
-                           non_trainable_variables=None, backward_passes_per_step=1,
-                           average_aggregated_gradients=False, sparse_as_dense=False,
-                           scale_local_gradients=True):
+def mixing_keras_optimizer(cls, optimizer, sync, plan, args):
     """A Keras optimizer whose ``apply_gradients`` steps locally and mixes, in the
     order of ``cls.combines_first(sync)``, with Horovod's Keras optimizer API
-    (collective; :func:`make_mixing_keras_optimizer`).
-
-    Horovod's aggregation arguments join the cross-rank check of ``sync``: ranks that
-    summed different numbers of passes would mix at different steps and wait for each
-    other; checked first, a wrong value is then refused on every rank alike.
+    (:func:`make_mixing_keras_optimizer`). Horovod's aggregation arguments were
+    compared across ranks with ``sync``, so a wrong value is refused on every rank.
     """
     what = "keras DistributedOptimizer"
-    state = new_state(cls, sync, compression, process_set, what,
-                      backward_passes_per_step=backward_passes_per_step,
-                      average_aggregated_gradients=average_aggregated_gradients,
-                      sparse_as_dense=sparse_as_dense,
-                      scale_local_gradients=scale_local_gradients)
-    passes = backward_passes_per_step
+    state = new_state(cls, sync, plan, args.checked_settings)
+    passes = args.backward_passes_per_step
     if isinstance(passes, bool) or not isinstance(passes, numbers.Integral) or passes < 1:
         raise ValueError(
             f"hvdx {what}: backward_passes_per_step={passes!r} must be a whole number "
@@ -348,9 +335,28 @@ def mixing_keras_optimizer(cls, optimizer, sync, compression, process_set,
             "one mix)")
     return make_mixing_keras_optimizer(
         optimizer, state, cls.ATTRIBUTE, combine_first=cls.combines_first(sync),
-        extra=non_trainable_variables, backward_passes_per_step=int(passes),
-        average_aggregated_gradients=average_aggregated_gradients,
-        sparse_as_dense=sparse_as_dense, scale_local_gradients=scale_local_gradients)
+        extra=args.non_trainable_variables, backward_passes_per_step=int(passes),
+        average_aggregated_gradients=args.average_aggregated_gradients,
+        sparse_as_dense=args.sparse_as_dense,
+        scale_local_gradients=args.scale_local_gradients)
+
+
+def adapters(cls):
+    """A mixing strategy's entries in :mod:`hvdx.tensorflow.registry` (the catalogue
+    names them): ``(tape_adapter, keras_adapter)`` that put a tape or Keras optimizer
+    mixing with the state class ``cls`` in place of Horovod's."""
+
+    def tape_adapter(horovod, sync, plan, args, gradtape):
+        return mixing_tape(cls, gradtape, sync, plan, args)
+
+    def keras_adapter(horovod, sync, plan, args, optimizer):
+        return mixing_keras_optimizer(cls, optimizer, sync, plan, args)
+
+    tape_adapter.__doc__ = (f"``DistributedGradientTape``: a tape mixing with "
+                            f"{cls.__name__} in place of Horovod's.")
+    keras_adapter.__doc__ = (f"Keras' ``DistributedOptimizer``: an optimizer mixing with "
+                             f"{cls.__name__} in place of Horovod's.")
+    return tape_adapter, keras_adapter
 
 
 def extra_variables(non_trainable_variables, what: str) -> List[tf.Variable]:

@@ -1,14 +1,28 @@
 """Which TensorFlow adapter runs which hvdx strategy, as the catalogue says
 (:mod:`hvdx.strategies.catalogue`: each descriptor's ``tensorflow_tape`` and
-``tensorflow_keras``; a new strategy changes nothing here).
+``tensorflow_keras``; a new strategy changes nothing here), and the one path by which
+both TensorFlow entry points resolve a strategy before its adapter runs.
 
 The entry points (:func:`hvdx.tensorflow.DistributedGradientTape`,
 :func:`hvdx.tensorflow.keras.DistributedOptimizer`) find the strategy among their
-arguments (:func:`hvdx.strategy.strategy_of`) and call :func:`tape` or :func:`keras`.
-Each adapter gets ``horovod()``, a function that builds Horovod's own tape or optimizer
-from the user's arguments: a compression strategy (TopK) installs itself on that object;
-a synchronization strategy (DS-Sync, graphs: :mod:`hvdx.tensorflow.mixing`) replaces it and checks its variables across
-ranks itself, when it first sees them.
+arguments (:func:`hvdx.strategy.strategy_of`) and call :func:`tape` or :func:`keras`,
+which
+
+1. resolve it against the job (:class:`~hvdx.strategy.Job`, with the user's ``op``,
+   ``gradient_predivide_factor`` and ``backward_passes_per_step``): a strategy's job
+   checks are its spec's :meth:`~hvdx.strategy.Strategy.prepare`, for both frameworks.
+   A synchronization strategy (DS-Sync, graphs, a registered mixer) is resolved
+   collectively and raises on every rank (:func:`hvdx.tensorflow.jobs.resolve_sync`).
+   A compression strategy (TopK, a registered compressor) is resolved on this rank: its
+   variables, and so its cross-rank check, come with the first gradients
+   (:func:`hvdx.tensorflow.runtime.check_variables_once`), so a refusal is kept for
+   that check and raised then on every rank;
+2. call the adapter with ``(horovod, strategy, plan, arguments, user object)``, as
+   PyTorch's entry point calls its adapters with ``(optimizer, strategy, plan,
+   arguments)``. ``horovod()`` builds Horovod's own tape or optimizer from the user's
+   arguments: a compression strategy installs itself on that object; a synchronization
+   strategy (:mod:`hvdx.tensorflow.mixing`) replaces it and checks its variables across
+   ranks itself, when it first sees them.
 """
 
 from __future__ import annotations
@@ -16,11 +30,10 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple
 
 from hvdx.strategies import catalogue
-from hvdx.strategy import Strategy, adapter_for, kept_for_every_rank
+from hvdx.strategy import Resolved, Strategy, adapter_for, kept_for_every_rank, resolve
 
 __all__ = ["GradientArguments", "KERAS_ADAPTERS", "TAPE_ADAPTERS", "TAPE_COUNTERS",
-           "checks_its_own_variables", "keras", "tape", "tape_counters",
-           "with_deferred_error"]
+           "checks_its_own_variables", "keras", "tape", "tape_counters"]
 
 
 class GradientArguments(NamedTuple):
@@ -39,6 +52,16 @@ class GradientArguments(NamedTuple):
     average_aggregated_gradients: bool = False
     sparse_as_dense: bool = False
     scale_local_gradients: bool = True
+    #: A synchronization strategy's: every setting the ranks compared when it was
+    #: resolved (its mixing state compares them again with the variables).
+    checked_settings: Tuple = ()
+
+    def job(self):
+        """The :class:`~hvdx.strategy.Job` these arguments describe."""
+        from hvdx.tensorflow.jobs import job
+
+        return job(self.compression, self.process_set, self.op,
+                   self.gradient_predivide_factor, self.backward_passes_per_step)
 
     def aggregation(self) -> Dict[str, Any]:
         """The Keras aggregation arguments, as keywords."""
@@ -48,7 +71,7 @@ class GradientArguments(NamedTuple):
                     scale_local_gradients=self.scale_local_gradients)
 
 
-#: Strategy name -> ``adapter(horovod, strategy, arguments, user_object)``: live views
+#: Strategy name -> ``adapter(horovod, strategy, plan, arguments, user_object)``: live views
 #: of the catalogue's ``tensorflow_tape`` and ``tensorflow_keras`` entries
 #: (:mod:`hvdx.strategies.catalogue`; a registered compressor's included).
 TAPE_ADAPTERS: Mapping[str, Callable] = catalogue.adapters("tensorflow_tape")
@@ -56,37 +79,35 @@ KERAS_ADAPTERS: Mapping[str, Callable] = catalogue.adapters("tensorflow_keras")
 
 
 def _build(table: Mapping[str, Callable], what: str, horovod: Callable,
-           strategy: Optional[Strategy], args: GradientArguments, user):
+           strategy: Optional[Strategy], args: GradientArguments, user,
+           stand_in: Callable, keras_settings: bool) -> Tuple[Any, Resolved]:
+    """Resolve ``strategy`` (module docstring, step 1), then run its adapter.
+
+    Returns:
+        the object built, and the resolution: for a compression strategy its settings,
+        and its refusal (``error``) to raise at the first gradients' cross-rank check,
+        with ``stand_in()`` (Horovod's own object) built in the meantime.
+    """
     if strategy is None:
-        return horovod()
-    built = adapter_for(table, strategy, what)(horovod, strategy, args, user)
+        return horovod(), Resolved([])
+    adapter = adapter_for(table, strategy, what)
+    if strategy.argument == "sync":
+        from hvdx.tensorflow.jobs import resolve_sync
+
+        resolved = resolve_sync(strategy, args.job(), what,
+                                args.aggregation() if keras_settings else None,
+                                once=not keras_settings)
+        args = args._replace(checked_settings=tuple(resolved.settings))
+    else:
+        resolved = resolve(strategy, args.job())  # not collective: a compressor's prepare
+        if resolved.error is not None:
+            return stand_in(), Resolved(resolved.settings, None,
+                                        kept_for_every_rank(resolved.error))
+    built = adapter(horovod, strategy, resolved.plan, args, user)
     from hvdx.tensorflow.join_guard import track
 
     track(strategy)  # hvd.join() refuses from now on (hvdx.tensorflow.join_guard)
-    return built
-
-
-def with_deferred_error(build: Callable[[], Any], stand_in: Callable,
-                        strategy: Optional[Strategy]) -> Tuple[Any, Optional[ValueError]]:
-    """``(build(), None)``, or ``stand_in()`` (Horovod's own object) and the
-    ``ValueError`` to raise later.
-
-    A compression strategy's tape or optimizer checks its variables across ranks only
-    when it first sees them (:func:`hvdx.tensorflow.runtime.check_variables_once`). A
-    ``ValueError`` of its spec's constructor or of its arguments (``op=Adasum``) is
-    therefore kept, in a job of several ranks, for that check: it then fails on every
-    rank with the same message, where raising at once would end this rank alone.
-    Synchronization strategies check at construction, collectively, and raise there.
-    """
-    if strategy is None or strategy.argument == "sync":
-        return build(), None  # (None: Horovod's; or a TypeError kept by the caller)
-    try:
-        if strategy.error is not None:
-            raise strategy.error
-        return build(), None
-    except ValueError as error:
-        error = kept_for_every_rank(error)
-        return stand_in(), error
+    return built, resolved
 
 
 def checks_its_own_variables(strategy: Optional[Strategy]) -> bool:
@@ -109,14 +130,19 @@ def tape_counters(strategy: Optional[Strategy]) -> Optional[Callable]:
 
 
 def tape(horovod: Callable, strategy: Optional[Strategy], args: GradientArguments,
-         gradtape):
-    """The tape that runs ``strategy``; Horovod's own (``horovod()``) for ``None``."""
+         gradtape) -> Tuple[Any, Resolved]:
+    """The tape that runs ``strategy``, Horovod's own (``horovod()``) for ``None``, and
+    the resolution (:func:`_build`)."""
     return _build(TAPE_ADAPTERS, "DistributedGradientTape", horovod, strategy, args,
-                  gradtape)
+                  gradtape, horovod, keras_settings=False)
 
 
 def keras(horovod: Callable, strategy: Optional[Strategy], args: GradientArguments,
-          optimizer):
-    """The Keras optimizer that runs ``strategy``; Horovod's (``horovod()``) for ``None``."""
+          optimizer, stand_in: Callable) -> Tuple[Any, Resolved]:
+    """The Keras optimizer that runs ``strategy``, Horovod's (``horovod()``) for
+    ``None``, and the resolution; ``stand_in()`` builds Horovod's optimizer for a rank
+    whose arguments were refused (:func:`_build`). Keras' aggregation arguments join
+    a synchronization strategy's cross-rank check: ranks that summed different numbers
+    of passes would mix at different steps and wait for each other."""
     return _build(KERAS_ADAPTERS, "keras DistributedOptimizer", horovod, strategy, args,
-                  optimizer)
+                  optimizer, stand_in, keras_settings=True)

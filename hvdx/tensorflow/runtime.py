@@ -39,7 +39,7 @@ def check_variables_once(owner, method_name: str, variables_of, settings, what: 
         settings: fingerprint settings (from :func:`hvdx.settings.horovod_settings`).
         what: the object's name for error messages.
         error: a ``ValueError`` this rank kept for the check
-            (:func:`hvdx.tensorflow.registry.with_deferred_error`): added to the
+            (a compression strategy's refusal, :mod:`hvdx.tensorflow.registry`): added to the
             fingerprint, and raised after the check if every rank kept the same.
     """
     if error is not None and not any(k.endswith(".error") for k, _ in settings):

@@ -48,16 +48,6 @@ __all__ = ["CompressionState", "compression_state", "install_on_keras_optimizer"
            "install_on_tape", "keras_adapter", "tape_adapter", "tape_counters"]
 
 
-def check_arguments(op, gradient_predivide_factor) -> None:
-    """``op`` must be Average or Sum, ``gradient_predivide_factor`` 1 (``ValueError``)."""
-    if op not in (_hvd.Average, _hvd.Sum):
-        raise ValueError(f"op={op!r} is not supported with a registered compressor; use "
-                         "op=hvd.Average or op=hvd.Sum")
-    if gradient_predivide_factor != 1.0:
-        raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor!r} is not "
-                         "supported with a registered compressor; leave it 1.0")
-
-
 class CompressionState(tf.Module):
     """Residuals and step counter of one registered compressor's run, checkpointable.
 
@@ -196,8 +186,8 @@ def make_allreduce_grads(spec: UserCompression, op, process_set, state_of):
 
 @tf.autograph.experimental.do_not_convert
 def install_on_tape(tape, spec, op, gradient_predivide_factor, process_set):
-    """Make Horovod's tape ``tape`` synchronize with the registered compressor."""
-    check_arguments(op, gradient_predivide_factor)
+    """Make Horovod's tape ``tape`` synchronize with the registered compressor (the
+    arguments passed the spec's job checks, :meth:`UserCompression.prepare`)."""
     object.__setattr__(tape, "_allreduce_grads",
                        make_allreduce_grads(spec, op, process_set, compression_state))
     return tape
@@ -206,7 +196,6 @@ def install_on_tape(tape, spec, op, gradient_predivide_factor, process_set):
 def install_on_keras_optimizer(opt, spec, op, gradient_predivide_factor, process_set):
     """Make Horovod's Keras optimizer ``opt`` synchronize with the registered
     compressor; its state is ``opt.hvdx_compression`` (tracked)."""
-    check_arguments(op, gradient_predivide_factor)
     state = CompressionState()
     opt.hvdx_compression = state
     opt.hvdx_stats = state.stats  # as TopK's optimizer: the step log reads it
@@ -229,16 +218,14 @@ def install_on_keras_optimizer(opt, spec, op, gradient_predivide_factor, process
 # --- a registered compressor's entries in hvdx.tensorflow.registry (the catalogue names
 # them for every registered compressor) ---------------------------------------------------
 
-def tape_adapter(horovod, spec: UserCompression, args, user):
+def tape_adapter(horovod, spec: UserCompression, plan, args, user):
     """``DistributedGradientTape``: Horovod's tape, with the compressor on it."""
     return install_on_tape(horovod(), spec, args.op, args.gradient_predivide_factor,
                            args.process_set)
 
 
-def keras_adapter(horovod, spec: UserCompression, args, user):
-    """Keras' ``DistributedOptimizer``: Horovod's optimizer, with the compressor on it;
-    the arguments are checked before Horovod's own checks."""
-    check_arguments(args.op, args.gradient_predivide_factor)
+def keras_adapter(horovod, spec: UserCompression, plan, args, user):
+    """Keras' ``DistributedOptimizer``: Horovod's optimizer, with the compressor on it."""
     return install_on_keras_optimizer(horovod(), spec, args.op,
                                       args.gradient_predivide_factor, args.process_set)
 

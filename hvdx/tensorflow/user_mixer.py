@@ -28,8 +28,8 @@ from hvdx.mixer_registry import UserMixing
 from hvdx.mpi.comm import world
 from hvdx.mpi.user_mixer_exchange import Peers
 from hvdx.strategies.decentralized.spec import DecentralizedStats
-from hvdx.tensorflow.mixing import (MixingState, average_over_all_ranks,
-                                    mixing_keras_optimizer, mixing_tape, state_of)
+from hvdx.tensorflow.mixing import (MixingState, adapters, average_over_all_ranks,
+                                    state_of)
 
 __all__ = ["MixerState", "keras_adapter", "mixer_state", "tape_adapter"]
 
@@ -92,14 +92,6 @@ def mixer_state(sync: UserMixing) -> MixerState:
 
 # --- a registered mixer's entries in hvdx.tensorflow.registry (the catalogue names them) -
 
-def tape_adapter(horovod, sync: UserMixing, args, gradtape):
-    """``DistributedGradientTape``: a mixing tape in place of Horovod's."""
-    return mixing_tape(MixerState, gradtape, sync, args.compression, args.process_set,
-                       args.non_trainable_variables, args.scale_local_gradients)
-
-
-def keras_adapter(horovod, sync: UserMixing, args, optimizer):
-    """Keras' ``DistributedOptimizer``: a mixing optimizer in place of Horovod's."""
-    return mixing_keras_optimizer(MixerState, optimizer, sync, args.compression,
-                                  args.process_set, args.non_trainable_variables,
-                                  **args.aggregation())
+#: A mixing tape or Keras optimizer in place of Horovod's
+#: (:func:`hvdx.tensorflow.mixing.adapters`).
+tape_adapter, keras_adapter = adapters(MixerState)

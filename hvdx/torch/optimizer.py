@@ -96,7 +96,8 @@ def DistributedOptimizer(optimizer, named_parameters=None,
     if process_set.included():
         comm = communicator_for(process_set, _hvd.global_process_set, _hvd.size())
     resolved, _ = resolve_checked(
-        strategy, registry.job(compression, process_set), settings, comm,
+        strategy, registry.job(compression, process_set, op, gradient_predivide_factor,
+                               backward_passes_per_step), settings, comm,
         "DistributedOptimizer", parameters=_parameter_entries(optimizer, named_parameters),
         more_settings=_buffer_entries(sync, named_buffers), kept=problem)
     if strategy is None:

@@ -38,11 +38,13 @@ class OptimizerArguments(NamedTuple):
     named_buffers: Optional[List[Tuple[str, Any]]]
 
 
-def job(compression, process_set) -> Job:
+def job(compression, process_set, op=None, gradient_predivide_factor=1.0,
+        backward_passes_per_step=1) -> Job:
     """The :class:`~hvdx.strategy.Job` a torch entry point resolves strategies for."""
     return Job(size=_hvd.size(), rank=_hvd.rank(), horovod=_hvd, compression=compression,
                no_compression=_hvd.Compression.none, process_set=process_set,
-               framework="torch")
+               framework="torch", op=op, gradient_predivide_factor=gradient_predivide_factor,
+               backward_passes_per_step=backward_passes_per_step)
 
 
 def outside_the_set(optimizer, args: OptimizerArguments):

@@ -40,25 +40,13 @@ __all__ = ["STATE_KEY", "adapter", "make_user_compression_optimizer"]
 STATE_KEY = "hvdx_user_compression"
 
 
-def check_arguments(op, gradient_predivide_factor, average, total) -> None:
-    """``op`` must be Average or Sum, ``gradient_predivide_factor`` 1 (``ValueError``)."""
-    if op not in (average, total):
-        raise ValueError(f"op={op!r} is not supported with a registered compressor; use "
-                         "op=hvd.Average or op=hvd.Sum")
-    if gradient_predivide_factor != 1.0:
-        raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor!r} is not "
-                         "supported with a registered compressor; leave it 1.0")
-
-
 def make_user_compression_optimizer(optimizer, named_parameters,
                                     compression: UserCompression,
                                     backward_passes_per_step, op,
                                     gradient_predivide_factor, comm):
     """An instance of a class made at run time from ``optimizer``'s class
-    (``isinstance(result, type(optimizer))`` holds)."""
-    check_arguments(op, gradient_predivide_factor, _hvd.Average, _hvd.Sum)
-    if backward_passes_per_step <= 0:
-        raise ValueError("backward_passes_per_step must be > 0")
+    (``isinstance(result, type(optimizer))`` holds); the arguments passed the spec's
+    job checks (:meth:`hvdx.strategy.CompressionStrategy.prepare`)."""
     cls = subclass_of(optimizer, _UserCompressionOptimizer)
     return cls(optimizer.param_groups, named_parameters, compression,
                backward_passes_per_step, op == _hvd.Sum, comm)

@@ -129,6 +129,78 @@ def test_mixing_strategies_refuse_another_process_set(name):
     assert "process_set" in str(resolved.error)
 
 
+#: Horovod's reduction ops, as horovod.torch and horovod.tensorflow number them.
+OPS = {"Average": 0, "Sum": 1, "Adasum": 2, "Min": 3, "Max": 4, "Product": 5}
+
+
+def gradient_job(framework, **arguments):
+    """A job with the gradient arguments an entry point hands its strategy."""
+    everyone = _ProcessSet([0, 1])
+    horovod = types.SimpleNamespace(global_process_set=everyone, **OPS)
+    return Job(size=2, rank=0, horovod=horovod, compression=_None, no_compression=_None,
+               process_set=everyone, framework=framework, **arguments)
+
+
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+@pytest.mark.parametrize("name", ["topk", "user_compression"])
+@pytest.mark.parametrize("arguments, message", [
+    ({"op": OPS["Adasum"]}, "op=Adasum is not supported with "),
+    ({"op": OPS["Min"]}, "op=Min is not supported with "),
+    ({"op": OPS["Product"]}, "use op=hvd.Average or op=hvd.Sum"),
+    ({"backward_passes_per_step": 0}, "backward_passes_per_step must be > 0"),
+])
+def test_compression_strategies_refuse_what_they_cannot_honour_alike_in_both_frameworks(
+        framework, name, arguments, message):
+    """A strategy's job checks are its spec's: one message for torch and TensorFlow,
+    and a fingerprint entry, so a rank that failed alone makes every rank fail."""
+    resolved = resolve(strategies()[name], gradient_job(framework, **arguments))
+    assert isinstance(resolved.error, ValueError)
+    assert message in str(resolved.error)
+    assert resolved.settings == [(f"{name}.error", str(resolved.error))]
+    other = "tensorflow" if framework == "torch" else "torch"
+    assert str(resolve(strategies()[name], gradient_job(other, **arguments)).error) == \
+        str(resolved.error)
+
+
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+@pytest.mark.parametrize("name", ["topk", "user_compression"])
+@pytest.mark.parametrize("op", [None, OPS["Average"], OPS["Sum"]])
+def test_compression_strategies_average_or_sum(framework, name, op):
+    assert resolve(strategies()[name], gradient_job(framework, op=op)).error is None
+
+
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+def test_topk_predivides_with_average_only_and_a_registered_compressor_never(framework):
+    def error(name, **arguments):
+        return resolve(strategies()[name], gradient_job(framework, **arguments)).error
+
+    assert error("topk", op=OPS["Average"], gradient_predivide_factor=2.0) is None
+    assert "gradient_predivide_factor not supported with op != Average" in \
+        str(error("topk", op=OPS["Sum"], gradient_predivide_factor=2.0))
+    for op in (OPS["Average"], OPS["Sum"]):
+        assert "gradient_predivide_factor=2.0 is not supported with a registered " \
+               "compressor; leave it 1.0" in \
+               str(error("user_compression", op=op, gradient_predivide_factor=2.0))
+
+
+def test_momentum_correction_is_refused_outside_torch_by_the_spec():
+    spec = topk(0.01, momentum_correction=True)
+    assert resolve(spec, gradient_job("torch")).error is None
+    assert "momentum_correction=True is implemented for PyTorch's SGD only" in \
+        str(resolve(spec, gradient_job("tensorflow")).error)
+
+
+def test_no_adapter_checks_the_reduction_itself():
+    """The job checks live in the specs (Strategy.prepare); an adapter that tested
+    ``op`` again would be a second copy to keep in step."""
+    adapters = sorted(ROOT.glob("strategies/*/torch/*.py")) + \
+        sorted(ROOT.glob("strategies/*/tensorflow/*.py")) + \
+        [ROOT / "torch/user_compression.py", ROOT / "tensorflow/user_compression.py"]
+    for path in adapters:
+        text = path.read_text()
+        assert "Adasum" not in text and "is not supported with" not in text, path
+
+
 def test_a_matrix_of_another_size_is_an_error_of_the_job_not_of_the_constructor():
     w = np.full((3, 3), 1 / 3)
     strategy = hvdx.Decentralized(w)  # fine without a job

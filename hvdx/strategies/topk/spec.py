@@ -20,7 +20,7 @@ from hvdx.keywords import bind, unexpected_keyword
 from hvdx.strategies.topk.core_bidirectional import MODES, TopKConfig, canonical_topk_method
 from hvdx.strategies.topk.core_selection import DEFAULT_SAMPLE_SIZE
 from hvdx.strategies.topk.presets import preset_arguments
-from hvdx.strategy import Strategy, kept_for_every_rank, validating
+from hvdx.strategy import CompressionStrategy, Job, kept_for_every_rank, validating
 
 __all__ = ["MODES_AUTO", "RENAMED", "SELECTIONS", "SMALL_TENSORS", "SMALL_TENSORS_ALIASES",
            "TopKCompression", "topk"]
@@ -45,7 +45,7 @@ RENAMED = {"selector": "topk_method"}
 
 
 @dataclass(frozen=True)
-class TopKCompression(Strategy):
+class TopKCompression(CompressionStrategy):
     """Bidirectional (or unidirectional) TopK with error feedback, and how to run it.
 
     Args:
@@ -100,6 +100,8 @@ class TopKCompression(Strategy):
 
     name: ClassVar[str] = "topk"
     argument: ClassVar[str] = "compression"
+    title: ClassVar[str] = "TopK compression"
+    predivides: ClassVar[bool] = True
 
     config: TopKConfig
     mode: str = "auto"
@@ -176,6 +178,17 @@ class TopKCompression(Strategy):
 
     def __str__(self) -> str:
         return self.describe()
+
+    def prepare(self, job: Job) -> None:
+        """The job checks of every framework's entry points: DGC's momentum correction
+        needs PyTorch's SGD (:func:`hvdx.strategies.topk.presets.for_optimizer`
+        settles a preset's); ``op``, ``gradient_predivide_factor`` and
+        ``backward_passes_per_step`` as :meth:`CompressionStrategy.check_reduction`."""
+        if self.momentum_correction and job.framework != "torch":
+            raise ValueError("momentum_correction=True is implemented for PyTorch's SGD "
+                             "only; use momentum_correction=False with TensorFlow")
+        self.check_reduction(job)
+        return None
 
     def fingerprint_settings(self, job, plan) -> List:
         """Nothing beyond :meth:`describe`, which is the ``compression`` entry itself."""

@@ -74,10 +74,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
         scale_local_gradients)
     # The stand-in for a rank whose arguments were refused only carries the check (it
     # raises before synchronizing): Horovod's defaults, which its constructor accepts.
-    opt, error = registry.with_deferred_error(
-        lambda: registry.keras(horovod, strategy, arguments, optimizer),
-        lambda: horovod(Compression.none, 1.0, Average), strategy)
-    error = error or problem
+    opt, resolved = registry.keras(horovod, strategy, arguments, optimizer,
+                                   lambda: horovod(Compression.none, 1.0, Average))
+    error = resolved.error or problem
     # HVDX_BENCH_STEP_LOG (hvdx bench --script): step times; unset, nothing is added.
     opt = step_log.watch_tensorflow(opt, _hvd_keras.rank)
     if registry.checks_its_own_variables(strategy):
@@ -89,7 +88,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
         backward_passes_per_step=backward_passes_per_step,
         average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups,
         groups=group_sizes(groups),
-        process_set=process_set, scale_local_gradients=scale_local_gradients, sync=sync)
+        process_set=process_set, scale_local_gradients=scale_local_gradients,
+        sync=sync) + resolved.settings
     # Every Horovod code path (compute_gradients, get_gradients, legacy optimizers)
     # funnels the gradients through _allreduce(grads, vars) before any collective.
     return check_variables_once(

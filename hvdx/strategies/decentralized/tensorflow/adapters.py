@@ -49,12 +49,10 @@ from hvdx.core.group_averaging import ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT
 from hvdx.mpi.comm import world
 from hvdx.strategies.decentralized.mpi_neighbor_exchange import FusedExchange, consensus_distance
 from hvdx.strategies.decentralized.spec import Decentralized, DecentralizedStats, MixingGraph
-from hvdx.tensorflow.mixing import (MixingState, average_over_all_ranks,
-                                    mixing_keras_optimizer, mixing_tape, state_of)
+from hvdx.tensorflow.mixing import (MixingState, adapters, average_over_all_ranks,
+                                    state_of)
 
-__all__ = ["DecentralizedState", "DecentralizedStats", "decentralized_state",
-           "keras_adapter", "make_decentralized_keras_optimizer",
-           "make_decentralized_tape", "tape_adapter"]
+__all__ = ["DecentralizedState", "decentralized_state", "keras_adapter", "tape_adapter"]
 
 #: MPI tags of the fused buffers, per family: hvdx's communicator only (torch's are
 #: 0x4876 and 0x4877; one framework runs per process, but distinct tags cost nothing).
@@ -156,41 +154,10 @@ def decentralized_state(sync: Decentralized) -> DecentralizedState:
     return state_of(DecentralizedState, sync)
 
 
-@tf.autograph.experimental.do_not_convert
-def make_decentralized_tape(gradtape, sync: Decentralized, compression, process_set,
-                            non_trainable_variables=None, scale_local_gradients=True):
-    """``gradtape`` as a tape whose ``gradient`` mixes after the gradients
-    (combine-then-adapt; :func:`hvdx.tensorflow.mixing.mixing_tape`).
-
-    Raises:
-        ValueError: for ``order="adapt_then_combine"`` (module docstring), on every
-            rank: the order is checked across ranks first.
-    """
-    return mixing_tape(DecentralizedState, gradtape, sync, compression, process_set,
-                       non_trainable_variables, scale_local_gradients)
-
-
-def make_decentralized_keras_optimizer(optimizer, sync: Decentralized, compression,
-                                       process_set, non_trainable_variables=None,
-                                       **aggregation):
-    """A Keras optimizer whose ``apply_gradients`` steps locally and mixes with the
-    graph's neighbours, in ``sync.order`` (collective); ``aggregation``: Horovod's
-    ``backward_passes_per_step`` and its companions."""
-    return mixing_keras_optimizer(DecentralizedState, optimizer, sync, compression,
-                                  process_set, non_trainable_variables, **aggregation)
-
-
 # --- decentralized SGD's entries in hvdx.tensorflow.registry (the catalogue names them) --
 
-def tape_adapter(horovod, sync: Decentralized, args, gradtape):
-    """``DistributedGradientTape``: a graph-mixing tape in place of Horovod's."""
-    return make_decentralized_tape(gradtape, sync, args.compression, args.process_set,
-                                   args.non_trainable_variables, args.scale_local_gradients)
-
-
-def keras_adapter(horovod, sync: Decentralized, args, optimizer):
-    """Keras' ``DistributedOptimizer``: a graph-mixing optimizer in place of Horovod's."""
-    return make_decentralized_keras_optimizer(optimizer, sync, args.compression,
-                                              args.process_set,
-                                              args.non_trainable_variables,
-                                              **args.aggregation())
+#: A graph-mixing tape (combine-then-adapt; ``order="adapt_then_combine"`` is refused by
+#: :meth:`DecentralizedState.check_tape`, on every rank: the order was compared first) or
+#: Keras optimizer (either order) in place of Horovod's
+#: (:func:`hvdx.tensorflow.mixing.adapters`).
+tape_adapter, keras_adapter = adapters(DecentralizedState)

@@ -48,11 +48,11 @@ import tensorflow as tf
 
 from hvdx.strategies.dssync.mpi_groups import DSSyncGroups, static_groups
 from hvdx.strategies.dssync.spec import DSSync
-from hvdx.tensorflow.mixing import (MixingState, average_over_all_ranks,
-                                    mixing_keras_optimizer, mixing_tape, state_of)
+from hvdx.tensorflow.mixing import (MixingState, adapters, average_over_all_ranks,
+                                    state_of)
 
 __all__ = ["DSSyncState", "dssync_process_sets", "dssync_state", "keras_adapter",
-           "make_dssync_keras_optimizer", "make_dssync_tape", "tape_adapter"]
+           "tape_adapter"]
 
 def dssync_process_sets(sync: DSSync, size: int) -> List[_hvd.ProcessSet]:
     """The process sets to pass to ``hvd.init(process_sets=...)`` for static mode.
@@ -149,35 +149,8 @@ def dssync_state(sync: DSSync) -> DSSyncState:
     return state_of(DSSyncState, sync)
 
 
-# --- the entry points -------------------------------------------------------------------
-
-@tf.autograph.experimental.do_not_convert
-def make_dssync_tape(gradtape, sync: DSSync, compression, process_set,
-                     non_trainable_variables=None, scale_local_gradients=True):
-    """``gradtape`` as an instance of a run-time subclass whose ``gradient`` averages
-    (:func:`hvdx.tensorflow.mixing.mixing_tape`)."""
-    return mixing_tape(DSSyncState, gradtape, sync, compression, process_set,
-                       non_trainable_variables, scale_local_gradients)
-
-
-def make_dssync_keras_optimizer(optimizer, sync: DSSync, compression, process_set,
-                                non_trainable_variables=None, **aggregation):
-    """A Keras optimizer whose ``apply_gradients`` steps locally, then averages in the
-    step's group (collective; :func:`hvdx.tensorflow.mixing.mixing_keras_optimizer`);
-    ``aggregation``: Horovod's ``backward_passes_per_step`` and its companions."""
-    return mixing_keras_optimizer(DSSyncState, optimizer, sync, compression, process_set,
-                                  non_trainable_variables, **aggregation)
-
-
 # --- DS-Sync's entries in hvdx.tensorflow.registry (the catalogue names them) ------------
 
-def tape_adapter(horovod, sync: DSSync, args, gradtape):
-    """``DistributedGradientTape``: a DS-Sync tape in place of Horovod's."""
-    return make_dssync_tape(gradtape, sync, args.compression, args.process_set,
-                            args.non_trainable_variables, args.scale_local_gradients)
-
-
-def keras_adapter(horovod, sync: DSSync, args, optimizer):
-    """Keras' ``DistributedOptimizer``: a DS-Sync optimizer in place of Horovod's."""
-    return make_dssync_keras_optimizer(optimizer, sync, args.compression, args.process_set,
-                                       args.non_trainable_variables, **args.aggregation())
+#: A DS-Sync tape or Keras optimizer in place of Horovod's: a local step, then the
+#: step's group average (:func:`hvdx.tensorflow.mixing.adapters`).
+tape_adapter, keras_adapter = adapters(DSSyncState)

@@ -72,24 +72,9 @@ from hvdx.strategies.topk.mpi_sync import (TopKStats, TopKSynchronizer, check_sa
                                            first_nonfinite)
 from hvdx.strategies.topk.spec import TopKCompression
 
-__all__ = ["TopKState", "check_topk_arguments", "install_on_keras_optimizer",
+__all__ = ["TopKState", "install_on_keras_optimizer",
            "install_on_tape", "keras_adapter", "make_allreduce_grads", "tape_adapter",
            "tape_counters", "topk_state"]
-
-_OP_NAMES = {_hvd.Average: "Average", _hvd.Sum: "Sum", _hvd.Adasum: "Adasum"}
-
-
-def check_topk_arguments(op, gradient_predivide_factor, compression=None) -> None:
-    """The arguments TopK cannot honour raise ``ValueError`` naming them (as in torch)."""
-    if compression is not None and compression.momentum_correction:
-        raise ValueError("momentum_correction=True is implemented for PyTorch's SGD only; "
-                         "use momentum_correction=False with TensorFlow")
-    if op not in (_hvd.Average, _hvd.Sum):
-        raise ValueError(f"op={_OP_NAMES.get(op, op)} is not supported with TopK "
-                         "compression; use op=hvd.Average or op=hvd.Sum")
-    if gradient_predivide_factor != 1.0 and op != _hvd.Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
-
 
 class _SerializedResiduals(tf.train.experimental.PythonState):
     """What ``tf.train.Checkpoint`` saves of a :class:`TopKState`: one string tensor."""
@@ -314,8 +299,8 @@ def _step(sync: TopKSynchronizer, tensors, force_dense, op, prescale, postscale,
 
 @tf.autograph.experimental.do_not_convert  # plain Python, often called in a tf.function
 def install_on_tape(tape, compression, op, gradient_predivide_factor, process_set):
-    """Make Horovod's tape ``tape`` synchronize with TopK (steps 1 to 5)."""
-    check_topk_arguments(op, gradient_predivide_factor, compression)
+    """Make Horovod's tape ``tape`` synchronize with TopK (steps 1 to 5); the arguments
+    passed the spec's job checks (:meth:`TopKCompression.prepare`)."""
     object.__setattr__(tape, "_allreduce_grads", make_allreduce_grads(
         compression, op, gradient_predivide_factor, process_set, topk_state))
     return tape
@@ -326,9 +311,9 @@ def install_on_keras_optimizer(opt, compression, op, gradient_predivide_factor,
     """Make Horovod's Keras optimizer ``opt`` synchronize with TopK (steps 1 to 5).
 
     The state is ``opt.hvdx_topk`` (tracked, so checkpoints of the optimizer hold the
-    residuals); ``opt.hvdx_stats`` counts the bytes.
+    residuals); ``opt.hvdx_stats`` counts the bytes. The arguments passed the spec's
+    job checks (:meth:`TopKCompression.prepare`).
     """
-    check_topk_arguments(op, gradient_predivide_factor, compression)
     state = TopKState()
     opt.hvdx_topk = state
     if getattr(opt, "_lookup_dependency", None) is not None:
@@ -354,16 +339,14 @@ def install_on_keras_optimizer(opt, compression, op, gradient_predivide_factor,
 
 # --- TopK's entries in hvdx.tensorflow.registry (the catalogue names them) ---------------
 
-def tape_adapter(horovod, strategy: TopKCompression, args, user):
+def tape_adapter(horovod, strategy: TopKCompression, plan, args, user):
     """``DistributedGradientTape``: Horovod's tape (``horovod()``), with TopK on it."""
     return install_on_tape(horovod(), strategy, args.op, args.gradient_predivide_factor,
                            args.process_set)
 
 
-def keras_adapter(horovod, strategy: TopKCompression, args, user):
-    """Keras' ``DistributedOptimizer``: Horovod's optimizer, with TopK on it; TopK's
-    arguments are checked before Horovod's own checks."""
-    check_topk_arguments(args.op, args.gradient_predivide_factor, strategy)
+def keras_adapter(horovod, strategy: TopKCompression, plan, args, user):
+    """Keras' ``DistributedOptimizer``: Horovod's optimizer, with TopK on it."""
     return install_on_keras_optimizer(horovod(), strategy, args.op,
                                       args.gradient_predivide_factor, args.process_set)
 

@@ -98,9 +98,6 @@ _STEP_AFTER_SYNCHRONIZE = (
     "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in "
     "your code.")
 
-_OP_NAMES = {_hvd.Average: "Average", _hvd.Sum: "Sum", _hvd.Adasum: "Adasum",
-             _hvd.Min: "Min", _hvd.Max: "Max", _hvd.Product: "Product"}
-
 
 def make_topk_optimizer(optimizer, named_parameters, compression: TopKCompression,
                         backward_passes_per_step, op, gradient_predivide_factor,
@@ -109,15 +106,9 @@ def make_topk_optimizer(optimizer, named_parameters, compression: TopKCompressio
 
     ``isinstance(result, type(optimizer))`` holds. The base class is captured in the new
     class (``_hvdx_base``), never found through ``super(self.__class__, self)``, so
-    subclassing the result does not recurse.
+    subclassing the result does not recurse. The arguments passed the spec's job checks
+    (:meth:`TopKCompression.prepare`) at the entry point.
     """
-    if op not in (_hvd.Average, _hvd.Sum):
-        raise ValueError(f"op={_OP_NAMES.get(op, op)} is not supported with TopK "
-                         "compression; use op=hvd.Average or op=hvd.Sum")
-    if backward_passes_per_step <= 0:
-        raise ValueError("backward_passes_per_step must be > 0")
-    if gradient_predivide_factor != 1.0 and op != _hvd.Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
     cls = subclass_of(optimizer, _TopKOptimizer)
     return cls(optimizer.param_groups, named_parameters, compression,
                backward_passes_per_step, op, gradient_predivide_factor, sparse_as_dense,
