@@ -148,7 +148,7 @@ class StrategyDescriptor:
         torch_fit: lazy path of ``fit(spec, optimizer) -> spec``, which settles what
             depends on the optimizer before the cross-rank check, or ``None``.
         tensorflow_tape, tensorflow_keras: lazy paths of
-            ``adapter(horovod, strategy, arguments, user_object)`` for
+            ``adapter(horovod, strategy, plan, arguments, user_object)`` for
             ``DistributedGradientTape`` and Keras' ``DistributedOptimizer``
             (:mod:`hvdx.tensorflow.registry`), or ``None``.
         tensorflow_tape_counters: lazy path of ``counters(tape, variables)`` for the

@@ -6,6 +6,7 @@ hvdx.core, hvdx.mpi, hvdx.torch and hvdx.tensorflow):
 - ``spec.py``: the spec :class:`DSSync` (framework-neutral; ``hvdx.DSSync``);
 - ``core_schedule.py``, ``core_link_rates.py``: the group schedule and the link rates,
   numpy and the standard library only;
+- ``core_cost.py``: its traffic per step for the cost model (``hvdx plan``);
 - ``mpi_groups.py``, ``mpi_adapt.py``: the groups and process sets shared by both
   frameworks, and the bandwidth adaptation;
 - ``torch/optimizer.py``, ``tensorflow/adapters.py``: the framework adapters, mixers of

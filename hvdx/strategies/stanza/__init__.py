@@ -6,6 +6,7 @@ hvdx.tensorflow):
 
 - ``core_checks.py``: what every rank checks before the first step, numpy and the
   standard library only;
+- ``core_cost.py``: its traffic per step for the cost model (``hvdx plan``);
 - ``mpi_exchange.py``, ``mpi_gradients.py``, ``mpi_setup.py``, ``mpi_step.py``: its
   messages over mpi4py, shared by both frameworks;
 - ``torch/trainer.py``, ``tensorflow/trainer.py``: the trainers (``hvdx.torch.Stanza``,
