@@ -2,7 +2,7 @@
 
 Decentralized SGD sends the whole model to each neighbour once per step. One message
 per tensor would pay one latency per tensor; hvdx packs every tensor into ONE contiguous
-1-D buffer per *dtype family* instead (:mod:`hvdx.strategies.decentralized.mpi_neighbor_exchange`):
+1-D buffer per *dtype family* instead (:mod:`hvdx.mpi.neighbor_exchange`):
 
 1. every tensor joins a family by its dtype: float64 stays float64; every other
    floating dtype travels as float32 (numpy has no bfloat16, and float16 is combined

@@ -8,7 +8,7 @@ TensorFlow alike: numpy arrays in, numpy arrays out.
    and float32 for every other floating dtype: :mod:`hvdx.core.fused_layout`), sent to
    the ranks ``k`` with ``w[k, i] != 0`` and received from the ranks ``j`` with
    ``w[i, j] != 0`` by mpi4py non-blocking point-to-point on hvdx's duplicated
-   communicator (:class:`hvdx.strategies.decentralized.mpi_neighbor_exchange.FusedExchange`, as the
+   communicator (:class:`hvdx.mpi.neighbor_exchange.FusedExchange`, as the
    graphs of ``hvdx.Decentralized``), and combined in the buffer's dtype, sources in rank order;
 2. ``average(arrays)``: the mean over all ranks (``MPI_Allreduce`` in float64);
 3. ``comm``: the mpi4py communicator itself, for anything else (use tags of your own).
@@ -24,7 +24,7 @@ import numpy as np
 
 from hvdx.core import mixing_graphs
 from hvdx.mixer_registry import check_matrix
-from hvdx.strategies.decentralized.mpi_neighbor_exchange import FusedExchange
+from hvdx.mpi.neighbor_exchange import FusedExchange
 from hvdx.strategies.decentralized.spec import DecentralizedStats
 
 __all__ = ["Peers"]

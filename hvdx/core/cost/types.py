@@ -279,7 +279,7 @@ class _Traffic(NamedTuple):
     #: then only count its bytes.
     measured_s: Optional[float] = None
     #: hvdx's own exchange
-    #: (:mod:`hvdx.strategies.decentralized.mpi_neighbor_exchange`), which posts its
+    #: (:mod:`hvdx.mpi.neighbor_exchange`), which posts its
     #: sends before its receives: two ranks that send to each other move their data as a
     #: shift does (5.4 MB each way, two pairs through a 20 Mbit uplink: 4.6-5.4 s,
     #: where the calibrated shift gives 4.8), not as the swaps of MPI's collectives,

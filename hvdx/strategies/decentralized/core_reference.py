@@ -25,7 +25,7 @@ halves the bytes sent, and mixing the parameters already pulls the buffers toget
 since the gradients are taken at nearly equal parameters.
 
 A mixing step computes, like the MPI neighbour exchange the adapters use
-(:mod:`hvdx.strategies.decentralized.mpi_neighbor_exchange`), ``w_ii x_i`` first and then adds
+(:mod:`hvdx.mpi.neighbor_exchange`), ``w_ii x_i`` first and then adds
 ``w_ij x_j`` for the in-neighbours in ascending rank order, in the values' dtype, with the weights
 of :func:`hvdx.core.mixing_graphs.neighbors`: an adapter in float32 rounds like this
 reference. :func:`hvdx.core.group_averaging.consensus_distance` measures how far the

@@ -39,7 +39,7 @@ contributes; the network carries about ``2 (m - 1) / m`` times that for ``m`` ra
 the initial broadcast, ``full_model``), the last step's separately.
 
 Waiting tests the requests, yielding the core for 2 ms, then sleeping
-``HVDX_MPI_POLL_US`` between tests, like :mod:`hvdx.strategies.decentralized.mpi_neighbor_exchange`:
+``HVDX_MPI_POLL_US`` between tests, like :mod:`hvdx.mpi.neighbor_exchange`:
 a rank waiting for a late peer must not take the core from it.
 """
 

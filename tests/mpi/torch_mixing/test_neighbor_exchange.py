@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from hvdx.mpi.comm import world
-from hvdx.strategies.decentralized.mpi_neighbor_exchange import NeighborExchange, exchange
+from hvdx.mpi.neighbor_exchange import NeighborExchange, exchange
 
 pytestmark = pytest.mark.mpi(min_size=1)
 

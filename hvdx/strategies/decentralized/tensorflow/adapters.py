@@ -11,7 +11,7 @@ Keras ``fit`` alike):
 1. pack the mixed variables into ONE contiguous buffer per dtype family
    (:mod:`hvdx.core.fused_layout`);
 2. exchange it with the step's neighbours by mpi4py non-blocking point-to-point on
-   hvdx's duplicated communicator (:mod:`hvdx.strategies.decentralized.mpi_neighbor_exchange`) and
+   hvdx's duplicated communicator (:mod:`hvdx.mpi.neighbor_exchange`) and
    combine ``w_ii x_i + sum_j w_ij x_j`` in the buffer's dtype, sources in rank order;
 3. unpack into the variables. With ``global_every``, every ``global_every``-th step
    averages over all ranks instead (Horovod's allreduce); with ``mix_every=J``, only
@@ -47,7 +47,7 @@ import tensorflow as tf
 
 from hvdx.core.group_averaging import ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT
 from hvdx.mpi.comm import world
-from hvdx.strategies.decentralized.mpi_neighbor_exchange import FusedExchange, consensus_distance
+from hvdx.mpi.neighbor_exchange import FusedExchange, consensus_distance
 from hvdx.strategies.decentralized.spec import Decentralized, DecentralizedStats, MixingGraph
 from hvdx.tensorflow.mixing import (MixingState, adapters, average_over_all_ranks,
                                     state_of)

@@ -7,7 +7,7 @@ shared parameter-mixing wrapper (:mod:`hvdx.torch.mixing_optimizer`) with the :c
 below, which sends every mixed tensor in ONE fused contiguous buffer per step (one per dtype family:
 float64, and float32 for every other floating dtype: :mod:`hvdx.core.fused_layout`) by
 mpi4py non-blocking point-to-point on hvdx's duplicated communicator
-(:mod:`hvdx.strategies.decentralized.mpi_neighbor_exchange`):
+(:mod:`hvdx.mpi.neighbor_exchange`):
 
 1. start: copy the tensors into the fused send buffer (host memory: a CUDA tensor is
    copied to the host), post the receives from the step's in-neighbours and the sends
@@ -40,7 +40,7 @@ import horovod.torch as _hvd
 
 from hvdx.core.group_averaging import COMBINE_THEN_ADAPT
 from hvdx.mpi.comm import world
-from hvdx.strategies.decentralized.mpi_neighbor_exchange import FusedExchange, consensus_distance
+from hvdx.mpi.neighbor_exchange import FusedExchange, consensus_distance
 from hvdx.strategies.decentralized.spec import Decentralized, DecentralizedStats, MixingGraph
 from hvdx.torch.host_buffers import family_dtype, pack, unpack
 from hvdx.torch.mixing_optimizer import (average_over_all_ranks, make_mixing_optimizer,
