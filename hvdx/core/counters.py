@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Dict
 
-__all__ = ["Counters"]
+__all__ = ["Counters", "MixingStats"]
 
 
 class Counters:
@@ -24,3 +24,27 @@ class Counters:
 
     def __repr__(self):
         return f"{type(self).__name__}({self.as_dict()})"
+
+
+class MixingStats(Counters):
+    """The counters of any parameter mixer that exchanges with its neighbours: bytes and
+    messages this rank sent (payload only), steps taken. Decentralized SGD's graphs
+    count with it (``hvdx.Decentralized``'s ``DecentralizedStats`` is this class), and
+    so does a registered mixer (:mod:`hvdx.mixer_registry`)."""
+
+    INITIAL = {"steps": 0, "last_bytes": 0.0, "total_bytes": 0.0, "last_messages": 0,
+               "total_messages": 0, "global_steps": 0}
+    __slots__ = tuple(INITIAL)
+
+    def _add(self, nbytes: float, messages: int, everyone: bool = False) -> None:
+        self.steps += 1
+        self.last_bytes = float(nbytes)
+        self.total_bytes += float(nbytes)
+        self.last_messages = messages
+        self.total_messages += messages
+        self.global_steps += int(everyone)
+
+    def add_everyone(self, nbytes: float, n: int) -> None:
+        """A step that averaged ``nbytes`` over all ``n`` ranks (``global_every``,
+        ``synchronize_parameters``), counted as a ring allreduce: ``2 (n - 1) / n``."""
+        self._add(2.0 * (n - 1) / n * nbytes, 0, everyone=True)

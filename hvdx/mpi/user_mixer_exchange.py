@@ -13,7 +13,7 @@ TensorFlow alike: numpy arrays in, numpy arrays out.
 2. ``average(arrays)``: the mean over all ranks (``MPI_Allreduce`` in float64);
 3. ``comm``: the mpi4py communicator itself, for anything else (use tags of your own).
 
-Byte counters: :class:`hvdx.strategies.decentralized.spec.DecentralizedStats`.
+Byte counters: :class:`hvdx.core.counters.MixingStats`.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import List, Sequence
 import numpy as np
 
 from hvdx.core import mixing_graphs
+from hvdx.core.counters import MixingStats
 from hvdx.mixer_registry import check_matrix
 from hvdx.mpi.neighbor_exchange import FusedExchange
-from hvdx.strategies.decentralized.spec import DecentralizedStats
 
 __all__ = ["Peers"]
 
@@ -40,15 +40,14 @@ class Peers:
     Attributes:
         rank, size: this rank and the number of ranks.
         comm: hvdx's mpi4py communicator (a duplicate of Horovod's world).
-        stats: :class:`~hvdx.strategies.decentralized.spec.DecentralizedStats`, bytes this rank
-        sent.
+        stats: :class:`~hvdx.core.counters.MixingStats`, bytes this rank sent.
     """
 
-    def __init__(self, comm, stats: DecentralizedStats = None):
+    def __init__(self, comm, stats: MixingStats = None):
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
-        self.stats = stats if stats is not None else DecentralizedStats()
+        self.stats = stats if stats is not None else MixingStats()
         self._exchange = FusedExchange(comm, _TAGS)
         self._what = "matrix"
 

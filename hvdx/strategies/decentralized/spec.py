@@ -47,7 +47,7 @@ import warnings
 from typing import Dict, List, Tuple
 
 from hvdx.core import mixing_graphs
-from hvdx.core.counters import Counters
+from hvdx.core.counters import MixingStats
 from hvdx.core.group_averaging import ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT
 from hvdx.strategy import Job, MixingStrategy, check_integer, validating
 
@@ -174,22 +174,6 @@ class MixingGraph:
         return self._cache[key]
 
 
-class DecentralizedStats(Counters):
-    """Bytes and messages this rank sent (payload only), steps taken."""
-
-    INITIAL = {"steps": 0, "last_bytes": 0.0, "total_bytes": 0.0, "last_messages": 0,
-               "total_messages": 0, "global_steps": 0}
-    __slots__ = tuple(INITIAL)
-
-    def _add(self, nbytes: float, messages: int, everyone: bool = False) -> None:
-        self.steps += 1
-        self.last_bytes = float(nbytes)
-        self.total_bytes += float(nbytes)
-        self.last_messages = messages
-        self.total_messages += messages
-        self.global_steps += int(everyone)
-
-    def add_everyone(self, nbytes: float, n: int) -> None:
-        """A step that averaged ``nbytes`` over all ``n`` ranks (``global_every``,
-        ``synchronize_parameters``), counted as a ring allreduce: ``2 (n - 1) / n``."""
-        self._add(2.0 * (n - 1) / n * nbytes, 0, everyone=True)
+#: Decentralized SGD's counters: the mixers' shared ones (:class:`hvdx.core.counters.MixingStats`),
+#: under the name users and tests know.
+DecentralizedStats = MixingStats
