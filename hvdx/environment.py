@@ -162,8 +162,11 @@ def check_at_init(variable: str, raw: Optional[str]) -> None:
     """Refuse at ``hvd.init`` a value the entry point would refuse (``None``: unset), so
     that a misspelt value ends the job before the script loads its data
     (:mod:`hvdx.mpi.init_environment` calls it on every rank, after comparing the
-    values). A name ``HVDX_COMPRESSION`` does not know is left to the entry point: the
-    script may register it after ``init`` (``hvdx.register_compressor``).
+    values). A name the variable does not know, and that a script may register, is left
+    to the entry point: the script may register it after ``init``
+    (``hvdx.register_compressor``, ``hvdx.register_mixer``). A name no script may
+    register (a built-in strategy's in another spelling, ``dssync``; Horovod's ``fp16``:
+    the registries' ``RESERVED``) is refused here.
 
     Raises:
         VariableError: as :func:`parse` would, with the same message.
@@ -171,12 +174,21 @@ def check_at_init(variable: str, raw: Optional[str]) -> None:
     if raw is None or raw.strip() in NONE_VALUES:
         return
     name = call_of(variable, raw)[0]
-    if variable == COMPRESSION_VARIABLE and \
-            name not in catalogue.environment_constructors(variable, built_in_only=True):
+    if name not in catalogue.environment_constructors(variable, built_in_only=True) and \
+            name not in _reserved(variable):
         return
     spec = parse(variable, raw)  # built by the catalogue's (framework-neutral) constructor
     if spec is not None and spec.error is not None:  # kept by the constructor
         raise spec.error
+
+
+def _reserved(variable: str) -> frozenset:
+    """The names ``variable``'s registry refuses to register (never a user's)."""
+    if variable == COMPRESSION_VARIABLE:
+        from hvdx.compression_registry import RESERVED
+    else:
+        from hvdx.mixer_registry import RESERVED
+    return RESERVED
 
 
 def forget() -> None:

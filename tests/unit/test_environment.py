@@ -232,6 +232,26 @@ def test_init_leaves_a_compression_name_it_does_not_know_to_the_entry_point(monk
     assert init_arguments((), {}, environment.check_at_init) == ((), {})
 
 
+def test_init_leaves_a_mixer_name_it_does_not_know_to_the_entry_point(monkeypatch):
+    """The script may register it after init (hvdx.register_mixer)."""
+    monkeypatch.setenv("HVDX_SYNC", "my_gossip(a=0.5, global_every=4)")
+    assert init_arguments((), {}, environment.check_at_init) == ((), {})
+
+
+@pytest.mark.parametrize("variable, raw", [
+    ("HVDX_COMPRESSION", "fp16"), ("HVDX_COMPRESSION", "dssync"),
+    ("HVDX_SYNC", "topk(0.1)"), ("HVDX_SYNC", "horovod")])
+def test_init_refuses_a_name_no_script_may_register(monkeypatch, variable, raw):
+    """Horovod's or a built-in strategy's name in the wrong variable: no registration
+    can make it valid later, so init refuses it as the entry point would."""
+    monkeypatch.setenv(variable, raw)
+    with pytest.raises(VariableError) as at_init:
+        init_arguments((), {}, environment.check_at_init)
+    with pytest.raises(VariableError) as at_entry:
+        environment.choose(NONE, None, NONE, topk, "Entry")
+    assert str(at_init.value) == str(at_entry.value)
+
+
 def test_a_value_refused_for_this_job_names_the_variable():
     from types import SimpleNamespace
 

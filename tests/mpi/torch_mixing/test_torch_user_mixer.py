@@ -171,6 +171,26 @@ def test_hvdx_sync_names_a_registered_mixer():
     assert close(got, expected)
 
 
+class RegisteredLater(Gossip):
+    """Registered by the test after ``hvd.init``'s check of ``HVDX_SYNC``."""
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_mixer_named_in_hvdx_sync_may_be_registered_after_init():
+    """As a compressor may: ``hvd.init`` leaves a name it does not know to the entry
+    point, which runs it once the script has registered it."""
+    from hvdx import environment
+    from hvdx.mpi.init_environment import init_arguments
+
+    with hvdx_variables(sync="test_registered_later(a=0.25)"):
+        assert init_arguments((), {}, environment.check_at_init) == ((), {})
+        hvdx.register_mixer("test_registered_later", RegisteredLater)
+        optimizer, params = build()
+        assert optimizer.hvdx_strategy.cls is RegisteredLater
+        got = train(optimizer, params, 3)
+    assert close(got, reference(Gossip(0.25).matrix, 3, hvd.size())[hvd.rank()])
+
+
 @pytest.mark.mpi(min_size=1)
 def test_synchronize_parameters_and_swa_come_from_the_shared_wrapper():
     optimizer, params = build(hvdx.mixer("test_gossip", a=0.25, swa_start=2))
