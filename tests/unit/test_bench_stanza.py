@@ -11,7 +11,7 @@ from hvdx.bench.strategies import DEFAULT_STRATEGIES, STRATEGIES, stanza_bytes
 from hvdx.bench.workloads import WORKLOADS
 from hvdx.cluster import ClusterSpec
 from hvdx.core.cost_model import Prediction
-from hvdx.core.stanza_roles import stanza_roles
+from hvdx.strategies.stanza.core_roles import stanza_roles
 from hvdx.strategies.stanza.mpi_exchange import StanzaStats
 
 

@@ -5,7 +5,7 @@ written out from the definitions (numpy's array_split for the bounds)."""
 import numpy as np
 import pytest
 
-from hvdx.core.stanza_roles import mean_loss, weighted_loss
+from hvdx.strategies.stanza.core_roles import mean_loss, weighted_loss
 from hvdx.strategies.stanza.core_checks import (Samples, agreed_samples, check_micro_batches,
                                                 check_settings, layout_error, micro_batch_bounds,
                                                 samples_error, target_error)

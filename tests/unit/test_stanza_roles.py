@@ -6,8 +6,8 @@ the global mean."""
 import numpy as np
 import pytest
 
-from hvdx.core.stanza_roles import (CONV, FC, auto_fc_workers, loss_weights, median_probe,
-                                     probe_counts, stanza_roles)
+from hvdx.strategies.stanza.core_roles import (CONV, FC, auto_fc_workers, loss_weights,
+                                               median_probe, probe_counts, stanza_roles)
 
 LAYOUTS = [(2, 1), (3, 1), (4, 1), (4, 2), (5, 2), (7, 3), (8, 4), (10, 3), (16, 5)]
 

@@ -1,9 +1,11 @@
 """Stanza: layer separation, conv workers train the features and FC workers the head.
 
-One strategy, one folder (the shared machinery, the roles (``hvdx/core/stanza_roles.py``,
-which the cost model prices) among it, stays in hvdx.core, hvdx.mpi, hvdx.torch and
-hvdx.tensorflow):
+One strategy, one folder (the shared machinery stays in hvdx.core, hvdx.mpi, hvdx.torch
+and hvdx.tensorflow):
 
+- ``core_roles.py``: the roles (which ranks are conv workers, which FC workers, who
+  serves whom) and the loss scaling, numpy and the standard library only; the cost
+  model prices the same layout;
 - ``core_checks.py``: what every rank checks before the first step, numpy and the
   standard library only;
 - ``core_cost.py``: its traffic per step for the cost model (``hvdx plan``);

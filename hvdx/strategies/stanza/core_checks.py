@@ -9,10 +9,10 @@ Stanza (Wu, Xu, Li, Xiong, arXiv 1812.10624) runs the same checks in PyTorch
 2. a checkpoint records the role layout it was saved in, and a trainer of another
    layout refuses it, naming both (:func:`describe_layout`);
 3. ``fc_workers="auto"`` times both parts (:func:`timed`) before the ranks agree on
-   the figures (:func:`hvdx.core.stanza_roles.median_probe`);
+   the figures (:func:`hvdx.strategies.stanza.core_roles.median_probe`);
 4. the settings at construction (:func:`check_settings`): ``micro_batches`` is an
    integer of at least 1 (:func:`check_micro_batches`), ``fc_workers`` gives roles
-   (:func:`hvdx.core.stanza_roles.stanza_roles`) or is ``"auto"`` with an example; a
+   (:func:`hvdx.strategies.stanza.core_roles.stanza_roles`) or is ``"auto"`` with an example; a
    conv worker's batch splits into that many consecutive parts
    (:func:`micro_batch_bounds`);
 5. the first step's agreement: from every rank's ``(samples, error, extra)`` the same
@@ -33,7 +33,7 @@ from __future__ import annotations
 import time
 from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
-from hvdx.core.stanza_roles import AUTO, StanzaRoles, stanza_roles
+from hvdx.strategies.stanza.core_roles import AUTO, StanzaRoles, stanza_roles
 
 import numpy as np
 

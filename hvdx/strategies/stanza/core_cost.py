@@ -10,12 +10,12 @@ import numpy as np
 
 from hvdx.core.cost.collectives import _allreduces, _at_once
 from hvdx.core.cost.types import Cluster, Workload, _Plan, _Traffic
-from hvdx.core.stanza_roles import stanza_roles
+from hvdx.strategies.stanza.core_roles import stanza_roles
 from hvdx.core.validation import integer as _integer
 
 
 def _stanza_roles(c: Cluster, fc_workers: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The trainer's own layout (:func:`hvdx.core.stanza_roles.stanza_roles`): the last
+    """The trainer's own layout (:func:`hvdx.strategies.stanza.core_roles.stanza_roles`): the last
     ``F`` ranks are FC workers, each serving a contiguous group of conv workers. Returns
     (conv ranks, their FC worker, FC ranks)."""
     roles = stanza_roles(c.ranks, fc_workers)

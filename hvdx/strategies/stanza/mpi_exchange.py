@@ -1,7 +1,7 @@
 """Stanza's traffic with mpi4py: activations up, activation gradients down, role allreduces.
 
 Stanza (Wu, Xu, Li, Xiong, arXiv 1812.10624) separates the layers: conv workers train
-the feature extractor, FC workers the head (roles: :mod:`hvdx.core.stanza_roles`). This
+the feature extractor, FC workers the head (roles: :mod:`hvdx.strategies.stanza.core_roles`). This
 module moves contiguous host buffers (numpy; bytes for the point-to-point messages, so
 any dtype travels as itself) on a private duplicate of hvdx's world communicator, and
 counts every byte it hands to MPI (Horovod's timeline does not see mpi4py traffic):
@@ -51,7 +51,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from hvdx.core.stanza_roles import CONV, FC, StanzaRoles, auto_fc_workers, median_probe
+from hvdx.strategies.stanza.core_roles import CONV, FC, StanzaRoles, auto_fc_workers, median_probe
 from hvdx.mpi import sparse, timeline
 from hvdx.strategies.stanza.core_checks import target_error
 
@@ -128,7 +128,7 @@ def agree_on_probe(comm: MPI.Comm, batch: int, figures, error: Optional[str]) ->
     ``figures`` (``(conv_seconds, {samples: head_seconds})``) or ``error``; the first
     error in rank order is raised on every rank as a ``ValueError``, else the median of
     each figure over the ranks gives ``{"conv_s", "head_s", "fc_workers"}``, the same
-    on every rank (:func:`hvdx.core.stanza_roles.auto_fc_workers`)."""
+    on every rank (:func:`hvdx.strategies.stanza.core_roles.auto_fc_workers`)."""
     everyone = comm.allgather((figures, error))
     error = next((e for _, e in everyone if e is not None), None)
     if error is not None:

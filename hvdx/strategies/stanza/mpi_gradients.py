@@ -1,7 +1,7 @@
 """Stanza's role sum: a role's gradients summed over its ranks, with presence flags.
 
 Step 5 of Stanza (:mod:`hvdx.strategies.stanza.mpi_step`): the conv workers SUM their feature
-gradients, the FC workers their head gradients (:mod:`hvdx.core.stanza_roles` says
+gradients, the FC workers their head gradients (:mod:`hvdx.strategies.stanza.core_roles` says
 why a sum, not a mean). :class:`RoleGradientSum` does it for any framework, in one
 host buffer per dtype family (:class:`hvdx.core.fused_layout.FusedLayout`), reused
 from step to step:

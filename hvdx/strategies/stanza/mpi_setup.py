@@ -1,7 +1,7 @@
 """Building a Stanza trainer, the same for every framework: the ranks agree before training.
 
 Stanza (Wu, Xu, Li, Xiong, arXiv 1812.10624) splits the ranks into conv workers and FC
-workers (:mod:`hvdx.core.stanza_roles`). Every check at construction ends in an
+workers (:mod:`hvdx.strategies.stanza.core_roles`). Every check at construction ends in an
 agreement, so that a bad argument or a model that differs between ranks raises the
 same ``ValueError`` on every rank instead of leaving some waiting in a step:
 
@@ -11,7 +11,7 @@ same ``ValueError`` on every rank instead of leaving some waiting in a step:
    that failed, or was given other arguments, fails every rank alike;
 2. with ``fc_workers="auto"``, :func:`probe_roles`: each rank times both parts forward
    and backward (:func:`hvdx.strategies.stanza.core_checks.timed`) at every head batch size an
-   ``F`` could give (:func:`hvdx.core.stanza_roles.probe_counts`); the ranks agree on
+   ``F`` could give (:func:`hvdx.strategies.stanza.core_roles.probe_counts`); the ranks agree on
    the median of each figure and choose ``F``
    (:func:`hvdx.strategies.stanza.mpi_exchange.agree_on_probe`); rank 0 prints the figures and
    the choice.
@@ -25,7 +25,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 from mpi4py import MPI
 
 from hvdx.core.fingerprint import Fingerprint
-from hvdx.core.stanza_roles import StanzaRoles, probe_counts, stanza_roles
+from hvdx.strategies.stanza.core_roles import StanzaRoles, probe_counts, stanza_roles
 from hvdx.mpi import check_consistent
 from hvdx.strategies.stanza.core_checks import timed
 from hvdx.strategies.stanza.mpi_exchange import agree_on_probe

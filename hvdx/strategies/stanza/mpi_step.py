@@ -1,7 +1,7 @@
 """One Stanza step's protocol, the same for every framework: what goes where, in which order.
 
 Stanza (Wu, Xu, Li, Xiong, arXiv 1812.10624): conv workers train the feature
-extractor, FC workers the head (roles: :mod:`hvdx.core.stanza_roles`; messages:
+extractor, FC workers the head (roles: :mod:`hvdx.strategies.stanza.core_roles`; messages:
 :mod:`hvdx.strategies.stanza.mpi_exchange`). :class:`StanzaStep` runs steps 1-5 of
 :mod:`hvdx.strategies.stanza.torch.trainer`'s module docstring; a framework adapter (an object with
 the methods named below) runs the framework's parts: the forward and backward passes, the
@@ -50,7 +50,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from hvdx.core.stanza_roles import mean_loss
+from hvdx.strategies.stanza.core_roles import mean_loss
 from hvdx.strategies.stanza.core_checks import Samples, agreed_samples, samples_error
 from hvdx.strategies.stanza.mpi_exchange import StanzaExchange
 

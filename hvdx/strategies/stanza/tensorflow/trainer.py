@@ -3,9 +3,9 @@
 Stanza (arXiv 1812.10624; the idea: :mod:`hvdx.strategies.stanza.torch.trainer`) in Keras: the ``S``
 *conv workers* train only the feature extractor, the ``F`` *FC workers* (the last
 ``F`` ranks) only the head, whose variables and gradients never travel to a conv
-worker. Roles and scaling:
-:mod:`hvdx.core.stanza_roles`; messages: :mod:`hvdx.strategies.stanza.mpi_exchange`; the step's
-protocol, the same as :mod:`hvdx.strategies.stanza.torch.trainer`'s:
+worker. Roles and scaling: :mod:`hvdx.strategies.stanza.core_roles`; messages:
+:mod:`hvdx.strategies.stanza.mpi_exchange`; the step's protocol, the same as
+:mod:`hvdx.strategies.stanza.torch.trainer`'s:
 :mod:`hvdx.strategies.stanza.mpi_step` (this module runs TensorFlow's part of it). One
 :meth:`Stanza.step`, called on every rank, eagerly (the exchange is mpi4py, plain Python):
 
@@ -96,7 +96,7 @@ import horovod.tensorflow as _hvd
 import numpy as np
 import tensorflow as tf
 
-from hvdx.core.stanza_roles import AUTO, CONV, FC, weighted_loss
+from hvdx.strategies.stanza.core_roles import AUTO, CONV, FC, weighted_loss
 from hvdx.mpi import communicator_for
 from hvdx.strategies.stanza.core_checks import (Samples, check_settings, head_error, layout_error,
                                                 micro_batch_bounds)
@@ -154,7 +154,7 @@ class Stanza:
             ``tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)``.
         fc_workers: ``F``, from 1 to ``size // 2``; the last ``F`` ranks. Or ``"auto"``:
             the smallest ``F`` whose FC side keeps up with the conv side
-            (:func:`hvdx.core.stanza_roles.auto_fc_workers`), from a probe at
+            (:func:`hvdx.strategies.stanza.core_roles.auto_fc_workers`), from a probe at
             construction that times both parts forward and backward on ``example``
             (rank 0 prints the figures and the choice; :attr:`probe`).
         split: with a ``Sequential`` ``features``: its layers ``[:split]`` are the
@@ -171,7 +171,7 @@ class Stanza:
     Attributes:
         role, roles, stats, probe: as in :class:`hvdx.strategies.stanza.torch.trainer.Stanza`: this
             rank's role (``"conv"`` or ``"fc"``), the
-            :class:`~hvdx.core.stanza_roles.StanzaRoles` (shard the data over
+            :class:`~hvdx.strategies.stanza.core_roles.StanzaRoles` (shard the data over
             ``roles.conv_ranks``), the bytes by kind, and with ``fc_workers="auto"``
             the agreed probe (``None`` otherwise).
         steps: steps taken (restored from a checkpoint).

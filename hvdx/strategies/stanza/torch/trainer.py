@@ -5,9 +5,9 @@ Learning", arXiv 1812.10624): in a CNN most bytes are in the fully connected hea
 most compute in the feature extractor, so most ranks (the ``S`` *conv workers*) train
 only the features and a few (the ``F`` *FC workers*, the last ``F`` ranks) only the
 head; head parameters and gradients never travel to a conv worker. Roles and scaling:
-:mod:`hvdx.core.stanza_roles`; messages: :mod:`hvdx.strategies.stanza.mpi_exchange`; the step's
-protocol, the same in TensorFlow: :mod:`hvdx.strategies.stanza.mpi_step` (this module runs
-PyTorch's part of it). One :meth:`Stanza.step`, called on every rank:
+:mod:`hvdx.strategies.stanza.core_roles`; messages: :mod:`hvdx.strategies.stanza.mpi_exchange`;
+the step's protocol, the same in TensorFlow: :mod:`hvdx.strategies.stanza.mpi_step` (this
+module runs PyTorch's part of it). One :meth:`Stanza.step`, called on every rank:
 
 1. conv worker ``i``: ``a_i = features(x_i)`` on its ``b_i`` samples; ``a_i`` and the
    labels go (host memory, non-blocking) to its FC worker;
@@ -82,7 +82,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from hvdx.core.stanza_roles import AUTO, CONV, FC, weighted_loss
+from hvdx.strategies.stanza.core_roles import AUTO, CONV, FC, weighted_loss
 from hvdx.mpi import communicator_for
 from hvdx.strategies.stanza.core_checks import (Samples, check_settings, head_error, layout_error,
                                                 micro_batch_bounds)
@@ -112,7 +112,7 @@ class Stanza:
             (PyTorch's default ``reduction="mean"``), which step 3 rescales.
         fc_workers: ``F``, from 1 to ``size // 2``; the last ``F`` ranks. Or ``"auto"``:
             the smallest ``F`` whose FC side keeps up with the conv side
-            (:func:`hvdx.core.stanza_roles.auto_fc_workers`), from a probe at
+            (:func:`hvdx.strategies.stanza.core_roles.auto_fc_workers`), from a probe at
             construction that times copies of both parts forward and backward on
             ``example`` (rank 0 prints the figures and the choice; :attr:`probe`).
         split: with a ``Sequential`` ``features``: its layers ``[:split]`` are the
@@ -129,7 +129,7 @@ class Stanza:
 
     Attributes:
         role: ``"conv"`` or ``"fc"``.
-        roles: the :class:`~hvdx.core.stanza_roles.StanzaRoles` (shard the data over
+        roles: the :class:`~hvdx.strategies.stanza.core_roles.StanzaRoles` (shard the data over
             ``roles.conv_ranks``: the FC workers read none).
         stats: :class:`~hvdx.strategies.stanza.mpi_exchange.StanzaStats`, bytes by kind.
         probe: with ``fc_workers="auto"``, ``{"conv_s", "head_s", "fc_workers"}``: the
