@@ -4,6 +4,10 @@ imports, those inside functions included, and neither do the subpackages as whol
 
 The imports are read from the source (``ast``), not by importing, so an import inside a
 function that a test never calls counts too; those under ``if TYPE_CHECKING:`` do not.
+
+The shared MPI machinery (``hvdx/mpi/``) does not reach into a strategy's folder: no
+strategy's spec, nothing of decentralized SGD's or Stanza's (their shared parts, the
+neighbour exchange and the mixers' counters, live in hvdx.mpi and hvdx.core).
 """
 
 import ast
@@ -139,6 +143,59 @@ def test_no_subpackage_imports_back_into_what_imports_it():
     cycles = _cycles(graph)
     assert not cycles, "import cycles between subpackages and modules:\n" + \
         _describe(cycles, graph)
+
+
+#: ``hvdx/mpi/`` modules that may import a strategy folder's module, and which one.
+#: hvdx.mpi.calibrate is a calibration tool that times the allreduce on the process sets
+#: DS-Sync registers, so it asks DS-Sync's groups for those sets (inside a function, at
+#: run time); nothing else under hvdx/mpi/ imports a strategy's folder.
+MPI_IMPORTS_OF_STRATEGIES = {("hvdx.mpi.calibrate", "hvdx.strategies.dssync.mpi_groups")}
+
+
+def _strategy_folders() -> Set[str]:
+    return {m.split(".")[2] for m in MODULES
+            if m.startswith("hvdx.strategies.") and MODULES[m].parent.name != "strategies"}
+
+
+def _mpi_imports_of_strategies() -> Set[tuple]:
+    """(module under hvdx/mpi/, module of a strategy's folder it imports): the folders'
+    packages themselves (``hvdx.strategies.dssync``, run on the way) left out."""
+    folders = _strategy_folders()
+    return {(m, t) for m in MODULES if m == "hvdx.mpi" or m.startswith("hvdx.mpi.")
+            for t in _imports(m)
+            if t.count(".") >= 3 and t.split(".")[1] == "strategies"
+            and t.split(".")[2] in folders}
+
+
+def test_mpi_imports_no_strategy_spec():
+    specs = sorted((m, t) for m, t in _mpi_imports_of_strategies()
+                   if t.split(".")[3] == "spec")
+    assert not specs, f"hvdx/mpi/ imports a strategy's spec: {specs}"
+
+
+def test_mpi_imports_nothing_of_decentralized_or_stanza():
+    found = sorted((m, t) for m in MODULES if m == "hvdx.mpi" or m.startswith("hvdx.mpi.")
+                   for t in _imports(m)
+                   if t.split(".")[1:3] in (["strategies", "decentralized"],
+                                            ["strategies", "stanza"]))
+    assert not found, f"hvdx/mpi/ imports decentralized SGD's or Stanza's modules: {found}"
+
+
+def test_mpi_imports_of_strategy_folders_are_the_listed_ones():
+    found = _mpi_imports_of_strategies()
+    assert found <= MPI_IMPORTS_OF_STRATEGIES, \
+        f"hvdx/mpi/ imports a strategy's folder: {sorted(found - MPI_IMPORTS_OF_STRATEGIES)}"
+    # The list names imports that are still there, so it cannot keep a stale allowance.
+    assert found == MPI_IMPORTS_OF_STRATEGIES, \
+        f"no longer imported, drop from the list: {sorted(MPI_IMPORTS_OF_STRATEGIES - found)}"
+
+
+def test_the_strategy_imports_are_read():
+    assert {"decentralized", "dssync", "stanza", "topk"} <= _strategy_folders()
+    # An import inside a function counts (hvdx.mpi.calibrate's is one).
+    assert "hvdx.strategies.dssync.mpi_groups" in _imports("hvdx.mpi.calibrate")
+    assert "hvdx.strategies.decentralized.spec" in \
+        _imports("hvdx.strategies.decentralized.torch.optimizer")
 
 
 def test_the_cycles_are_found():
