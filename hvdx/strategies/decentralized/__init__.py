@@ -2,8 +2,8 @@
 
 One strategy, one folder (the shared machinery stays in hvdx.core, hvdx.mpi, hvdx.torch
 and hvdx.tensorflow: among it the mixing bases, the graphs (``hvdx/core/mixing_graphs.py``)
-and the fused neighbour exchange over mpi4py (``hvdx/mpi/neighbor_exchange.py``), which
-Stanza and the registered mixers use too):
+and the fused neighbour exchange over mpi4py (``hvdx/mpi/neighbor_exchange.py``), both
+of which the registered mixers use too):
 
 - ``spec.py``: the spec :class:`Decentralized` (framework-neutral; ``hvdx.Decentralized``);
 - ``core_reference.py``: the numpy reference of the algorithm;
