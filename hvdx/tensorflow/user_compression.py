@@ -43,6 +43,7 @@ from hvdx.mpi.user_compression_exchange import (UserCompressionStats,
                                                 UserCompressionSynchronizer)
 # One string that the owner's _serialize/_deserialize make, as TopK's residuals are saved.
 from hvdx.strategies.topk.tensorflow.adapters import _SerializedResiduals as _Serialized
+from hvdx.tensorflow.allreduce_replacement import on_keras_optimizer, on_tape
 
 __all__ = ["CompressionState", "compression_state", "install_on_keras_optimizer",
            "install_on_tape", "keras_adapter", "tape_adapter", "tape_counters"]
@@ -188,31 +189,15 @@ def make_allreduce_grads(spec: UserCompression, op, process_set, state_of):
 def install_on_tape(tape, spec, op, gradient_predivide_factor, process_set):
     """Make Horovod's tape ``tape`` synchronize with the registered compressor (the
     arguments passed the spec's job checks, :meth:`UserCompression.prepare`)."""
-    object.__setattr__(tape, "_allreduce_grads",
-                       make_allreduce_grads(spec, op, process_set, compression_state))
-    return tape
+    return on_tape(tape, make_allreduce_grads(spec, op, process_set, compression_state))
 
 
 def install_on_keras_optimizer(opt, spec, op, gradient_predivide_factor, process_set):
     """Make Horovod's Keras optimizer ``opt`` synchronize with the registered
     compressor; its state is ``opt.hvdx_compression`` (tracked)."""
     state = CompressionState()
-    opt.hvdx_compression = state
-    opt.hvdx_stats = state.stats  # as TopK's optimizer: the step log reads it
-    if getattr(opt, "_lookup_dependency", None) is not None:
-        # Legacy (OptimizerV2) optimizers: build the table of dependencies, then track.
-        opt._maybe_initialize_trackable()
-        if opt._lookup_dependency("hvdx_compression") is None:
-            opt._track_trackable(state, name="hvdx_compression")
-    allreduce_grads = make_allreduce_grads(spec, op, process_set, lambda variables: state)
-    object.__setattr__(opt, "_allreduce_grads", allreduce_grads)
-    helper = getattr(opt, "_agg_helper", None)
-    # backward_passes_per_step > 1 (see hvdx.strategies.topk.tensorflow.adapters)
-    if helper is not None:
-        for attribute in ("allreduce_grads", "_allreduce_grads"):
-            if hasattr(helper, attribute):
-                object.__setattr__(helper, attribute, allreduce_grads)
-    return opt
+    return on_keras_optimizer(opt, state, "hvdx_compression", make_allreduce_grads(
+        spec, op, process_set, lambda variables: state))
 
 
 # --- a registered compressor's entries in hvdx.tensorflow.registry (the catalogue names

@@ -21,8 +21,6 @@ every rank's in one file).
 
 from __future__ import annotations
 
-import contextlib
-import warnings
 from typing import List, Tuple
 
 import horovod.torch as _hvd
@@ -31,7 +29,7 @@ import torch
 
 from hvdx.compression_registry import UserCompression
 from hvdx.mpi.user_compression_exchange import UserCompressionSynchronizer
-from hvdx.strategies.topk.torch.optimizer import _STEP_AFTER_SYNCHRONIZE
+from hvdx.torch.compressing_optimizer import CompressingOptimizer
 from hvdx.torch.wrapping import subclass_of
 
 __all__ = ["STATE_KEY", "adapter", "make_user_compression_optimizer"]
@@ -52,25 +50,19 @@ def make_user_compression_optimizer(optimizer, named_parameters,
                backward_passes_per_step, op == _hvd.Sum, comm)
 
 
-class _UserCompressionOptimizer:
-    """Methods copied into the run-time class; ``self._hvdx_base`` is the user's class."""
+class _UserCompressionOptimizer(CompressingOptimizer):
+    """Methods copied into the run-time class; ``self._hvdx_base`` is the user's class
+    (Horovod's optimizer surface: :class:`~hvdx.torch.compressing_optimizer.
+    CompressingOptimizer`)."""
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step,
                  sum_op, comm):
         self._hvdx_base.__init__(self, params)
-        names = {id(p): n for n, p in named_parameters or ()}
-        entries = []
-        for g, group in enumerate(self.param_groups):
-            for i, p in enumerate(group["params"]):
-                if p.requires_grad:
-                    entries.append((names.get(id(p), f"param_groups[{g}][{i}]"), p))
+        entries = self._hvdx_init_surface(named_parameters, backward_passes_per_step)
         self._hvdx_entries: List[Tuple[str, torch.Tensor]] = entries
         self._hvdx_compression = compression
         self._hvdx_sync = UserCompressionSynchronizer(
             [n for n, _ in entries], compression.compressor, comm, sum_op=sum_op)
-        self.backward_passes_per_step = backward_passes_per_step
-        self._hvdx_synchronized = False
-        self._hvdx_should_synchronize = True
 
     hvdx_strategy = property(lambda self: self._hvdx_compression,
                              doc="The :class:`~hvdx.compression_registry.UserCompression` "
@@ -78,32 +70,6 @@ class _UserCompressionOptimizer:
     hvdx_stats = property(lambda self: self._hvdx_sync.stats,
                           doc="Bytes this rank's exchanges sent and received "
                               "(``total_sent``, ``total_received``, ``steps``).")
-
-    def set_backward_passes_per_step(self, passes):
-        if passes <= 0:
-            raise ValueError("backward_passes_per_step must be > 0")
-        self.backward_passes_per_step = passes
-
-    @contextlib.contextmanager
-    def skip_synchronize(self):
-        """Inside, :meth:`step` does not synchronize (call :meth:`synchronize` first)."""
-        self._hvdx_should_synchronize = False
-        try:
-            yield
-        finally:
-            self._hvdx_should_synchronize = True
-
-    def step(self, closure=None):
-        """Synchronize (unless done or skipped), then the wrapped optimizer's step."""
-        if self._hvdx_should_synchronize and self._hvdx_synchronized:
-            warnings.warn(_STEP_AFTER_SYNCHRONIZE)
-        if self._hvdx_should_synchronize and not self._hvdx_synchronized:
-            self.synchronize()
-        self._hvdx_synchronized = False
-        return self._hvdx_local_step(closure)
-
-    def _hvdx_local_step(self, closure=None):
-        return self._hvdx_base.step(self, closure)
 
     def synchronize(self):
         """Replace every ``p.grad`` by the compressed average (steps 1 to 3)."""

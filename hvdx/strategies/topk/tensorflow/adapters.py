@@ -71,6 +71,7 @@ from hvdx.mpi import communicator_for
 from hvdx.strategies.topk.mpi_sync import (TopKStats, TopKSynchronizer, check_saved_rank,
                                            first_nonfinite)
 from hvdx.strategies.topk.spec import TopKCompression
+from hvdx.tensorflow.allreduce_replacement import on_keras_optimizer, on_tape
 
 __all__ = ["TopKState", "install_on_keras_optimizer",
            "install_on_tape", "keras_adapter", "make_allreduce_grads", "tape_adapter",
@@ -301,9 +302,8 @@ def _step(sync: TopKSynchronizer, tensors, force_dense, op, prescale, postscale,
 def install_on_tape(tape, compression, op, gradient_predivide_factor, process_set):
     """Make Horovod's tape ``tape`` synchronize with TopK (steps 1 to 5); the arguments
     passed the spec's job checks (:meth:`TopKCompression.prepare`)."""
-    object.__setattr__(tape, "_allreduce_grads", make_allreduce_grads(
-        compression, op, gradient_predivide_factor, process_set, topk_state))
-    return tape
+    return on_tape(tape, make_allreduce_grads(compression, op, gradient_predivide_factor,
+                                              process_set, topk_state))
 
 
 def install_on_keras_optimizer(opt, compression, op, gradient_predivide_factor,
@@ -315,26 +315,8 @@ def install_on_keras_optimizer(opt, compression, op, gradient_predivide_factor,
     job checks (:meth:`TopKCompression.prepare`).
     """
     state = TopKState()
-    opt.hvdx_topk = state
-    if getattr(opt, "_lookup_dependency", None) is not None:
-        # Legacy (OptimizerV2) optimizers track no attribute by itself and build their
-        # table of dependencies only when first needed: build it, then track by name.
-        opt._maybe_initialize_trackable()
-        if opt._lookup_dependency("hvdx_topk") is None:
-            opt._track_trackable(state, name="hvdx_topk")
-    opt.hvdx_stats = state.stats
-    allreduce_grads = make_allreduce_grads(compression, op, gradient_predivide_factor,
-                                           process_set, lambda variables: state)
-    object.__setattr__(opt, "_allreduce_grads", allreduce_grads)
-    helper = getattr(opt, "_agg_helper", None)
-    if helper is not None:
-        # backward_passes_per_step > 1: Horovod's helper sums N passes locally, then
-        # calls the function it was given at construction (the eager helper names it
-        # allreduce_grads, the graph one _allreduce_grads) on this instance's helper.
-        for attribute in ("allreduce_grads", "_allreduce_grads"):
-            if hasattr(helper, attribute):
-                object.__setattr__(helper, attribute, allreduce_grads)
-    return opt
+    return on_keras_optimizer(opt, state, "hvdx_topk", make_allreduce_grads(
+        compression, op, gradient_predivide_factor, process_set, lambda variables: state))
 
 
 # --- TopK's entries in hvdx.tensorflow.registry (the catalogue names them) ---------------

@@ -70,8 +70,6 @@ Notes:
 
 from __future__ import annotations
 
-import contextlib
-import warnings
 import weakref
 from typing import Dict, List, Optional, Tuple
 
@@ -82,6 +80,7 @@ import torch
 from hvdx.strategies.topk.mpi_sync import TopKStats, TopKSynchronizer
 from hvdx.strategies.topk.presets import momentum_correction_refusal
 from hvdx.strategies.topk.spec import TopKCompression
+from hvdx.torch.compressing_optimizer import CompressingOptimizer
 from hvdx.torch.finite import first_nonfinite
 from hvdx.torch.wrapping import subclass_of
 
@@ -92,13 +91,6 @@ STATE_KEY = "hvdx_topk"
 
 #: Horovod's warning for ``step()`` after ``synchronize()`` outside
 #: ``skip_synchronize()``, word for word.
-_STEP_AFTER_SYNCHRONIZE = (
-    "optimizer.step() called without optimizer.skip_synchronize() context after "
-    "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
-    "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in "
-    "your code.")
-
-
 def make_topk_optimizer(optimizer, named_parameters, compression: TopKCompression,
                         backward_passes_per_step, op, gradient_predivide_factor,
                         sparse_as_dense, process_set, comm):
@@ -115,20 +107,15 @@ def make_topk_optimizer(optimizer, named_parameters, compression: TopKCompressio
                process_set, comm)
 
 
-class _TopKOptimizer:
-    """Methods copied into the run-time class; ``self._hvdx_base`` is the user's class."""
+class _TopKOptimizer(CompressingOptimizer):
+    """Methods copied into the run-time class; ``self._hvdx_base`` is the user's class
+    (Horovod's optimizer surface: :class:`~hvdx.torch.compressing_optimizer.
+    CompressingOptimizer`)."""
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step,
                  op, gradient_predivide_factor, sparse_as_dense, process_set, comm):
         self._hvdx_base.__init__(self, params)
-        names = {}
-        if named_parameters is not None:
-            names = {id(p): n for n, p in named_parameters}
-        entries = []
-        for g, group in enumerate(self.param_groups):
-            for i, p in enumerate(group["params"]):
-                if p.requires_grad:
-                    entries.append((names.get(id(p), f"param_groups[{g}][{i}]"), p))
+        entries = self._hvdx_init_surface(named_parameters, backward_passes_per_step)
         self._hvdx_entries: List[Tuple[str, torch.Tensor]] = entries
         self._hvdx_sync = TopKSynchronizer([n for n, _ in entries], compression, comm,
                                            sum_op=op == _hvd.Sum)
@@ -136,9 +123,6 @@ class _TopKOptimizer:
         self._hvdx_predivide = gradient_predivide_factor
         self._hvdx_sparse_as_dense = sparse_as_dense
         self._hvdx_process_set = process_set
-        self.backward_passes_per_step = backward_passes_per_step
-        self._hvdx_synchronized = False
-        self._hvdx_should_synchronize = True
         self._hvdx_velocity: Dict[str, torch.Tensor] = {}
         #: Momentum correction: ``(names, buffer)``, the velocities of the compressed
         #: tensors as views of one flat buffer in their fixed order, which the exchange
@@ -170,38 +154,12 @@ class _TopKOptimizer:
 
     # --- the public surface of Horovod's optimizer -----------------------------------
 
-    def set_backward_passes_per_step(self, passes):
-        if passes <= 0:
-            raise ValueError("backward_passes_per_step must be > 0")
-        self.backward_passes_per_step = passes
+    def _hvdx_passes_changed(self, passes):
         self._hvdx_delay = dict.fromkeys(self._hvdx_delay, passes)
 
-    @contextlib.contextmanager
-    def skip_synchronize(self):
-        """Inside, :meth:`step` does not synchronize (call :meth:`synchronize` first)."""
-        self._hvdx_should_synchronize = False
-        try:
-            yield
-        finally:
-            self._hvdx_should_synchronize = True
-
-    def step(self, closure=None):
-        """Synchronize (unless done or skipped), then the wrapped optimizer's step.
-
-        After :meth:`synchronize` outside :meth:`skip_synchronize`, Horovod's warning,
-        word for word (scripts and Horovod's tests look for it). Horovod then
-        synchronizes again, averaging the averages; TopK does not: a second exchange
-        would compress the update again and move the residuals (and velocities).
-        """
-        if self._hvdx_should_synchronize and self._hvdx_synchronized:
-            warnings.warn(_STEP_AFTER_SYNCHRONIZE)
-        if self._hvdx_should_synchronize and not self._hvdx_synchronized:
-            self.synchronize()
-        self._hvdx_synchronized = False
-        return self._hvdx_local_step(closure)
-
     def _hvdx_local_step(self, closure=None):
-        """The wrapped optimizer's own step on ``p.grad``, with no communication."""
+        """The wrapped optimizer's own step on ``p.grad``, with no communication (with
+        momentum correction, without its momentum and weight decay)."""
         if not self._hvdx_sync.compression.momentum_correction:
             return self._hvdx_base.step(self, closure)
         # The velocity (and weight decay) went into p.grad already: step without them.
