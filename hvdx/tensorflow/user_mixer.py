@@ -24,10 +24,10 @@ from typing import List
 import horovod.tensorflow as _hvd
 import tensorflow as tf
 
+from hvdx.core.counters import MixingStats
 from hvdx.mixer_registry import UserMixing
 from hvdx.mpi.comm import world
 from hvdx.mpi.user_mixer_exchange import Peers
-from hvdx.strategies.decentralized.spec import DecentralizedStats
 from hvdx.tensorflow.mixing import (MixingState, adapters, average_over_all_ranks,
                                     state_of)
 
@@ -47,7 +47,7 @@ class MixerState(MixingState):
 
     def __init__(self, sync: UserMixing):
         super().__init__(sync, name="hvdx_mixer")
-        self.hvdx_stats = DecentralizedStats()
+        self.hvdx_stats = MixingStats()
         self._peers = Peers(world(_hvd.global_process_set), self.hvdx_stats)
         self._peers._what = f"{type(sync.mixer).__qualname__}.matrix"
         self._seen = ""  # the JSON in ``mixer_state`` as last seen (a str: untracked)

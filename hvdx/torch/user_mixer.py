@@ -16,10 +16,10 @@ import horovod.torch as _hvd
 import numpy as np
 import torch
 
+from hvdx.core.counters import MixingStats
 from hvdx.mixer_registry import UserMixing
 from hvdx.mpi.comm import world
 from hvdx.mpi.user_mixer_exchange import Peers
-from hvdx.strategies.decentralized.spec import DecentralizedStats
 from hvdx.torch.mixing_optimizer import (MixerDefaults, average_over_all_ranks,
                                          make_mixing_optimizer, tensor_bytes)
 
@@ -35,7 +35,7 @@ class UserMixer(MixerDefaults):
 
     def __init__(self, sync: UserMixing, comm):
         self.sync = sync
-        self.stats = DecentralizedStats()
+        self.stats = MixingStats()
         self.peers = Peers(comm, self.stats)
         self.peers._what = f"{type(sync.mixer).__qualname__}.matrix"
         self.step = 0
