@@ -29,7 +29,7 @@ from typing import Callable, ClassVar, Dict, List, MutableMapping, Optional
 from hvdx.core.user_compression import Compressor
 from hvdx.strategies import catalogue
 from hvdx.strategies.catalogue import RegisteredClassSpec, qualified, settings_of
-from hvdx.strategies.descriptor import Constructor, StrategyDescriptor, VARIABLES
+from hvdx.strategies.descriptor import StrategyDescriptor, VARIABLES
 from hvdx.strategy import CompressionStrategy, kept_for_every_rank
 
 __all__ = ["RESERVED", "Registered", "UserCompression", "builder", "register_compressor", "registered"]
@@ -55,16 +55,9 @@ def _descriptor(name: str) -> StrategyDescriptor:
     """The catalogue entry of the compressor registered as ``name``: its constructor is
     its builder (``HVDX_COMPRESSION=<name>(...)``); its adapters are those of
     ``user_compression``, which its specs name (their ``name`` is that key)."""
-    shared = catalogue.descriptor(_ADAPTERS_OF)
-    return StrategyDescriptor(
-        name=name, kind="compression",
-        title=f"the registered compressor {name} with error feedback",
-        constructors=(Constructor(name, builder(name)),),
-        torch_adapter=shared.torch_adapter, tensorflow_tape=shared.tensorflow_tape,
-        tensorflow_keras=shared.tensorflow_keras,
-        tensorflow_tape_counters=shared.tensorflow_tape_counters,
-        state_exports=shared.state_exports,
-        built_in=False)
+    return catalogue.registered_entry(
+        _ADAPTERS_OF, name, f"the registered compressor {name} with error feedback",
+        builder(name))
 
 
 def register_compressor(name: str, compressor_class: type) -> None:

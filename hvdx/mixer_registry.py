@@ -56,7 +56,7 @@ import numpy as np
 from hvdx.keywords import unexpected_keyword
 from hvdx.strategies import catalogue
 from hvdx.strategies.catalogue import RegisteredClassSpec, qualified, settings_of
-from hvdx.strategies.descriptor import StrategyDescriptor, Constructor, VARIABLES
+from hvdx.strategies.descriptor import StrategyDescriptor, VARIABLES
 from hvdx.strategy import Job, MixingStrategy, kept_for_every_rank
 
 __all__ = ["MIXING_OPTIONS", "Mixer", "RESERVED", "UserMixing", "check_matrix", "mixer",
@@ -72,14 +72,6 @@ RESERVED = frozenset({"none", "fp16", "horovod", "user_mixer"}) | \
     frozenset(d.name for d in catalogue.BUILT_IN) | \
     frozenset(name for variable in VARIABLES.values()
               for name in catalogue.environment_constructors(variable, built_in_only=True))
-
-#: The adapters every registered mixer runs with (lazy paths: no framework here).
-_ADAPTERS = dict(
-    torch_adapter="hvdx.torch.user_mixer:adapter",
-    tensorflow_tape="hvdx.tensorflow.user_mixer:tape_adapter",
-    tensorflow_keras="hvdx.tensorflow.user_mixer:keras_adapter",
-    tensorflow_tape_counters="hvdx.tensorflow.mixing:tape_counters",
-    state_exports=("hvdx.tensorflow.user_mixer:mixer_state",))
 
 
 class Mixer:
@@ -124,9 +116,10 @@ _REGISTRY: MutableMapping[str, type] = catalogue.ClassRegistry(lambda name: _des
 
 
 def _descriptor(name: str) -> StrategyDescriptor:
-    return StrategyDescriptor(
-        name=name, kind="sync", title=f"the registered mixer {name}",
-        constructors=(Constructor(name, _builder(name)),), built_in=False, **_ADAPTERS)
+    """The catalogue entry of the mixer registered as ``name``: its constructor is its
+    builder (``HVDX_SYNC=<name>(...)``); its adapters are ``user_mixer``'s."""
+    return catalogue.registered_entry("user_mixer", name, f"the registered mixer {name}",
+                                      _builder(name))
 
 
 def register_mixer(name: str, mixer_class: type) -> None:

@@ -22,6 +22,7 @@ Nothing here imports a framework (the paths are lazy: :mod:`hvdx.strategies.desc
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Dict, Iterator, List, Mapping, MutableMapping, Optional, Tuple
 
 from hvdx.strategies.decentralized.descriptor import DECENTRALIZED
@@ -32,9 +33,9 @@ from hvdx.strategies.stanza.descriptor import STANZA
 from hvdx.strategies.topk.descriptor import TOPK
 
 __all__ = ["BUILT_IN", "ClassRegistry", "LazyView", "RegisteredClassSpec", "adapters",
-           "all_descriptors",
-           "descriptor", "environment_constructors", "of_kind", "qualified", "register",
-           "settings_of", "unregister", "variable_kind"]
+           "all_descriptors", "descriptor", "environment_constructors", "of_kind",
+           "qualified", "register", "registered_entry", "settings_of", "unregister",
+           "variable_kind"]
 
 # The adapters a registered compressor runs with (one pair of modules for them all).
 _USER_COMPRESSION = dict(
@@ -42,6 +43,14 @@ _USER_COMPRESSION = dict(
     tensorflow_tape="hvdx.tensorflow.user_compression:tape_adapter",
     tensorflow_keras="hvdx.tensorflow.user_compression:keras_adapter",
     tensorflow_tape_counters="hvdx.tensorflow.user_compression:tape_counters")
+
+# The adapters every registered mixer runs with (one module per framework for them all);
+# each registered mixer is an entry of its own (hvdx.mixer_registry), named by the user.
+_USER_MIXER = dict(
+    torch_adapter="hvdx.torch.user_mixer:adapter",
+    tensorflow_tape="hvdx.tensorflow.user_mixer:tape_adapter",
+    tensorflow_keras="hvdx.tensorflow.user_mixer:keras_adapter",
+    tensorflow_tape_counters="hvdx.tensorflow.mixing:tape_counters")
 
 #: The built-in strategies, each once (each from its folder's descriptor.py).
 BUILT_IN: Tuple[StrategyDescriptor, ...] = (
@@ -56,6 +65,13 @@ BUILT_IN: Tuple[StrategyDescriptor, ...] = (
         tensorflow_exports=("hvdx.tensorflow.user_compression:CompressionState",)),
     DSSYNC,
     DECENTRALIZED,
+    StrategyDescriptor(
+        name="user_mixer", kind="sync", title="a registered mixer",
+        # No constructor of its own (each registered mixer is an entry named by its
+        # user); it carries what hvdx.tensorflow exports for them all.
+        **_USER_MIXER,
+        state_exports=("hvdx.tensorflow.user_mixer:mixer_state",),
+        tensorflow_exports=("hvdx.tensorflow.user_mixer:MixerState",)),
     STANZA,
 )
 
@@ -102,6 +118,17 @@ def environment_constructors(variable: str, built_in_only: bool = False
     presets included, in catalogue order."""
     return {c.name: (c, d) for d in of_kind(variable_kind(variable), built_in_only)
             for c in d.constructors}
+
+
+def registered_entry(shared: str, name: str, title: str,
+                     build: Builder) -> StrategyDescriptor:
+    """The entry of a class a user registered as ``name`` (``hvdx.register_compressor``,
+    ``hvdx.register_mixer``): its constructor, the variable's name for it, is ``build``;
+    its adapters and state exports are those of the built-in entry ``shared``
+    (``user_compression``, ``user_mixer``), which carries the exports for them all."""
+    return dataclasses.replace(descriptor(shared), name=name, title=title,
+                               constructors=(Constructor(name, build),), built_in=False,
+                               tensorflow_exports=())
 
 
 def register(entry: StrategyDescriptor) -> None:

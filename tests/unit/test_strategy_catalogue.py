@@ -22,7 +22,7 @@ from hvdx.strategies.topk.presets import PRESETS
 from hvdx.strategies.topk.spec import topk
 from hvdx.strategy import Strategy
 
-BUILT_IN = {"topk", "user_compression", "dssync", "decentralized", "stanza"}
+BUILT_IN = {"topk", "user_compression", "dssync", "decentralized", "user_mixer", "stanza"}
 FRAMEWORKS = ("torch", "tensorflow")
 
 #: Registry view -> the descriptor field it shows.
@@ -369,3 +369,17 @@ def test_a_fifth_built_in_strategy_is_one_catalogue_entry(monkeypatch):
     assert {p.label for p in priced} == {"fifth level 3", "horovod"}
     with pytest.raises(ValueError, match="takes no option ratio"):
         predict("fifth", cluster, workload, ratio=0.1)
+
+
+@pytest.mark.parametrize("shared, torch_adapter, exported", [
+    ("user_compression", "hvdx.torch.user_compression:adapter", "compression_state"),
+    ("user_mixer", "hvdx.torch.user_mixer:adapter", "mixer_state")])
+def test_a_registered_class_runs_with_its_built_in_entrys_adapters(shared, torch_adapter,
+                                                                    exported):
+    """Registered compressors and mixers are entries named by their users; the one
+    built-in entry they share holds the adapters and what hvdx.tensorflow exports."""
+    entry = catalogue.registered_entry(shared, "my_own", "my own", lambda: None)
+    assert entry.name == "my_own" and not entry.built_in
+    assert [c.name for c in entry.constructors] == ["my_own"]
+    assert entry.torch_adapter == torch_adapter
+    assert exported in dict(catalogue.descriptor(shared).exports("tensorflow"))
