@@ -13,6 +13,9 @@ unchanged, except:
 - ``Compression.<name>(...)``: a compressor of your own, registered with
   ``hvdx.register_compressor`` (:mod:`hvdx.tensorflow.user_compression`);
   :func:`compression_state` gives a tape's residuals;
+- ``sync=hvdx.mixer(name, ...)``: a mixer of your own, registered with
+  ``hvdx.register_mixer`` (:mod:`hvdx.tensorflow.user_mixer`); :func:`mixer_state`
+  gives the tapes' mixing state (checkpoint, ``synchronize_parameters``);
 - ``sync=hvdx.DSSync(...)`` replaces the gradient allreduce by DS-Sync group averaging
   through Horovod process sets (:mod:`hvdx.strategies.dssync.tensorflow.adapters`);
   :func:`dssync_state` gives the tape's DS-Sync state (checkpoint, ``synchronize_parameters``), and
@@ -54,6 +57,7 @@ from hvdx.strategies.descriptor import load as _load  # noqa: E402
 
 # Each built-in strategy's own names (topk_state and TopKState, compression_state and
 # CompressionState, DSSync, dssync_state, dssync_process_sets, Decentralized,
-# decentralized_state, Stanza), as the catalogue lists them (StrategyDescriptor.exports).
+# decentralized_state, mixer_state and MixerState, Stanza), as the catalogue lists them
+# (StrategyDescriptor.exports).
 globals().update((_name, _load(_path)) for _entry in _BUILT_IN
                  for _name, _path in _entry.exports("tensorflow"))
