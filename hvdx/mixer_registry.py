@@ -95,8 +95,14 @@ class Mixer:
         """This rank's mixed arrays at step ``step`` (collective: every rank calls it
         with its arrays in the same order, shapes and dtypes). ``peers``:
         :class:`hvdx.mpi.user_mixer_exchange.Peers`. The default mixes by
-        :meth:`matrix`."""
-        return peers.by_matrix(self.matrix(step, peers.size), arrays)
+        :meth:`matrix`; an exception of :meth:`matrix` is handed to ``by_matrix``,
+        which raises it on every rank (raised here, it would end this rank alone and
+        leave the others waiting for its messages)."""
+        try:
+            w = self.matrix(step, peers.size)
+        except Exception as error:  # noqa: BLE001 (the user's code: any exception)
+            w = error
+        return peers.by_matrix(w, arrays)
 
     def settings(self) -> Dict[str, object]:
         """Everything every rank must share (seeds, weights): compared across ranks
@@ -302,6 +308,8 @@ class UserMixing(RegisteredClassSpec, MixingStrategy):
         framework's adapter: a list of arrays of the shapes given, else ``ValueError``
         naming the mixer and what it returned."""
         what = f"{type(self.mixer).__qualname__}.mix(step={step})"
+        if peers is not None:
+            peers.step = step  # (for by_matrix's messages)
         mixed = self.mixer.mix(step, arrays, peers)
         if not isinstance(mixed, (list, tuple)) or len(mixed) != len(arrays):
             raise ValueError(f"{what} returned {type(mixed).__name__}; return a list of "

@@ -6,7 +6,8 @@ Checked against a few lines of numpy that simulate every rank: one variable on a
 quadratic ``0.5 |x - c_r|^2`` (gradient ``x - c_r``), plain SGD; the Keras optimizer
 steps then mixes, the tape mixes ``x_t`` then the optimizer applies ``g(x_t)``. Also:
 the mixer chosen by ``HVDX_SYNC``, a different mixer or argument on one rank refused
-on every rank, and the step counter and the mixer's own state through a
+on every rank, a matrix that differs between ranks at a later step refused on every
+rank, and the step counter and the mixer's own state through a
 ``tf.train.Checkpoint``.
 """
 
@@ -70,8 +71,18 @@ class PullToMean(hvdx.Mixer):
         self.count = state.get("count", 0)
 
 
+class RankDependentLater(hvdx.Mixer):
+    """Agrees at step 0, then rank 1 draws its own matrix from step 2."""
+
+    def matrix(self, step, size):
+        if step >= 2 and hvd.rank() == 1:
+            return np.full((size, size), 1.0 / size)
+        return Gossip(0.25).matrix(step, size)
+
+
 hvdx.register_mixer("tf_test_gossip", Gossip)
 hvdx.register_mixer("tf_test_pull", PullToMean)
+hvdx.register_mixer("tf_test_rank_dependent", RankDependentLater)
 
 LR = 0.1
 ENTRIES = ["keras-eager", "keras-function", "tape-eager", "tape-function"]
@@ -173,6 +184,23 @@ def test_a_different_mixer_on_one_rank_is_refused_on_every_rank(entry, wrong, te
     assert text in message
     assert len(set(MPI.COMM_WORLD.allgather(message))) == 1
     total = hvd.allreduce(tf.ones(2), op=hvd.Sum, name=f"after.user_mixer.{entry}.{text}")
+    np.testing.assert_array_equal(total.numpy(), np.full(2, float(hvd.size())))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("entry", ["keras-eager", "tape-function"])
+def test_a_matrix_that_differs_at_a_later_step_is_refused_on_every_rank(entry):
+    """Checked at every step, inside the mixing py_function too: TensorFlow reports
+    the error as its own (an OpError, inside tf.function), with hvdx's message."""
+    x = tf.Variable(np.ones(3, np.float32))
+    step, _ = trainer(entry, hvdx.mixer("tf_test_rank_dependent"), x)
+    step()
+    step()  # steps 0 and 1 agree
+    with pytest.raises((ValueError, tf.errors.OpError)) as info:
+        step()
+    message = str(info.value)
+    assert "RankDependentLater.matrix(step=2) differs between ranks" in message
+    total = hvd.allreduce(tf.ones(2), op=hvd.Sum, name=f"after.rank_dependent.{entry}")
     np.testing.assert_array_equal(total.numpy(), np.full(2, float(hvd.size())))
 
 

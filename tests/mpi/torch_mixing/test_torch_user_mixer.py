@@ -4,7 +4,8 @@ runs in torch's ``DistributedOptimizer(sync=...)`` as the built-in mixers do.
 Checked against a few lines of numpy that simulate every rank: quadratic losses
 ``0.5 ||x - c_r||^2`` (gradient ``x - c_r``), plain SGD, then the mix. Also: the mixer
 chosen by ``HVDX_SYNC``, a different mixer or argument on one rank refused on every
-rank, and the step counter and the mixer's own state through ``state_dict()``.
+rank, a matrix that differs between ranks (or fails on one) at a later step refused on
+every rank, and the step counter and the mixer's own state through ``state_dict()``.
 """
 
 import numpy as np
@@ -80,9 +81,30 @@ class RandomPartner(hvdx.Mixer):
         return w
 
 
+class RankDependentLater(hvdx.Mixer):
+    """Agrees at step 0 (checked when the optimizer is built), then rank 1 draws its own
+    matrix from step 2: the mistake the check at every step refuses."""
+
+    def matrix(self, step, size):
+        if step >= 2 and hvd.rank() == 1:
+            return np.full((size, size), 1.0 / size)
+        return Gossip(0.25).matrix(step, size)
+
+
+class FailsLater(hvdx.Mixer):
+    """Rank 1's matrix raises at step 2."""
+
+    def matrix(self, step, size):
+        if step == 2 and hvd.rank() == 1:
+            raise RuntimeError("no matrix today")
+        return np.eye(size)
+
+
 hvdx.register_mixer("test_gossip", Gossip)
 hvdx.register_mixer("test_pull", PullToMean)
 hvdx.register_mixer("test_partner", RandomPartner)
+hvdx.register_mixer("test_rank_dependent", RankDependentLater)
+hvdx.register_mixer("test_fails_later", FailsLater)
 
 SHAPES = [(3,), (2, 2)]
 LR = 0.1
@@ -223,6 +245,26 @@ def test_a_different_mixer_on_one_rank_is_refused_on_every_rank(wrong, text):
     assert text in message
     assert len(set(hvd.allgather_object(message))) == 1
     total = hvd.allreduce(torch.ones(2), op=hvd.Sum, name=f"after.user_mixer.{text}")
+    assert torch.equal(total, torch.full((2,), float(hvd.size())))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("name, text", [
+    ("test_rank_dependent", "RankDependentLater.matrix(step=2) differs between ranks"),
+    ("test_fails_later", "rank 1: FailsLater.matrix(step=2) raised RuntimeError: no "
+                         "matrix today")])
+def test_a_matrix_that_differs_or_fails_at_a_later_step_is_refused_on_every_rank(name,
+                                                                                 text):
+    """Every step, not only at construction: ranks holding different matrices would
+    each wait for messages the others never send."""
+    optimizer, params = build(hvdx.mixer(name))
+    train(optimizer, params, 2)  # steps 0 and 1 agree
+    with pytest.raises(ValueError) as info:
+        train(optimizer, params, 1)
+    message = str(info.value)
+    assert text in message
+    assert len(set(hvd.allgather_object(message))) == 1
+    total = hvd.allreduce(torch.ones(2), op=hvd.Sum, name=f"after.{name}")
     assert torch.equal(total, torch.full((2,), float(hvd.size())))
 
 
