@@ -29,7 +29,7 @@ from typing import Callable, ClassVar, Dict, List, MutableMapping, Optional
 from hvdx.core.user_compression import Compressor
 from hvdx.strategies import catalogue
 from hvdx.strategies.catalogue import RegisteredClassSpec, qualified, settings_of
-from hvdx.strategies.descriptor import StrategyDescriptor, VARIABLES
+from hvdx.strategies.descriptor import StrategyDescriptor, VARIABLES, load
 from hvdx.strategy import CompressionStrategy, kept_for_every_rank
 
 __all__ = ["RESERVED", "Registered", "UserCompression", "builder", "register_compressor", "registered"]
@@ -124,11 +124,17 @@ def builder(name: str) -> Callable[..., "UserCompression"]:
 
 class Registered(type):
     """The metaclass of the frameworks' ``Compression`` classes: an attribute they do
-    not have is a registered compressor's builder, even one registered after import."""
+    not have is a built-in compression strategy's constructor, as the catalogue lists
+    it (a new built-in compressor edits neither framework's ``Compression``), else a
+    registered compressor's builder, even one registered after import."""
 
     def __getattr__(cls, name):
         if name.startswith("_"):
             raise AttributeError(name)
+        found = catalogue.environment_constructors(VARIABLES["compression"],
+                                                   built_in_only=True).get(name)
+        if found is not None and isinstance(found[0].build, str):  # (not a preset)
+            return load(found[0].build)
         try:
             return builder(name)
         except AttributeError:

@@ -238,15 +238,19 @@ class StrategyDescriptor:
 
     def exports(self, framework: str) -> Tuple[Tuple[str, str], ...]:
         """``(name, lazy path)`` of the public names it adds to ``hvdx.<framework>``
-        (``"torch"`` or ``"tensorflow"``): its TensorFlow state exports, the further
-        exports, its trainer's class, and a synchronization strategy's constructors
-        (``hvd.DSSync``; a compressor's are ``hvd.Compression``'s)."""
+        (``"torch"`` or ``"tensorflow"``; ``"hvdx"``: the framework-neutral package
+        itself): its TensorFlow state exports, the further exports, its trainer's class,
+        and a synchronization strategy's constructors (``hvdx.DSSync``, ``hvd.DSSync``;
+        a compressor's are ``hvd.Compression``'s)."""
         if framework == "torch":
             paths = self.torch_exports + (self.torch_trainer,)
         elif framework == "tensorflow":
             paths = self.state_exports + self.tensorflow_exports + (self.tensorflow_trainer,)
+        elif framework == "hvdx":
+            paths = ()
         else:
-            raise ValueError(f"framework={framework!r} must be 'torch' or 'tensorflow'")
+            raise ValueError(f"framework={framework!r} must be 'torch', 'tensorflow' or "
+                             "'hvdx'")
         named = tuple((p.rpartition(":")[2].rpartition(".")[2], p) for p in paths
                       if p is not None)
         if self.kind == "sync":  # under the name its variable calls it
