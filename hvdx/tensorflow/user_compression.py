@@ -28,10 +28,7 @@ variables, :func:`compression_state`::
 
 from __future__ import annotations
 
-import io
-import json
-import weakref
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional
 
 import horovod.tensorflow as _hvd
 import numpy as np
@@ -41,16 +38,16 @@ from hvdx.compression_registry import UserCompression
 from hvdx.mpi import communicator_for
 from hvdx.mpi.user_compression_exchange import (UserCompressionStats,
                                                 UserCompressionSynchronizer)
-# One string that the owner's _serialize/_deserialize make, as TopK's residuals are saved.
-from hvdx.strategies.topk.tensorflow.adapters import _SerializedResiduals as _Serialized
 from hvdx.tensorflow.allreduce_replacement import on_keras_optimizer, on_tape
+from hvdx.tensorflow.residual_state import ResidualState, StatesByVariables
 
 __all__ = ["CompressionState", "compression_state", "install_on_keras_optimizer",
            "install_on_tape", "keras_adapter", "tape_adapter", "tape_counters"]
 
 
-class CompressionState(tf.Module):
-    """Residuals and step counter of one registered compressor's run, checkpointable.
+class CompressionState(ResidualState):
+    """Residuals and step counter of one registered compressor's run, checkpointable
+    (:class:`~hvdx.tensorflow.residual_state.ResidualState`).
 
     Bound on the first synchronization to the variables and the spec; a checkpoint
     restored before that is applied then. :attr:`stats` counts the bytes of its
@@ -58,76 +55,50 @@ class CompressionState(tf.Module):
     PyTorch; it exists before the first step, so the step log can hold it from the start.
     """
 
+    STATS = UserCompressionStats
+
     def __init__(self, name: str = "hvdx_compression"):
         super().__init__(name=name)
-        self.residuals = _Serialized(self)  # tracked: saved by tf.train.Checkpoint
-        self._synchronizer: Optional[UserCompressionSynchronizer] = None
         self._spec: Optional[UserCompression] = None
-        self._pending: Optional[dict] = None
-        self._stats = UserCompressionStats()
-
-    @property
-    def stats(self) -> UserCompressionStats:
-        return self._stats
-
-    @property
-    def synchronizer(self) -> Optional[UserCompressionSynchronizer]:
-        return self._synchronizer
-
-    @property
-    def step(self) -> int:
-        if self._synchronizer is None:
-            return 0 if self._pending is None else int(self._pending["step"])
-        return self._synchronizer.step
 
     def bind(self, names: List[str], spec: UserCompression, comm, sum_op: bool,
              labels: List[str]) -> UserCompressionSynchronizer:
-        sync = self._synchronizer
-        if sync is None:
-            sync = UserCompressionSynchronizer(names, spec.compressor, comm, sum_op, labels)
-            sync.stats = self._stats  # the counters the state handed out already
-            if self._pending is not None:
-                sync.load_state_dict(self._pending)
-                self._pending = None
-            self._synchronizer, self._spec = sync, spec
-        elif (sync.names, self._spec.describe(), sync.sum_op) != (tuple(names),
-                                                                spec.describe(), sum_op):
-            raise ValueError(f"these variables are already synchronized with "
-                             f"'{self._spec.describe()}'; one list of variables takes one "
-                             "compression setting")
-        return sync
+        def make():
+            self._spec = spec
+            return UserCompressionSynchronizer(names, spec.compressor, comm, sum_op, labels)
 
-    def _serialize(self) -> bytes:
-        if self._synchronizer is not None:
-            state = self._synchronizer.state_dict()
-        else:
-            state = self._pending or {"step": 0, "rank": None, "residuals": {}}
+        return self._bound(
+            make,
+            lambda sync: (sync.names, self._spec.describe(), sync.sum_op) ==
+            (tuple(names), spec.describe(), sum_op),
+            lambda sync: f"these variables are already synchronized with "
+                         f"'{self._spec.describe()}'; one list of variables takes one "
+                         "compression setting")
+
+    def _empty(self) -> dict:
+        return {"step": 0, "rank": None, "residuals": {}}
+
+    def _encode(self, state: dict):
         names = list(state["residuals"])
         header = {"step": state["step"], "rank": state["rank"], "names": names}
-        buffer = io.BytesIO()
-        np.savez(buffer, header=np.frombuffer(json.dumps(header).encode(), np.uint8),
-                 **{f"r{i}": state["residuals"][n] for i, n in enumerate(names)})
-        return buffer.getvalue()
+        return header, {f"r{i}": state["residuals"][n] for i, n in enumerate(names)}
 
-    def _deserialize(self, value: bytes) -> None:
-        with np.load(io.BytesIO(value)) as data:
-            header = json.loads(data["header"].tobytes().decode())
-            state = {"step": header["step"], "rank": header["rank"],
-                     "residuals": {n: data[f"r{i}"].copy()
-                                   for i, n in enumerate(header["names"])}}
-        if self._synchronizer is None:
-            rank = state["rank"]
-            if rank is not None and int(rank) != _hvd.rank() and state["residuals"]:
-                raise ValueError(f"this checkpoint holds the compression residuals of rank "
-                                 f"{int(rank)} and this is rank {_hvd.rank()}: residuals "
-                                 "belong to the rank that accumulated them; save and load "
-                                 "one checkpoint per rank")
-            self._pending = state
-        else:
-            self._synchronizer.load_state_dict(state)
+    def _decode(self, header: dict, arrays) -> dict:
+        return {"step": header["step"], "rank": header["rank"],
+                "residuals": {n: arrays[f"r{i}"].copy()
+                              for i, n in enumerate(header["names"])}}
+
+    def _check_saved(self, state: dict) -> None:
+        rank = state["rank"]
+        if rank is not None and int(rank) != _hvd.rank() and state["residuals"]:
+            raise ValueError(f"this checkpoint holds the compression residuals of rank "
+                             f"{int(rank)} and this is rank {_hvd.rank()}: residuals "
+                             "belong to the rank that accumulated them; save and load "
+                             "one checkpoint per rank")
 
 
-_tape_states: Dict[Tuple[int, ...], Tuple[List[weakref.ref], CompressionState]] = {}
+#: The :class:`CompressionState` of each list of variables that tapes synchronize.
+_tape_states = StatesByVariables(CompressionState)
 
 
 @tf.autograph.experimental.do_not_convert
@@ -135,17 +106,7 @@ def compression_state(variables) -> CompressionState:
     """The :class:`CompressionState` that tapes running a registered compressor use for
     ``variables`` (made if missing): pass the same list, in the same order, as the
     ``sources`` of ``tape.gradient``."""
-    variables = tf.nest.flatten(variables)
-    key = tuple(id(v) for v in variables)
-    entry = _tape_states.get(key)
-    if entry is not None and all(r() is v for r, v in zip(entry[0], variables)):
-        return entry[1]
-    for stale in [k for k, (refs, _) in _tape_states.items()
-                  if any(r() is None for r in refs)]:
-        del _tape_states[stale]
-    state = CompressionState()
-    _tape_states[key] = ([weakref.ref(v) for v in variables], state)
-    return state
+    return _tape_states(variables)
 
 
 def make_allreduce_grads(spec: UserCompression, op, process_set, state_of):

@@ -58,10 +58,7 @@ such step on stderr.
 
 from __future__ import annotations
 
-import io
-import json
-import weakref
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -72,26 +69,15 @@ from hvdx.strategies.topk.mpi_sync import (TopKStats, TopKSynchronizer, check_sa
                                            first_nonfinite)
 from hvdx.strategies.topk.spec import TopKCompression
 from hvdx.tensorflow.allreduce_replacement import on_keras_optimizer, on_tape
+from hvdx.tensorflow.residual_state import ResidualState, StatesByVariables
 
 __all__ = ["TopKState", "install_on_keras_optimizer",
            "install_on_tape", "keras_adapter", "make_allreduce_grads", "tape_adapter",
            "tape_counters", "topk_state"]
 
-class _SerializedResiduals(tf.train.experimental.PythonState):
-    """What ``tf.train.Checkpoint`` saves of a :class:`TopKState`: one string tensor."""
-
-    def __init__(self, owner):
-        self._owner = weakref.ref(owner)
-
-    def serialize(self):
-        return self._owner()._serialize()
-
-    def deserialize(self, string_value):
-        self._owner()._deserialize(string_value)
-
-
-class TopKState(tf.Module):
-    """Residuals, step counter and byte counters of one TopK run, checkpointable.
+class TopKState(ResidualState):
+    """Residuals, step counter and byte counters of one TopK run, checkpointable
+    (:class:`~hvdx.tensorflow.residual_state.ResidualState`).
 
     It is bound on the first synchronization to the variables' names, the compression
     spec and the communicator; a checkpoint restored before that is applied then.
@@ -103,53 +89,29 @@ class TopKState(tf.Module):
             (``None`` before the first step).
     """
 
+    STATS = TopKStats
+
     def __init__(self, name: str = "hvdx_topk"):
         super().__init__(name=name)
-        # A trackable attribute: tf.train.Checkpoint saves it as this module's dependency.
-        self.residuals = _SerializedResiduals(self)
-        self._stats = TopKStats()
-        self._synchronizer: Optional[TopKSynchronizer] = None
-        self._pending: Optional[dict] = None
-
-    @property
-    def stats(self) -> TopKStats:
-        return self._stats
-
-    @property
-    def synchronizer(self) -> Optional[TopKSynchronizer]:
-        return self._synchronizer
-
-    @property
-    def step(self) -> int:
-        if self._synchronizer is None:
-            return 0 if self._pending is None else int(self._pending["step"])
-        return self._synchronizer.step
 
     def bind(self, names: List[str], compression: TopKCompression, comm,
              sum_op: bool, labels: Optional[List[str]] = None) -> TopKSynchronizer:
         """The synchronizer for these variables and settings (made on the first call)."""
-        sync = self._synchronizer
-        if sync is None:
-            sync = TopKSynchronizer(names, compression, comm, sum_op=sum_op, labels=labels)
-            sync.stats = self._stats
-            if self._pending is not None:
-                sync.load_state_dict(self._pending)
-                self._pending = None
-            self._synchronizer = sync
-        elif (sync.names, sync.compression, sync.sum_op) != (tuple(names), compression,
-                                                              sum_op):
-            raise ValueError(
-                "hvdx TopK: these variables are already synchronized with "
-                f"'{sync.compression.describe()}' (op={'Sum' if sync.sum_op else 'Average'}); "
-                "one list of variables takes one TopK setting")
-        return sync
+        return self._bound(
+            lambda: TopKSynchronizer(names, compression, comm, sum_op=sum_op,
+                                     labels=labels),
+            lambda sync: (sync.names, sync.compression, sync.sum_op) ==
+            (tuple(names), compression, sum_op),
+            lambda sync: "hvdx TopK: these variables are already synchronized with "
+                         f"'{sync.compression.describe()}' (op="
+                         f"{'Sum' if sync.sum_op else 'Average'}); one list of variables "
+                         "takes one TopK setting")
 
-    def _serialize(self) -> bytes:
-        state = (self._synchronizer.state_dict() if self._synchronizer is not None
-                 else self._pending)
-        if state is None:
-            state = {"step": 0, "mode": None, "size": None, "rank": None,
-                     "worker": {}, "server": {}}
+    def _empty(self) -> dict:
+        return {"step": 0, "mode": None, "size": None, "rank": None, "worker": {},
+                "server": {}}
+
+    def _encode(self, state: dict):
         # Everything but the residuals is small and JSON (step, layout, selection, ...).
         header = {k: v for k, v in state.items() if k not in ("worker", "server")}
         arrays = {}
@@ -157,29 +119,21 @@ class TopKState(tf.Module):
             header[side] = list(state[side])
             for i, e in enumerate(state[side].values()):
                 arrays[f"{side}{i}"] = e
-        buffer = io.BytesIO()
-        np.savez(buffer, header=np.frombuffer(json.dumps(header).encode(), np.uint8),
-                 **arrays)
-        return buffer.getvalue()
+        return header, arrays
 
-    def _deserialize(self, value: bytes) -> None:
-        with np.load(io.BytesIO(value)) as data:
-            header = json.loads(data["header"].tobytes().decode())
-            state = dict(header)
-            for side in ("worker", "server"):
-                state[side] = {n: data[f"{side}{i}"].copy()
-                               for i, n in enumerate(header[side])}
-        if self._synchronizer is None:
-            # Checked now, while the checkpoint is read: found at the first step, it
-            # would stop some ranks and leave the others waiting in the exchange.
-            check_saved_rank(state, _hvd.rank())
-            self._pending = state
-        else:
-            self._synchronizer.load_state_dict(state)
+    def _decode(self, header: dict, arrays) -> dict:
+        state = dict(header)
+        for side in ("worker", "server"):
+            state[side] = {n: arrays[f"{side}{i}"].copy()
+                           for i, n in enumerate(header[side])}
+        return state
+
+    def _check_saved(self, state: dict) -> None:
+        check_saved_rank(state, _hvd.rank())
 
 
-# One TopKState per list of variables for tapes, which live one step each.
-_tape_states: Dict[Tuple[int, ...], Tuple[List[weakref.ref], TopKState]] = {}
+#: The :class:`TopKState` of each list of variables that tapes synchronize.
+_tape_states = StatesByVariables(TopKState)
 
 
 @tf.autograph.experimental.do_not_convert
@@ -194,17 +148,7 @@ def topk_state(variables) -> TopKState:
         state = hvd.topk_state(model.trainable_variables)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=opt, topk=state)
     """
-    variables = tf.nest.flatten(variables)
-    key = tuple(id(v) for v in variables)
-    entry = _tape_states.get(key)
-    if entry is not None and all(r() is v for r, v in zip(entry[0], variables)):
-        return entry[1]
-    for stale in [k for k, (refs, _) in _tape_states.items()
-                  if any(r() is None for r in refs)]:
-        del _tape_states[stale]
-    state = TopKState()
-    _tape_states[key] = ([weakref.ref(v) for v in variables], state)
-    return state
+    return _tape_states(variables)
 
 
 def _keys(variables) -> List[str]:
