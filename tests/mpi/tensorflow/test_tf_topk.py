@@ -95,8 +95,9 @@ def test_tape_update_equals_the_numpy_reference_bitwise(mode, compiled):
         # collective, plus the small tensor counted as a ring allreduce.
         collectives = 1 if mode == "gathered" else 2
         ring = 2 * (size - 1) / size * SIZES[2] * 4
-        assert state.stats.last_received - agreed == \
-            received + collectives * 8 * (size - 1) + ring
+        # (approx: the ring's share is a fraction, 2 (n - 1) / n, at 3 ranks not exact)
+        assert state.stats.last_received - agreed == pytest.approx(
+            received + collectives * 8 * (size - 1) + ring, rel=1e-12)
         assert (state.stats.last_sparse_tensors, state.stats.last_dense_tensors) == (2, 1)
     assert state.step == 3 and state.stats.steps == 3
 
