@@ -14,11 +14,16 @@ that reduces the gradients, is this instance's replacement:
    helper sums N passes locally, then calls the function it was given at construction
    (the eager helper names it ``allreduce_grads``, the graph one ``_allreduce_grads``):
    this instance's helper gets the replacement too.
+
+:func:`adapters` makes a compression strategy's three entries in
+:mod:`hvdx.tensorflow.registry` from its replacement and its state.
 """
 
-from typing import Callable
+from typing import Callable, Tuple
 
-__all__ = ["on_keras_optimizer", "on_tape"]
+import tensorflow as tf
+
+__all__ = ["adapters", "on_keras_optimizer", "on_tape"]
 
 
 def on_tape(tape, allreduce_grads: Callable):
@@ -45,3 +50,41 @@ def on_keras_optimizer(opt, state, attribute: str, allreduce_grads: Callable):
             if hasattr(helper, name):
                 object.__setattr__(helper, name, allreduce_grads)
     return opt
+
+
+def adapters(replacement: Callable, tape_state: Callable, new_state: Callable,
+             attribute: str) -> Tuple[Callable, Callable, Callable]:
+    """``(tape_adapter, keras_adapter, tape_counters)`` of a compression strategy (the
+    catalogue names them).
+
+    Args:
+        replacement: ``(strategy, arguments, state_of) -> allreduce_grads``, the
+            strategy's replacement of Horovod's ``_allreduce_grads`` for the entry
+            point's arguments (:class:`hvdx.tensorflow.registry.GradientArguments`);
+            ``state_of(variables)`` gives the state it keeps its residuals in.
+        tape_state: ``variables -> state``: the tapes' states, one per list of
+            variables (a tape lives one step).
+        new_state: ``() -> state``: a Keras optimizer's own, tracked as
+            ``optimizer.<attribute>`` (so checkpoints of the optimizer hold it).
+    """
+
+    # Plain Python, often called while a tf.function is traced: nothing to convert.
+    @tf.autograph.experimental.do_not_convert
+    def tape_adapter(horovod, strategy, plan, args, gradtape):
+        """``DistributedGradientTape``: Horovod's tape, with the strategy on it."""
+        return on_tape(horovod(), replacement(strategy, args, tape_state))
+
+    def keras_adapter(horovod, strategy, plan, args, optimizer):
+        """Keras' ``DistributedOptimizer``: Horovod's optimizer, with the strategy on
+        it."""
+        state = new_state()
+        return on_keras_optimizer(horovod(), state, attribute,
+                                  replacement(strategy, args, lambda variables: state))
+
+    def tape_counters(tape, variables):
+        """The counters of the state of the variables the tape reduced (for the step
+        log)."""
+        local = getattr(tape, "_local_sources", ())  # Horovod keeps these out
+        return tape_state([v for v in variables if v.ref() not in local]).stats
+
+    return tape_adapter, keras_adapter, tape_counters

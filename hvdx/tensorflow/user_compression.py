@@ -38,11 +38,11 @@ from hvdx.compression_registry import UserCompression
 from hvdx.mpi import communicator_for
 from hvdx.mpi.user_compression_exchange import (UserCompressionStats,
                                                 UserCompressionSynchronizer)
-from hvdx.tensorflow.allreduce_replacement import on_keras_optimizer, on_tape
+from hvdx.tensorflow.allreduce_replacement import adapters
 from hvdx.tensorflow.residual_state import ResidualState, StatesByVariables
 
-__all__ = ["CompressionState", "compression_state", "install_on_keras_optimizer",
-           "install_on_tape", "keras_adapter", "tape_adapter", "tape_counters"]
+__all__ = ["CompressionState", "compression_state", "keras_adapter", "tape_adapter",
+           "tape_counters"]
 
 
 class CompressionState(ResidualState):
@@ -146,38 +146,16 @@ def make_allreduce_grads(spec: UserCompression, op, process_set, state_of):
     return allreduce_grads
 
 
-@tf.autograph.experimental.do_not_convert
-def install_on_tape(tape, spec, op, gradient_predivide_factor, process_set):
-    """Make Horovod's tape ``tape`` synchronize with the registered compressor (the
-    arguments passed the spec's job checks, :meth:`UserCompression.prepare`)."""
-    return on_tape(tape, make_allreduce_grads(spec, op, process_set, compression_state))
-
-
-def install_on_keras_optimizer(opt, spec, op, gradient_predivide_factor, process_set):
-    """Make Horovod's Keras optimizer ``opt`` synchronize with the registered
-    compressor; its state is ``opt.hvdx_compression`` (tracked)."""
-    state = CompressionState()
-    return on_keras_optimizer(opt, state, "hvdx_compression", make_allreduce_grads(
-        spec, op, process_set, lambda variables: state))
-
-
 # --- a registered compressor's entries in hvdx.tensorflow.registry (the catalogue names
 # them for every registered compressor) ---------------------------------------------------
 
-def tape_adapter(horovod, spec: UserCompression, plan, args, user):
-    """``DistributedGradientTape``: Horovod's tape, with the compressor on it."""
-    return install_on_tape(horovod(), spec, args.op, args.gradient_predivide_factor,
-                           args.process_set)
+def _replacement(spec: UserCompression, args, state_of):
+    return make_allreduce_grads(spec, args.op, args.process_set, state_of)
 
 
-def keras_adapter(horovod, spec: UserCompression, plan, args, user):
-    """Keras' ``DistributedOptimizer``: Horovod's optimizer, with the compressor on it."""
-    return install_on_keras_optimizer(horovod(), spec, args.op,
-                                      args.gradient_predivide_factor, args.process_set)
-
-
-def tape_counters(tape, variables):
-    """A registered compressor's counters for the step log (through
-    :mod:`hvdx.tensorflow.registry`): the state of the variables the tape reduced."""
-    local = getattr(tape, "_local_sources", ())  # Horovod keeps these out
-    return compression_state([v for v in variables if v.ref() not in local]).stats
+#: Horovod's tape or Keras optimizer with the compressor in place of its allreduce (the
+#: arguments passed the spec's job checks, :meth:`UserCompression.prepare`); a Keras
+#: optimizer's state is ``opt.hvdx_compression`` (tracked)
+#: (:func:`hvdx.tensorflow.allreduce_replacement.adapters`).
+tape_adapter, keras_adapter, tape_counters = adapters(
+    _replacement, compression_state, CompressionState, "hvdx_compression")

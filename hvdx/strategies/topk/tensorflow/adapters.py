@@ -68,11 +68,10 @@ from hvdx.mpi import communicator_for
 from hvdx.strategies.topk.mpi_sync import (TopKStats, TopKSynchronizer, check_saved_rank,
                                            first_nonfinite)
 from hvdx.strategies.topk.spec import TopKCompression
-from hvdx.tensorflow.allreduce_replacement import on_keras_optimizer, on_tape
+from hvdx.tensorflow.allreduce_replacement import adapters
 from hvdx.tensorflow.residual_state import ResidualState, StatesByVariables
 
-__all__ = ["TopKState", "install_on_keras_optimizer",
-           "install_on_tape", "keras_adapter", "make_allreduce_grads", "tape_adapter",
+__all__ = ["TopKState", "keras_adapter", "make_allreduce_grads", "tape_adapter",
            "tape_counters", "topk_state"]
 
 class TopKState(ResidualState):
@@ -242,42 +241,16 @@ def _step(sync: TopKSynchronizer, tensors, force_dense, op, prescale, postscale,
     return results
 
 
-@tf.autograph.experimental.do_not_convert  # plain Python, often called in a tf.function
-def install_on_tape(tape, compression, op, gradient_predivide_factor, process_set):
-    """Make Horovod's tape ``tape`` synchronize with TopK (steps 1 to 5); the arguments
-    passed the spec's job checks (:meth:`TopKCompression.prepare`)."""
-    return on_tape(tape, make_allreduce_grads(compression, op, gradient_predivide_factor,
-                                              process_set, topk_state))
-
-
-def install_on_keras_optimizer(opt, compression, op, gradient_predivide_factor,
-                               process_set):
-    """Make Horovod's Keras optimizer ``opt`` synchronize with TopK (steps 1 to 5).
-
-    The state is ``opt.hvdx_topk`` (tracked, so checkpoints of the optimizer hold the
-    residuals); ``opt.hvdx_stats`` counts the bytes. The arguments passed the spec's
-    job checks (:meth:`TopKCompression.prepare`).
-    """
-    state = TopKState()
-    return on_keras_optimizer(opt, state, "hvdx_topk", make_allreduce_grads(
-        compression, op, gradient_predivide_factor, process_set, lambda variables: state))
-
-
 # --- TopK's entries in hvdx.tensorflow.registry (the catalogue names them) ---------------
 
-def tape_adapter(horovod, strategy: TopKCompression, plan, args, user):
-    """``DistributedGradientTape``: Horovod's tape (``horovod()``), with TopK on it."""
-    return install_on_tape(horovod(), strategy, args.op, args.gradient_predivide_factor,
-                           args.process_set)
+def _replacement(strategy: TopKCompression, args, state_of):
+    return make_allreduce_grads(strategy, args.op, args.gradient_predivide_factor,
+                                args.process_set, state_of)
 
 
-def keras_adapter(horovod, strategy: TopKCompression, plan, args, user):
-    """Keras' ``DistributedOptimizer``: Horovod's optimizer, with TopK on it."""
-    return install_on_keras_optimizer(horovod(), strategy, args.op,
-                                      args.gradient_predivide_factor, args.process_set)
-
-
-def tape_counters(tape, variables):
-    """TopK's counters: the state of the variables the tape reduced."""
-    local = getattr(tape, "_local_sources", ())  # Horovod keeps these out
-    return topk_state([v for v in variables if v.ref() not in local]).stats
+#: Horovod's tape or Keras optimizer with TopK in place of its allreduce (steps 1 to 5;
+#: the arguments passed the spec's job checks, :meth:`TopKCompression.prepare`); a Keras
+#: optimizer's state is ``opt.hvdx_topk``, its bytes ``opt.hvdx_stats``
+#: (:func:`hvdx.tensorflow.allreduce_replacement.adapters`).
+tape_adapter, keras_adapter, tape_counters = adapters(_replacement, topk_state, TopKState,
+                                                      "hvdx_topk")
