@@ -43,9 +43,9 @@ import numpy as np
 from hvdx.keywords import unexpected_keyword
 from hvdx.strategies import catalogue
 
-__all__ = ["CompressionStrategy", "Job", "MixingStrategy", "Resolved", "Strategy", "adapter_for", "global_due",
-           "kept_for_every_rank", "resolve", "several_ranks", "strategy_of",
-           "strategy_or_error", "validating"]
+__all__ = ["CompressionStrategy", "Job", "MixingStrategy", "Resolved", "Strategy",
+           "adapter_for", "global_due", "kept_for_every_rank", "resolve", "several_ranks",
+           "strategy_of", "strategy_or_error", "validating"]
 
 #: A fingerprint entry: ``(name, value)``, rendered with ``repr``.
 Setting = Tuple[str, object]

@@ -9,12 +9,13 @@ TensorFlow alike: numpy arrays in, numpy arrays out.
    this rank refused it): ranks that disagreed would each wait for messages the others
    never send, so a matrix that differs between ranks (a mixer that draws randomness
    from the rank, or an unseeded generator), or that one rank refuses, raises the same
-   ``ValueError`` on every rank instead. Then every array is packed into ONE contiguous buffer per dtype family (float64,
-   and float32 for every other floating dtype: :mod:`hvdx.core.fused_layout`), sent to
-   the ranks ``k`` with ``w[k, i] != 0`` and received from the ranks ``j`` with
-   ``w[i, j] != 0`` by mpi4py non-blocking point-to-point on hvdx's duplicated
-   communicator (:class:`hvdx.mpi.neighbor_exchange.FusedExchange`, as the
-   graphs of ``hvdx.Decentralized``), and combined in the buffer's dtype, sources in rank order;
+   ``ValueError`` on every rank instead. Then every array is packed into ONE
+   contiguous buffer per dtype family (float64, and float32 for every other floating
+   dtype: :mod:`hvdx.core.fused_layout`), sent to the ranks ``k`` with ``w[k, i] != 0``
+   and received from the ranks ``j`` with ``w[i, j] != 0`` by mpi4py non-blocking
+   point-to-point on hvdx's duplicated communicator
+   (:class:`hvdx.mpi.neighbor_exchange.FusedExchange`, as the graphs of
+   ``hvdx.Decentralized``), and combined in the buffer's dtype, sources in rank order;
 2. ``average(arrays)``: the mean over all ranks (``MPI_Allreduce`` in float64);
 3. ``comm``: the mpi4py communicator itself, for anything else (use tags of your own).
 

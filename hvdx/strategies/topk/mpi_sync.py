@@ -133,8 +133,9 @@ class TopKStats:
     pairs: the allgather of gathered mode, the alltoall of sharded mode), ``"down"``
     (sharded mode's allgather of the selected shards; gathered mode computes the
     downlink on every rank and sends nothing), ``"agree"`` (sharded mode's agreement on
-    each shard's share of the global downlink TopK, :mod:`hvdx.strategies.topk.core_global`) and ``"dense"`` (Horovod's allreduce of
-    the small tensors), each ``[sent, received]``; the dry runs of ``autotune_steps``
+    each shard's share of the global downlink TopK,
+    :mod:`hvdx.strategies.topk.core_global`) and ``"dense"`` (Horovod's allreduce of the
+    small tensors), each ``[sent, received]``; the dry runs of ``autotune_steps``
     travel too and are counted.
 
     ``autotune``: with ``autotune_steps``, after the decision, the medians on the
