@@ -15,15 +15,16 @@ that reduces the gradients, is this instance's replacement:
    (the eager helper names it ``allreduce_grads``, the graph one ``_allreduce_grads``):
    this instance's helper gets the replacement too.
 
-:func:`adapters` makes a compression strategy's three entries in
+:func:`eagerly` runs a replacement's exchange (eager Python on numpy) inside a graph
+too; :func:`adapters` makes a compression strategy's three entries in
 :mod:`hvdx.tensorflow.registry` from its replacement and its state.
 """
 
-from typing import Callable, Tuple
+from typing import Callable, List, Tuple
 
 import tensorflow as tf
 
-__all__ = ["adapters", "on_keras_optimizer", "on_tape"]
+__all__ = ["adapters", "eagerly", "on_keras_optimizer", "on_tape"]
 
 
 def on_tape(tape, allreduce_grads: Callable):
@@ -50,6 +51,18 @@ def on_keras_optimizer(opt, state, attribute: str, allreduce_grads: Callable):
             if hasattr(helper, name):
                 object.__setattr__(helper, name, allreduce_grads)
     return opt
+
+
+def eagerly(step: Callable, tensors: List[tf.Tensor], name: str) -> List[tf.Tensor]:
+    """``step(*tensors)`` (the exchange, eager Python on numpy): called at once when
+    executing eagerly, else through one ``tf.py_function`` named ``name`` whose outputs
+    get their inputs' static shapes back (a ``py_function``'s are unknown)."""
+    if tf.executing_eagerly():
+        return list(step(*tensors))
+    out = tf.py_function(step, tensors, Tout=[t.dtype for t in tensors], name=name)
+    for o, t in zip(out, tensors):
+        o.set_shape(t.shape)
+    return list(out)
 
 
 def adapters(replacement: Callable, tape_state: Callable, new_state: Callable,

@@ -38,7 +38,7 @@ from hvdx.compression_registry import UserCompression
 from hvdx.mpi import communicator_for
 from hvdx.mpi.user_compression_exchange import (UserCompressionStats,
                                                 UserCompressionSynchronizer)
-from hvdx.tensorflow.allreduce_replacement import adapters
+from hvdx.tensorflow.allreduce_replacement import adapters, eagerly
 from hvdx.tensorflow.residual_state import ResidualState, StatesByVariables
 
 __all__ = ["CompressionState", "compression_state", "keras_adapter", "tape_adapter",
@@ -134,14 +134,7 @@ def make_allreduce_grads(spec: UserCompression, op, process_set, state_of):
                 return [tf.fill(tf.shape(t), tf.constant(np.nan, t.dtype)) for t in values]
             return [tf.cast(tf.constant(r), t.dtype) for r, t in zip(results, values)]
 
-        if tf.executing_eagerly():
-            out = step(*tensors)
-        else:
-            out = tf.py_function(step, tensors, Tout=[t.dtype for t in tensors],
-                                 name="hvdx_user_compression")
-            for o, t in zip(out, tensors):
-                o.set_shape(t.shape)
-        return tf.nest.pack_sequence_as(structure, list(out))
+        return tf.nest.pack_sequence_as(structure, eagerly(step, tensors, "hvdx_user_compression"))
 
     return allreduce_grads
 

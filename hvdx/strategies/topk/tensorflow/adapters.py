@@ -68,7 +68,7 @@ from hvdx.mpi import communicator_for
 from hvdx.strategies.topk.mpi_sync import (TopKStats, TopKSynchronizer, check_saved_rank,
                                            first_nonfinite)
 from hvdx.strategies.topk.spec import TopKCompression
-from hvdx.tensorflow.allreduce_replacement import adapters
+from hvdx.tensorflow.allreduce_replacement import adapters, eagerly
 from hvdx.tensorflow.residual_state import ResidualState, StatesByVariables
 
 __all__ = ["TopKState", "keras_adapter", "make_allreduce_grads", "tape_adapter",
@@ -194,14 +194,7 @@ def make_allreduce_grads(compression: TopKCompression, op, gradient_predivide_fa
         def step(*values):
             return _step(sync, values, force_dense, op, prescale, postscale, process_set)
 
-        if tf.executing_eagerly():
-            out = step(*tensors)
-        else:
-            out = tf.py_function(step, tensors, Tout=[t.dtype for t in tensors],
-                                 name="hvdx_topk_synchronize")
-            for o, t in zip(out, tensors):
-                o.set_shape(t.shape)
-        return tf.nest.pack_sequence_as(structure, list(out))
+        return tf.nest.pack_sequence_as(structure, eagerly(step, tensors, "hvdx_topk_synchronize"))
 
     return allreduce_grads
 
