@@ -82,6 +82,7 @@ from hvdx.strategies.topk.presets import momentum_correction_refusal
 from hvdx.strategies.topk.spec import TopKCompression
 from hvdx.torch.compressing_optimizer import CompressingOptimizer
 from hvdx.torch.finite import first_nonfinite
+from hvdx.torch.optimizer_state import say_once_per_job
 from hvdx.torch.wrapping import subclass_of
 
 __all__ = ["STATE_KEY", "TopKStats", "adapter", "make_topk_optimizer"]
@@ -304,14 +305,57 @@ class _TopKOptimizer(CompressingOptimizer):
 
     def _hvdx_broadcast_shared(self, root_rank):
         """Give every rank ``root_rank``'s share of hvdx's state that the ranks must hold
-        alike (:meth:`~hvdx.strategies.topk.mpi_sync.TopKSynchronizer.shared_state`); collective.
-        Each rank keeps its own residuals and velocity, which are its own by design."""
+        alike; collective.
+
+        1. the synchronizer's (:meth:`~hvdx.strategies.topk.mpi_sync.TopKSynchronizer.
+           shared_state`: the step, autotune's choice, a ``gathered`` server's residuals);
+        2. with ``momentum_correction``, the velocity of every tensor the next step
+           leaves dense (below ``min_size``, during warm-up or autotune, or once
+           autotune chose dense): SGD's momentum of the *average*, the same on every
+           rank by design, so a rank that kept its own would apply another update
+           from then on.
+
+        Each rank keeps its worker residuals and the velocities of the compressed
+        tensors: they are its own by design (what it has not sent yet). Rank 0 says
+        once that they are not copied, where the root holds any.
+        """
         sync = self._hvdx_sync
-        shared = _hvd.broadcast_object(sync.shared_state(), root_rank,
-                                       name="hvdx.topk.shared_state")
+        root = _hvd.rank() == root_rank
+        shared = sync.shared_state()
+        shared["own_state"] = root and bool(sync.worker.state_dict() or any(
+            name not in self._hvdx_dense_names() for name in self._hvdx_velocity))
+        shared = _hvd.broadcast_object(shared, root_rank, name="hvdx.topk.shared_state")
+        own_state = shared.pop("own_state")
         sync.load_shared_state(shared)
+        if sync.compression.momentum_correction:
+            dense = self._hvdx_dense_names()
+            velocity = {n: v.detach().cpu() for n, v in self._hvdx_velocity.items()
+                        if n in dense}
+            velocity = _hvd.broadcast_object(velocity, root_rank,
+                                             name="hvdx.topk.dense_velocity")
+            params = dict(self._hvdx_entries)
+            for name in dense:
+                if name in velocity:
+                    self._hvdx_velocity[name] = velocity[name].to(
+                        params[name].device, params[name].dtype).clone()
+                else:
+                    self._hvdx_velocity.pop(name, None)
+        if own_state:
+            say_once_per_job(
+                "broadcast_optimizer_state: each rank keeps its own TopK residuals"
+                + (" and compressed tensors' velocities" if sync.compression.
+                   momentum_correction else "")
+                + f"; rank {root_rank}'s are not copied, so a rank that loaded none "
+                "starts them from zero (its updates are unchanged: every rank applies "
+                "the same average)")
         if sync.overlaps_dense():
             self._hvdx_register_hooks()
+
+    def _hvdx_dense_names(self):
+        """The names of the tensors the next step leaves dense (sparse gradients
+        aside, which keep no velocity)."""
+        dense, _ = self._hvdx_sync.split([p.numel() for _, p in self._hvdx_entries])
+        return {self._hvdx_entries[position][0] for position in dense}
 
     # --- internals ------------------------------------------------------------------
 
