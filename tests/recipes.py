@@ -52,20 +52,36 @@ def every(verdict: str, note: str, *tests: str) -> Dict[str, Cell]:
     return {column: cell(verdict, note, *tests) for column in COLUMNS}
 
 
+NEW_JOB = "tests/launch/test_resume_in_a_new_job.py"
+
+
 def _resume(note=""):
     return cell("works", note, f"{RECIPES_TORCH}::"
-                "test_the_rank0_resume_recipe_gives_every_rank_the_roots_state")
+                "test_the_rank0_resume_recipe_gives_every_rank_the_roots_state",
+                f"{NEW_JOB}::test_every_rank_holds_the_roots_state_and_trains_one_model_"
+                "after_a_new_job")
 
 
 RECIPES: List[Recipe] = [
-    Recipe("PyTorch", "rank 0 alone saves (`torch.save`) and loads; then "
-           "`broadcast_parameters`, `broadcast_optimizer_state` (SGD, Adam)", {
+    Recipe("PyTorch", "rank 0 alone saves (`torch.save`) and loads, in the same job or "
+           "a new one; then `broadcast_parameters`, `broadcast_optimizer_state` (SGD with "
+           "momentum, Adam; a parameter that never has a gradient)", {
                "horovod": _resume("Horovod's own function: its zero-gradient step moves "
                                   "the other ranks' parameters by weight decay"),
-               "topk": _resume("the other ranks' residuals restart from zero"),
-               "dssync": _resume(),
-               "decentralized": _resume(),
+               "topk": _resume("both presets too; each rank keeps its own residuals and "
+                               "its compressed tensors' momentum-correction velocities "
+                               "(a rank that loaded none starts them from zero; rank 0 "
+                               "says so), the dense tensors' velocities are the root's"),
+               "dssync": _resume("a parameter without a gradient too: every rank takes "
+                                 "the shape of the root's optimizer state"),
+               "decentralized": _resume("a parameter without a gradient too: every rank "
+                                        "takes the shape of the root's optimizer state"),
            }),
+    Recipe("PyTorch", "a second `DistributedOptimizer` in the same job, after the first "
+           "trained, saved and loaded", every(
+               "works", "trains as a lone first optimizer would",
+               f"{RECIPES_TORCH}::test_a_second_optimizer_trains_after_the_first_saved_"
+               "and_loaded")),
     Recipe("PyTorch", "`save_checkpoint` on rank 0 only",
            every("refused", "every rank that called it: `RuntimeError` after "
                  "`HVDX_CHECKPOINT_TIMEOUT` s; call it on every rank",

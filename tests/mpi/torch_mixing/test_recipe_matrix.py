@@ -117,6 +117,12 @@ def test_the_identity_setting_trains_as_horovod_under_each_recipe(strategy, reci
     got = run(strategy, recipe, Net(sparse))
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    # One model on every rank, bit for bit, as under Horovod: a tolerance against
+    # Horovod must not hide ranks that drift apart.
+    everyone = hvd.allgather_object(torch.cat([p.reshape(-1) for p in got]),
+                                    name=f"matrix.{strategy}.{recipe}")
+    assert all(torch.equal(theirs, everyone[0]) for theirs in everyone), \
+        f"{strategy} under {recipe}: the ranks' parameters differ"
 
 
 @pytest.mark.mpi(min_size=1)
