@@ -82,6 +82,8 @@ RECIPES: List[Recipe] = [
                "works", "trains as a lone first optimizer would",
                f"{RECIPES_TORCH}::test_a_second_optimizer_trains_after_the_first_saved_"
                "and_loaded")),
+    Recipe("PyTorch", "two `DistributedOptimizer`s stepping in turn (a GAN)", every(
+        "works", "", f"{RECIPES_TORCH}::test_two_optimizers_train_alternately_as_in_a_gan")),
     Recipe("PyTorch", "`save_checkpoint` on rank 0 only",
            every("refused", "every rank that called it: `RuntimeError` after "
                  "`HVDX_CHECKPOINT_TIMEOUT` s; call it on every rank",

@@ -30,6 +30,7 @@ import torch
 from hvdx.compression_registry import UserCompression
 from hvdx.mpi.user_compression_exchange import UserCompressionSynchronizer
 from hvdx.torch.compressing_optimizer import CompressingOptimizer
+from hvdx.torch.optimizer_state import say_once_per_job
 from hvdx.torch.wrapping import subclass_of
 
 __all__ = ["STATE_KEY", "adapter", "make_user_compression_optimizer"]
@@ -128,10 +129,18 @@ class _UserCompressionOptimizer(CompressingOptimizer):
 
     def _hvdx_broadcast_shared(self, root_rank):
         """Give every rank ``root_rank``'s step counter (the compressor's seeds may
-        depend on it); each rank keeps its own residuals. Collective."""
-        step = _hvd.broadcast_object(self._hvdx_sync.step, root_rank,
-                                     name="hvdx.user_compression.step")
+        depend on it); each rank keeps its own residuals (rank 0 says once that the
+        root's are not copied, where it holds any). Collective."""
+        mine = (self._hvdx_sync.step,
+                _hvd.rank() == root_rank and bool(self._hvdx_sync.residuals))
+        step, own_state = _hvd.broadcast_object(mine, root_rank,
+                                                name="hvdx.user_compression.step")
         self._hvdx_sync.step = int(step)
+        if own_state:
+            say_once_per_job(
+                "broadcast_optimizer_state: each rank keeps its own compression "
+                f"residuals; rank {root_rank}'s are not copied, so a rank that loaded none "
+                "starts them from zero")
 
 
 def _to_numpy(t) -> np.ndarray:

@@ -168,6 +168,59 @@ def test_the_rank0_resume_recipe_gives_every_rank_the_roots_state(strategy, opti
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_two_optimizers_train_alternately_as_in_a_gan(strategy):
+    """A generator's and a critic's ``DistributedOptimizer`` step in turn, each on its
+    own loss (the critic frozen while the generator learns, as Horovod's hooks need),
+    with one model of each where there must be one."""
+    torch.manual_seed(0)
+    generator = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 8))
+    critic = Net()
+    g_opt, c_opt = (hvd.DistributedOptimizer(
+        torch.optim.SGD(m.parameters(), lr=LR, momentum=0.9),
+        named_parameters=m.named_parameters(), **STRATEGIES[strategy]())
+        for m in (generator, critic))
+    for step in range(4):
+        g = torch.Generator().manual_seed(1000 * step + hvd.rank())
+        z, real = torch.randn(8, 4, generator=g), torch.randn(8, 8, generator=g)
+        c_opt.zero_grad()
+        (critic(generator(z).detach()).mean() - critic(real).mean()).backward()
+        c_opt.step()
+        critic.requires_grad_(False)
+        g_opt.zero_grad()
+        (-critic(generator(z)).mean()).backward()
+        g_opt.step()
+        critic.requires_grad_(True)
+    for opt in (g_opt, c_opt):
+        if hasattr(opt, "finish_mixing"):
+            opt.synchronize()
+    both = torch.cat([flat(generator), flat(critic)])
+    assert torch.isfinite(both).all()
+    if one_model_after_training(strategy):
+        assert same_everywhere(both, "gan.params"), f"{strategy}: the ranks differ"
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("strategy", ["fast", "topk"])
+def test_rank0_says_once_that_the_roots_residuals_are_not_copied(strategy, capfd,
+                                                                  monkeypatch):
+    """TopK's residuals (and compressed velocities) are each rank's own: the resume
+    recipe does not copy the root's, and rank 0 says so once, however many times the
+    state is broadcast; the other ranks say nothing."""
+    from hvdx.torch import optimizer_state
+
+    monkeypatch.setattr(optimizer_state, "_said", set())
+    model, opt = build(strategy)
+    train(model, opt, range(2))
+    capfd.readouterr()
+    for _ in range(2):
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+    said = capfd.readouterr().err.count("broadcast_optimizer_state: each rank keeps its "
+                                        "own TopK residuals")
+    assert said == (1 if hvd.rank() == 0 else 0)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_a_second_optimizer_trains_after_the_first_saved_and_loaded(strategy):
     """Two ``DistributedOptimizer`` objects in one job, one after the other: the first
     trains, saves and loads its own state on every rank, and stays alive; the second,
