@@ -322,8 +322,8 @@ class _TopKOptimizer(CompressingOptimizer):
         sync = self._hvdx_sync
         root = _hvd.rank() == root_rank
         shared = sync.shared_state()
-        shared["own_state"] = root and bool(sync.worker.state_dict() or any(
-            name not in self._hvdx_dense_names() for name in self._hvdx_velocity))
+        shared["own_state"] = root and bool(sync.worker.state_dict() or set(
+            self._hvdx_velocity) - self._hvdx_dense_names())
         shared = _hvd.broadcast_object(shared, root_rank, name="hvdx.topk.shared_state")
         own_state = shared.pop("own_state")
         sync.load_shared_state(shared)
