@@ -37,7 +37,11 @@ Every entry point (``DistributedOptimizer`` of torch and Keras,
 5. one spec per framework, variable and value in a process (a TensorFlow tape is made
    every step and keeps the DS-Sync or graph state on its spec); rank 0 prints the
    choice once per entry point and value, and a strategy the code passes once per
-   entry point and setting, in the same form (``HVDX_LOG_LEVEL``: :mod:`hvdx.log`).
+   entry point and setting, in the same form (``HVDX_LOG_LEVEL``: :mod:`hvdx.log`);
+6. an entry point that settles a strategy's settings for itself (torch's optimizer: a
+   TopK preset's momentum correction; TensorFlow's tape: the order of a
+   ``Decentralized`` whose value leaves it out) gives :func:`choose` its ``fit``: the
+   spec as it runs there is what rank 0 describes and what :func:`choose` returns.
 """
 
 from __future__ import annotations
@@ -65,7 +69,8 @@ _SPECS: Dict[Tuple[str, str, Callable], Strategy] = {}
 _SAID: Set[Tuple[str, str, str]] = set()
 
 
-def choose(compression, sync, no_compression, topk: Callable, what: str):
+def choose(compression, sync, no_compression, topk: Callable, what: str,
+           fit: Optional[Callable[[Strategy], Strategy]] = None):
     """The entry point's ``compression`` and ``sync``, filled from the environment.
 
     Args:
@@ -73,6 +78,11 @@ def choose(compression, sync, no_compression, topk: Callable, what: str):
         no_compression: the framework's ``Compression.none`` (Horovod's default).
         topk: the framework's ``Compression.topk``, which builds ``HVDX_COMPRESSION``.
         what: the entry point, for rank 0's message.
+        fit: ``spec -> spec`` as it runs at this entry point (torch:
+            :func:`hvdx.torch.registry.fit` with the optimizer; the tape:
+            :func:`hvdx.tensorflow.registry.fit_tape`), applied to each hvdx
+            strategy before rank 0 describes it, so that the line gives the settings
+            that run; ``None``: each as it is.
 
     Returns:
         ``(compression, sync, error)``: the arguments to use, and a ``ValueError`` this
@@ -83,13 +93,15 @@ def choose(compression, sync, no_compression, topk: Callable, what: str):
     """
     try:
         if compression is no_compression:
-            compression = _chosen(COMPRESSION_VARIABLE, topk, what, compression)
+            compression = _chosen(COMPRESSION_VARIABLE, topk, what, compression, fit)
         else:
+            compression = _fitted(compression, fit)
             _ignored(COMPRESSION_VARIABLE, f"compression={_name(compression)}", what)
             _in_code("compression", compression, what)
         if sync is None:
-            sync = _chosen(SYNC_VARIABLE, None, what, None)
+            sync = _chosen(SYNC_VARIABLE, None, what, None, fit)
         else:
+            sync = _fitted(sync, fit)
             _ignored(SYNC_VARIABLE, f"sync={_name(sync)}", what)
             _in_code("sync", sync, what)
     except ValueError as error:
@@ -201,8 +213,16 @@ def forget() -> None:
 
 # --- choosing and saying so -------------------------------------------------------------
 
-def _chosen(variable: str, topk: Optional[Callable], what: str, default):
-    """The spec of ``variable``'s value (cached), or ``default`` if unset or none."""
+def _fitted(value, fit: Optional[Callable[[Strategy], Strategy]]):
+    """``value`` as it runs at the entry point (:func:`choose`'s ``fit``), where it is an
+    hvdx strategy; anything else (Horovod's compression classes) as it is."""
+    return fit(value) if fit is not None and isinstance(value, Strategy) else value
+
+
+def _chosen(variable: str, topk: Optional[Callable], what: str, default,
+            fit: Optional[Callable[[Strategy], Strategy]] = None):
+    """The spec of ``variable``'s value (cached, as parsed), as ``fit`` makes it run
+    here, or ``default`` if unset or none."""
     raw = os.environ.get(variable)
     if raw is None:
         return default
@@ -213,7 +233,7 @@ def _chosen(variable: str, topk: Optional[Callable], what: str, default):
             _say(what, variable, raw, "no hvdx strategy (Horovod's own default)")
             return default
         _SPECS[key] = spec
-    spec = _SPECS[key]
+    spec = _fitted(_SPECS[key], fit)
     if spec.error is None:
         _say(what, variable, raw, _summary(spec))
     return spec
@@ -252,8 +272,18 @@ def _summary(spec: Strategy) -> str:
     """The strategy's name and every setting, for rank 0's message."""
     if spec.name == "topk":
         way = "bidirectional" if spec.downlink_ratio is not None else "unidirectional"
-        return f"{way} TopK, {spec.describe()[len('topk '):]}"
+        return f"{way} TopK, {spec.describe()[len('topk '):]}{_dropped(spec)}"
     return f"{_title(spec.name)}, {spec!r}"
+
+
+def _dropped(spec: Strategy) -> str:
+    """`` momentum_correction=False`` where a TopK preset's momentum correction was
+    dropped for the optimizer (:func:`hvdx.strategies.topk.presets.for_optimizer`): the
+    spec's description leaves a ``False`` out as the default (so that it equals the
+    same settings given one by one), but the preset's name promised ``True``."""
+    dropped = "momentum_correction" in getattr(spec, "from_preset", ()) and \
+        not spec.momentum_correction
+    return " momentum_correction=False" if dropped else ""
 
 
 def _title(name: str) -> str:

@@ -43,6 +43,7 @@ import argparse
 import dataclasses
 import json
 import math
+import re
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -61,6 +62,7 @@ from hvdx.core.cost_model import (
     predict,
     speedup,
 )
+from hvdx.core.units import format_time, parse_count
 
 __all__ = ["JSON_KEYS", "MODEL_ONLY", "PRESETS", "add_arguments", "build_cluster",
            "build_workload", "local_steps", "local_waits", "main", "render", "report",
@@ -118,7 +120,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="hosts_per_rack * nic / uplink, e.g. 4, instead of --uplink "
                           "(default: from --preset)")
     net.add_argument("--latency", metavar="TIME", default="25us",
-                     help="per-message latency alpha")
+                     help="per-message latency alpha, with its unit: 25us, 5ms, 0.005s "
+                          "(a bare number is seconds; 1 or more is refused as a "
+                          "forgotten unit)")
     net.add_argument("--intra-host", metavar="RATE",
                      help="rate between ranks of one host (default: not a bottleneck)")
     net.add_argument("--placement", choices=PLACEMENTS, default="blocked",
@@ -128,7 +132,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "inside racks)")
     # String defaults go through `type` too: the help shows 138e6, the value is a float.
     work = parser.add_argument_group("workload (the defaults are VGG-16)")
-    work.add_argument("--params", type=float, default="138e6", help="parameters")
+    work.add_argument("--params", type=_params, metavar="COUNT", default="138e6",
+                      help="parameters, e.g. 138M, 1.37e6 (K, M, G: 1e3, 1e6, 1e9)")
     work.add_argument("--fc-fraction", type=float, default=0.9,
                       help="share of parameters in FC layers")
     work.add_argument("--compute-ms", type=float, default=100.0,
@@ -175,6 +180,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "unrounded (keys below)")
 
 
+def _params(text: str) -> float:
+    """``--params``: a count with K, M or G as rates take them (``100M``), at least 1.
+
+    Raises:
+        argparse.ArgumentTypeError: saying what to write (argparse names the flag).
+    """
+    try:
+        params = parse_count(text, "--params")
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a count: write a number, optionally with K, M or G "
+            "(1e3, 1e6, 1e9), e.g. 138M") from None
+    if params < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1: the model's "
+                                         "parameters, e.g. 138M")
+    return params
+
+
 def build_cluster(args: argparse.Namespace) -> Cluster:
     """The preset's cluster with every explicitly given flag applied."""
     base = dict(PRESETS[args.preset])
@@ -187,7 +210,7 @@ def build_cluster(args: argparse.Namespace) -> Cluster:
     if args.uplink is not None or args.oversubscription is not None:
         base.pop("oversubscription" if args.uplink is not None else "uplink", None)
     extra = {"ranks_per_host": args.ranks_per_host,
-             "latency_s": parse_time(args.latency, "--latency"),
+             "latency_s": _latency(args.latency),
              "intra_host_bps": None if args.intra_host is None
              else parse_rate(args.intra_host, "--intra-host"),
              "placement": args.placement}
@@ -198,6 +221,36 @@ def build_cluster(args: argparse.Namespace) -> Cluster:
                                              base["oversubscription"], **extra)
     return Cluster(racks=base["racks"], hosts_per_rack=base["hosts_per_rack"], nic_bps=nic,
                    uplink_bps=parse_rate(base["uplink"], "--uplink"), **extra)
+
+
+#: The least bare number ``--latency`` refuses: a second per message is no network's
+#: latency, so ``--latency 5`` is ``5ms`` or ``5us`` with the unit left out.
+_BARE_LATENCY_LIMIT_S = 1.0
+
+
+def _latency(text: str) -> float:
+    """``--latency`` in seconds: a duration with its unit, or a bare number of seconds
+    below :data:`_BARE_LATENCY_LIMIT_S`.
+
+    Raises:
+        ValueError: naming the flag and the value, for what is not a duration or is a
+            bare number of a second or more, with what to write instead.
+    """
+    seconds = parse_time(text, "--latency")
+    if _bare_number(text) and seconds >= _BARE_LATENCY_LIMIT_S:
+        raise ValueError(f"--latency={text!r} has no unit, so it reads as {seconds:g} "
+                         f"seconds per message, no network's latency: write the unit, "
+                         f"e.g. --latency {text.strip()}ms or --latency {text.strip()}us")
+    return seconds
+
+
+def _bare_number(text) -> bool:
+    """Whether a flag's value is a number written without a unit (``"5"``, ``"1e-3"``)."""
+    try:
+        float(text)
+    except (TypeError, ValueError):
+        return False
+    return isinstance(text, str)
 
 
 def _calibration(args: argparse.Namespace):
@@ -214,7 +267,15 @@ def _calibration(args: argparse.Namespace):
 
 
 def build_workload(args: argparse.Namespace) -> Workload:
-    """The workload described by the flags."""
+    """The workload described by the flags.
+
+    Raises:
+        ValueError: naming the flag, for a negative ``--compute-ms`` (the workload's
+            own checks name its fields: see :func:`_in_flag_terms`).
+    """
+    if not 0 <= args.compute_ms < math.inf:
+        raise ValueError(f"--compute-ms={args.compute_ms!r} must be finite and not "
+                         "negative: one rank's compute per step, in ms")
     return Workload.from_total(
         args.params, args.fc_fraction, args.compute_ms / 1e3,
         bytes_per_element=args.bytes_per_element, batch_size=args.batch_size,
@@ -305,6 +366,31 @@ def report(args: argparse.Namespace) -> Dict[str, object]:
     Raises:
         ValueError: naming the flag, for a bad value.
     """
+    try:
+        return _report(args)
+    except ValueError as error:
+        raise ValueError(_in_flag_terms(str(error), args)) from None
+
+
+#: The name the cluster, the workload or a strategy option gives a flag's value at the
+#: start of its message: ``Cluster.racks=0 ...``, ``cross_ranks=99 ...``.
+_FIELD_RE = re.compile(r"^(?:Cluster\.|Workload\.)?([a-z_]+)=")
+
+
+def _in_flag_terms(message: str, args: argparse.Namespace) -> str:
+    """``message`` with the model's name of a flag's value replaced by the flag
+    (``Cluster.racks=0 must be ...`` -> ``--racks=0 must be ...``): the user wrote the
+    flag, and the cost model checks the value under its own name. Only a name that is
+    a flag's dest is replaced, so the value shown is the one the flag gave (the
+    flags whose values are converted, such as ``--compute-ms``, have other names in
+    the model and are checked before it)."""
+    match = _FIELD_RE.match(message)
+    if match is None or match.group(1) not in vars(args):
+        return message
+    return f"--{match.group(1).replace('_', '-')}={message[match.end():]}"
+
+
+def _report(args: argparse.Namespace) -> Dict[str, object]:
     cluster, workload, options = build_cluster(args), build_workload(args), _options(args)
     if args.sweep is not None and cluster.calibration is not None:
         raise ValueError(f"--sweep={args.sweep!r} with --calibration: the calibration "
@@ -483,7 +569,7 @@ def _describe(c: Dict[str, object], w: Dict[str, object]) -> str:
     return (f"cluster: {c['racks']} racks x {c['hosts_per_rack']} hosts x "
             f"{c['ranks_per_host']} rank(s) = {c['ranks']} ranks; NIC "
             f"{format_rate(c['nic_bps'])}, uplink {format_rate(c['uplink_bps'])} "
-            f"({c['oversubscription']:g}:1), latency {c['latency_s'] * 1e6:g}us, "
+            f"({c['oversubscription']:g}:1), latency {format_time(c['latency_s'])}, "
             f"{c['placement']} placement\n"
             + (f"calibrated: rounds measured on {c['calibration']}\n"
                if c.get("calibration") is not None else "") +

@@ -1,4 +1,5 @@
-"""Link rates and durations in tc's units, for the cost model and the emulated cluster.
+"""Link rates and durations in tc's units, for the cost model and the emulated cluster,
+and counts with SI prefixes (``100M`` parameters).
 
 tc counts rates in bits per second with SI prefixes (``100mbit`` = 1e8 bit/s) and
 reads a bare number as *bytes* per second, an easy slip: strings must name their unit.
@@ -10,12 +11,15 @@ import math
 import re
 from typing import Mapping, Union
 
-__all__ = ["format_rate", "parse_bytes", "parse_quantity", "parse_rate", "parse_time"]
+__all__ = ["format_rate", "format_time", "parse_bytes", "parse_count", "parse_quantity",
+           "parse_rate", "parse_time"]
 
 Number = Union[int, float]
 
 _RATE_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 _TIME_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6}
+# SI prefixes alone, as rates take them (mbit): a count has no unit to follow them.
+_COUNT_UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9}
 _BYTE_UNITS = {"": 1.0, "b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9,
                "kib": 2.0**10, "mib": 2.0**20, "gib": 2.0**30}
 # As tc writes them: the unit follows the number directly; an exponent only without a
@@ -68,6 +72,18 @@ def parse_time(value: Union[Number, str], name: str = "time") -> float:
     return parse_quantity(value, name, _TIME_UNITS, "use a duration such as 25us or 1ms")
 
 
+def parse_count(value: Union[Number, str], name: str = "count") -> float:
+    """Parses a count with an SI prefix, as rates take them: ``"100M"`` -> ``1e8``,
+    ``"1.5k"`` -> ``1500``; also ``"138e6"`` or a number. Case is ignored (``m`` is
+    mega: a count has no milli).
+
+    Raises:
+        ValueError: naming ``name`` and the value, if it is not a count.
+    """
+    return parse_quantity(value, name, _COUNT_UNITS,
+                          "use a number, optionally with K, M or G, e.g. 138M or 1.5G")
+
+
 def parse_bytes(value: Union[Number, str], name: str = "bytes") -> int:
     """Parses a message size (``"4MiB"``, ``"512kb"``, ``"1e6"``, or a number of bytes).
 
@@ -80,6 +96,15 @@ def parse_bytes(value: Union[Number, str], name: str = "bytes") -> int:
     if size < 1 or size != int(size):
         raise ValueError(f"{name}={value!r} must be a whole number of bytes, at least 1")
     return int(size)
+
+
+def format_time(seconds: float) -> str:
+    """Renders a duration in the largest unit that keeps it at least 1 (``25e-6`` ->
+    ``"25us"``, ``0.005`` -> ``"5ms"``), which :func:`parse_time` reads back."""
+    for unit in ("s", "ms"):
+        if seconds >= _TIME_UNITS[unit]:
+            return f"{seconds / _TIME_UNITS[unit]:g}{unit}"
+    return f"{seconds / _TIME_UNITS['us']:g}us"
 
 
 def format_rate(bits_per_second: float) -> str:

@@ -23,6 +23,7 @@ import traceback
 from hvdx.environment_variables import VariableError
 from hvdx.mpi import timeline
 from hvdx.mpi.init_environment import init_arguments
+from hvdx.mpi.launch_hint import say_if_alone
 
 __all__ = ["install_abort_on_error", "wrap_init"]
 
@@ -107,8 +108,10 @@ def wrap_init(horovod_init, check=None):
     job and the ranks' check of ``HVDX_COMPRESSION`` and ``HVDX_SYNC`` (each value by
     ``check``, :func:`hvdx.environment.check_at_init`; dynamic process sets where DS-Sync
     is asked for: :mod:`hvdx.mpi.init_environment`), then hvdx's own communicator
-    (:func:`hvdx.mpi.comm.world`) and, on the rank that writes ``HOROVOD_TIMELINE``,
-    the recording of hvdx's exchanges for it (:mod:`hvdx.mpi.timeline`)."""
+    (:func:`hvdx.mpi.comm.world`), on the rank that writes ``HOROVOD_TIMELINE``, the
+    recording of hvdx's exchanges for it (:mod:`hvdx.mpi.timeline`), and, in a job of
+    one rank that no launcher started, the hint to start several
+    (:mod:`hvdx.mpi.launch_hint`)."""
 
     @functools.wraps(horovod_init)
     def init(*args, **kwargs):
@@ -126,7 +129,11 @@ def wrap_init(horovod_init, check=None):
 
         from hvdx.mpi.comm import world
 
-        timeline.after_init(world(global_process_set).Get_rank())
+        comm = world(global_process_set)
+        timeline.after_init(comm.Get_rank())
+        # A script started as `python train.py` trains alone, silently: say how to
+        # start several ranks (hvdx.mpi.launch_hint; a launched single rank is not told).
+        say_if_alone(comm.Get_size())
         return result
 
     return init

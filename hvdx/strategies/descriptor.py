@@ -153,6 +153,9 @@ class StrategyDescriptor:
             (:mod:`hvdx.tensorflow.registry`), or ``None``.
         tensorflow_tape_counters: lazy path of ``counters(tape, variables)`` for the
             step log, or ``None``.
+        tensorflow_tape_fit: lazy path of ``fit(spec) -> spec``, the spec as
+            ``DistributedGradientTape`` runs it (settled before rank 0 describes it and
+            the ranks compare it), or ``None``: as it is.
         torch_trainer, tensorflow_trainer: for a trainer, the lazy paths of its class.
         cost_model: its key among the cost model's layouts
             (:data:`hvdx.core.cost_model.STRATEGIES`), or ``None`` if not priced.
@@ -194,6 +197,7 @@ class StrategyDescriptor:
     tensorflow_tape: Optional[str] = None
     tensorflow_keras: Optional[str] = None
     tensorflow_tape_counters: Optional[str] = None
+    tensorflow_tape_fit: Optional[str] = None
     torch_trainer: Optional[str] = None
     tensorflow_trainer: Optional[str] = None
     cost_model: Optional[str] = None

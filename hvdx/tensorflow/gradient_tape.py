@@ -31,7 +31,8 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     ``sync=hvdx.DSSync(...)``: ``gradient()`` returns the local gradients and replaces
     the variables by their group average (see :mod:`hvdx.strategies.dssync.tensorflow.adapters`).
     ``sync=hvdx.Decentralized(..., order="combine_then_adapt")``: likewise, with the
-    graph's neighbours (see :mod:`hvdx.strategies.decentralized.tensorflow.adapters`).
+    graph's neighbours (see :mod:`hvdx.strategies.decentralized.tensorflow.adapters`);
+    ``HVDX_SYNC="Decentralized(...)"`` without an ``order`` runs that order here.
     ``non_trainable_variables=model.non_trainable_variables`` (hvdx's; a list or a
     callable returning one): with ``sync=``, also mix these (BatchNorm moving
     statistics), so that every rank evaluates alike after ``synchronize_parameters()``.
@@ -45,9 +46,10 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     ``compression`` left at Horovod's ``Compression.none`` and ``sync=None`` are taken
     from ``HVDX_COMPRESSION`` and ``HVDX_SYNC`` where set (:mod:`hvdx.environment`).
     """
+    # fit_tape: HVDX_SYNC's Decentralized in the order a tape runs, before rank 0 says it.
     compression, sync, from_environment = environment.choose(
         compression, sync, _hvd.Compression.none, Compression.topk,
-        "DistributedGradientTape")
+        "DistributedGradientTape", fit=registry.fit_tape)
     strategy, problem = strategy_or_error(compression, sync)
     problem = problem or from_environment
 

@@ -33,7 +33,8 @@ from hvdx.strategies import catalogue
 from hvdx.strategy import Resolved, Strategy, adapter_for, kept_for_every_rank, resolve
 
 __all__ = ["GradientArguments", "KERAS_ADAPTERS", "TAPE_ADAPTERS", "TAPE_COUNTERS",
-           "checks_its_own_variables", "keras", "tape", "tape_counters"]
+           "TAPE_FITS", "checks_its_own_variables", "fit_tape", "keras", "tape",
+           "tape_counters"]
 
 
 class GradientArguments(NamedTuple):
@@ -127,6 +128,20 @@ def tape_counters(strategy: Optional[Strategy]) -> Optional[Callable]:
     step log, :func:`hvdx.step_log.watch_tensorflow`); ``None`` for Horovod's (a Keras
     optimizer carries its own ``hvdx_stats``)."""
     return None if strategy is None else TAPE_COUNTERS.get(strategy.name)
+
+
+#: Strategy name -> ``fit(spec) -> spec`` as a tape runs it (the catalogue's
+#: ``tensorflow_tape_fit`` entries: ``HVDX_SYNC``'s ``Decentralized`` order).
+TAPE_FITS: Mapping[str, Callable] = catalogue.adapters("tensorflow_tape_fit")
+
+
+def fit_tape(strategy: Strategy) -> Strategy:
+    """``strategy`` as ``DistributedGradientTape`` runs it (:data:`TAPE_FITS`), for
+    :func:`hvdx.environment.choose`'s ``fit``; a spec whose constructor failed, or
+    that no entry fits, as it is."""
+    if strategy.error is not None or strategy.name not in TAPE_FITS:
+        return strategy
+    return TAPE_FITS[strategy.name](strategy)
 
 
 def tape(horovod: Callable, strategy: Optional[Strategy], args: GradientArguments,

@@ -67,8 +67,12 @@ def DistributedOptimizer(optimizer, named_parameters=None,
         strategy, an instance of a class made from the optimizer's class
         (``isinstance`` holds).
     """
+    # A preset's settings may depend on the optimizer's class and param_groups (the same
+    # on every rank, so the fingerprint below compares what runs): fitted before rank 0
+    # describes the strategy, so that it describes what runs.
     compression, sync, from_environment = environment.choose(
-        compression, sync, _hvd.Compression.none, Compression.topk, "DistributedOptimizer")
+        compression, sync, _hvd.Compression.none, Compression.topk, "DistributedOptimizer",
+        fit=lambda strategy: registry.fit(strategy, optimizer))
     strategy, problem = strategy_or_error(compression, sync)
     problem = problem or from_environment
     if named_parameters is not None:
@@ -79,12 +83,6 @@ def DistributedOptimizer(optimizer, named_parameters=None,
         # Horovod's checks of named_parameters, which its own optimizer makes in its
         # constructor; the same script on every rank: every rank raises alike.
         names = parameter_names(optimizer.param_groups, named_parameters)
-        if problem is None:
-            # A preset's settings may depend on the optimizer's class and param_groups,
-            # the same on every rank, so the fingerprint below compares what runs.
-            fitted = registry.fit(strategy, optimizer)
-            compression = fitted if compression is strategy else compression
-            strategy = fitted
     if named_buffers is not None:
         named_buffers = list(named_buffers)
     settings = horovod_settings(

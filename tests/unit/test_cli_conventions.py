@@ -63,8 +63,8 @@ def test_no_option_writes_its_default_as_a_bare_number_in_parentheses(name):
 
 def test_a_value_default_is_the_parsers_own(capsys):
     text = " ".join(subcommands()["plan"].format_help().split())
-    for shown in ("base cluster (default: datacenter)", "latency alpha (default: 25us)",
-                  "parameters (default: 138e6)", "FC workers (default: 1)",
+    for shown in ("base cluster (default: datacenter)", "forgotten unit) (default: 25us)",
+                  "1e9) (default: 138e6)", "FC workers (default: 1)",
                   "in a cross phase (default: all)"):
         assert shown in text
     assert build_parser().parse_args(["plan"]).params == 138e6

@@ -19,6 +19,7 @@ from hvdx.core.cost_model import (
     speedup_over_horovod,
     topk_pair_bytes,
 )
+from hvdx.core.units import format_time, parse_count
 
 VGG16 = Workload.from_total(138e6, 0.9, 0.1, activation_size=25088)
 
@@ -383,6 +384,26 @@ def test_rates_parse_like_tc():
     assert parse_rate("25gbit") == 25e9 and parse_rate(5e6) == 5e6
     assert format_rate(25e9) == "25gbit" and format_rate(1.25e10) == "12.5gbit"
     assert parse_time("25us") == pytest.approx(25e-6) and parse_time("1ms") == 1e-3
+
+
+@pytest.mark.parametrize("text, count", [
+    ("100M", 1e8), ("100m", 1e8), ("1.5k", 1500), ("2G", 2e9), ("138e6", 138e6),
+    ("42", 42), (7, 7)])
+def test_counts_take_si_prefixes_as_rates_do(text, count):
+    assert parse_count(text, "--params") == count
+
+
+@pytest.mark.parametrize("value", ["100X", "100MB", "-5M", "many", None])
+def test_a_count_that_is_not_one_names_the_argument_and_the_value(value):
+    with pytest.raises(ValueError, match=re.escape(f"--params={value!r}")):
+        parse_count(value, "--params")
+
+
+@pytest.mark.parametrize("seconds, text", [
+    (25e-6, "25us"), (0.005, "5ms"), (1.5, "1.5s"), (0.0, "0us")])
+def test_a_time_is_written_in_its_largest_unit_and_reads_back(seconds, text):
+    assert format_time(seconds) == text
+    assert parse_time(text) == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize("value", ["100mbps", "100", "fast", "-1gbit", 0, True, None])

@@ -160,6 +160,34 @@ def test_an_argument_in_the_code_wins_and_the_variable_is_ignored_aloud(
                               "sync=decentralized SGD, Decentralized(")
 
 
+@pytest.mark.parametrize("from_environment", [True, False])
+def test_rank_zero_describes_the_strategy_as_the_entry_point_fits_it(
+        monkeypatch, capsys, from_environment):
+    """A TopK preset under Adam runs without DGC's momentum correction: the line that
+    names the strategy says momentum_correction=False, never the preset's True."""
+    from hvdx.strategies.topk.presets import for_optimizer
+
+    adam = [{"params": [], "lr": 0.001, "betas": (0.9, 0.999)}]
+    fitted = []
+
+    def fit(spec):
+        fitted.append(spec)
+        return for_optimizer(spec, "Adam", adam)[0]
+
+    monkeypatch.setenv("HVDX_COMPRESSION", "fast")
+    code = NONE if from_environment else topk(preset="fast")
+    chosen, _, error = environment.choose(code, None, NONE, topk, "Entry", fit=fit)
+    assert error is None and len(fitted) == 1 and not chosen.momentum_correction
+    said = [line for line in capsys.readouterr().err.splitlines() if "TopK, " in line]
+    assert said and all(" momentum_correction=False" in line and
+                        "momentum_correction=True" not in line for line in said), said
+    # Where the preset's correction runs (SGD with momentum), the line says so.
+    environment.forget()
+    environment.choose(code, None, NONE, topk, "Entry", fit=lambda spec: spec)
+    said = [line for line in capsys.readouterr().err.splitlines() if "TopK, " in line]
+    assert said and all("momentum_correction=True" in line for line in said), said
+
+
 def test_unset_or_none_leaves_the_arguments_as_they_are(monkeypatch):
     assert environment.choose(NONE, None, NONE, topk, "Entry") == (NONE, None, None)
     monkeypatch.setenv("HVDX_COMPRESSION", "none")

@@ -84,13 +84,65 @@ def test_a_bare_sweep_varies_the_oversubscription(capsys):
     (["--latency", "soon"], "--latency='soon'"),
     (["--uplink", "1gbit", "--oversubscription", "4"], "--oversubscription=4"),
     (["--sweep", "10mbit,0"], "--sweep='0'"),
-    (["--racks", "0"], "racks=0"),
-    (["--ratio", "2"], "ratio=2"),
-    (["--fc-workers", "256"], "fc_workers=256")])
+    (["--racks", "0"], "--racks=0"),
+    (["--ratio", "2"], "--ratio=2"),
+    (["--fc-workers", "256"], "--fc-workers=256"),
+    (["--compute-ms", "-1"], "--compute-ms=-1")])
 def test_bad_values_exit_2_naming_the_argument(capsys, argv, named):
     code, out, err = run(capsys, *argv)
     assert code == 2 and out == ""
     assert err.startswith("hvdx plan: error: ") and named in err
+
+
+@pytest.mark.parametrize("flag, value, least", [
+    ("--racks", "0", 1), ("--hosts-per-rack", "0", 1), ("--ranks-per-host", "0", 1),
+    ("--bytes-per-element", "0", 1), ("--batch-size", "0", 1),
+    ("--activation-size", "-1", 0), ("--intra-phases", "-1", 0),
+    ("--cross-ranks", "0", 1), ("--mix-every", "0", 1), ("--fc-workers", "0", 1),
+    ("--local-cores", "0", 1)])
+def test_an_integer_flag_below_its_least_value_is_refused_by_the_flags_name(
+        capsys, flag, value, least):
+    waits = ["--local-steps", "topk=2ms", "--local-waits", "topk=1ms"] \
+        if flag == "--local-cores" else []
+    code, _, err = run(capsys, "--preset", "emulated", flag, value, *waits)
+    assert code == 2 and f"hvdx plan: error: {flag}={value} must be " in err, err
+    assert f"at least {least}" in err or f"from {least} to" in err
+    assert "Cluster." not in err and "Workload." not in err
+
+
+@pytest.mark.parametrize("text, seconds, shown", [
+    ("5ms", 5e-3, "latency 5ms"), ("50us", 50e-6, "latency 50us"),
+    ("0.005s", 5e-3, "latency 5ms"), ("2e-5", 2e-5, "latency 20us")])
+def test_the_latency_takes_a_unit_a_bare_number_is_seconds_and_the_plan_shows_it(
+        capsys, text, seconds, shown):
+    assert plan.build_cluster(parse("--latency", text)).latency_s == pytest.approx(seconds)
+    code, out, _ = run(capsys, "--preset", "emulated", "--latency", text)
+    assert code == 0 and f", {shown}, " in out.splitlines()[0]
+
+
+@pytest.mark.parametrize("text", ["5", "1", "25"])
+def test_a_bare_latency_of_a_second_or_more_is_refused_as_a_forgotten_unit(capsys, text):
+    code, out, err = run(capsys, "--latency", text)
+    assert code == 2 and out == ""
+    assert f"--latency={text!r} has no unit" in err
+    assert f"--latency {text}ms or --latency {text}us" in err
+
+
+@pytest.mark.parametrize("text, params", [
+    ("100M", 100_000_000), ("1.37e6", 1_370_000), ("1.5G", 1_500_000_000),
+    ("25k", 25_000), ("138e6", 138_000_000)])
+def test_params_take_k_m_g_suffixes_as_rates_take_prefixes(text, params):
+    assert plan.build_workload(parse("--params", text)).params == params
+
+
+@pytest.mark.parametrize("text, said", [
+    ("100X", "argument --params: '100X' is not a count: write a number, optionally "
+             "with K, M or G"),
+    ("0.4", "argument --params: '0.4' must be at least 1")])
+def test_params_that_are_no_count_are_refused_by_the_flags_name(capsys, text, said):
+    with pytest.raises(SystemExit) as exit:
+        plan.main(["--params", text])
+    assert exit.value.code == 2 and said in capsys.readouterr().err
 
 
 def test_it_plugs_into_a_subcommand_parser(capsys):
@@ -135,7 +187,7 @@ def test_mix_every_is_handed_to_the_graphs_only(capsys):
     code, out, err = run(capsys, "--preset", "emulated", "--mix-every", "2")
     assert code == 0 and "decentralized one-peer-exp every 2" in out
     code, out, err = run(capsys, "--preset", "emulated", "--mix-every", "0")
-    assert code == 2 and "mix_every=0" in err
+    assert code == 2 and "--mix-every=0" in err
 
 
 def test_hierarchical_is_the_only_strategy_marked_model_only():

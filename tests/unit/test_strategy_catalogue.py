@@ -28,7 +28,8 @@ FRAMEWORKS = ("torch", "tensorflow")
 #: Registry view -> the descriptor field it shows.
 TORCH_VIEWS = {"ADAPTERS": "torch_adapter", "FITS": "torch_fit"}
 TENSORFLOW_VIEWS = {"TAPE_ADAPTERS": "tensorflow_tape", "KERAS_ADAPTERS": "tensorflow_keras",
-                    "TAPE_COUNTERS": "tensorflow_tape_counters"}
+                    "TAPE_COUNTERS": "tensorflow_tape_counters",
+                    "TAPE_FITS": "tensorflow_tape_fit"}
 
 
 def _framework_of(path: str):

@@ -16,6 +16,7 @@ DECENTRALIZED = StrategyDescriptor(
     tensorflow_tape="hvdx.strategies.decentralized.tensorflow.adapters:tape_adapter",
     tensorflow_keras="hvdx.strategies.decentralized.tensorflow.adapters:keras_adapter",
     tensorflow_tape_counters="hvdx.tensorflow.mixing:tape_counters",
+    tensorflow_tape_fit="hvdx.strategies.decentralized.tensorflow.adapters:tape_fit",
     cost_model="decentralized",
     cost_layout="hvdx.strategies.decentralized.core_cost:_decentralized",
     # The exponential graphs: static, one-peer, and one-peer overlapped with the compute.

@@ -107,3 +107,43 @@ def test_a_rank_launched_with_another_strategy_fails_every_rank(entry):
 def test_a_rank_launched_without_the_variable_fails_every_rank(entry):
     message = refused_everywhere(entry, "DSSync()" if hvd.rank() == 1 else None, "unset")
     assert "HVDX_SYNC" in message and "ranks disagree" in message
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("entry", ["tape-eager", "tape-function"])
+def test_a_decentralized_without_an_order_runs_on_the_tape_in_the_order_it_can(
+        entry, capsys):
+    """An unchanged tape script under HVDX_SYNC="Decentralized(...)" cannot pass the
+    tape an order: it trains combine-then-adapt, bitwise as that order in code, and
+    rank 0's line says so; the same value keeps adapt-then-combine in Keras."""
+    value = "Decentralized('one-peer-exp')"
+    with hvdx_variables(sync=value):
+        from_environment = trained(entry, steps=4)
+    combine_first = hvdx.Decentralized("one-peer-exp", order="combine_then_adapt")
+    assert np.array_equal(from_environment, trained(entry, steps=4, sync=combine_first))
+    said = [line for line in capsys.readouterr().err.splitlines()
+            if line.startswith(f"[hvdx] HVDX_SYNC={value!r}")]
+    assert len(said) == (hvd.rank() == 0)
+    assert all("order='combine_then_adapt'" in line for line in said), said
+    with hvdx_variables(sync=value):
+        in_keras = trained("keras-eager")
+    assert np.array_equal(in_keras, trained("keras-eager", sync=hvdx.Decentralized()))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_an_order_the_tape_cannot_run_set_by_the_environment_says_the_value_that_works():
+    """Named by the variable, adapt-then-combine is refused on every rank with the value
+    to set instead, as a VariableError: hvdx's hook prints it alone, no traceback."""
+    from hvdx.environment_variables import VariableError
+
+    value = "Decentralized('ring', order='adapt_then_combine')"
+    with pytest.raises(VariableError) as info:
+        with hvdx_variables(sync=value):
+            trained("tape-eager", steps=1)
+    message = str(info.value)
+    assert len(set(hvd.allgather_object(message))) == 1
+    assert message.startswith(f"HVDX_SYNC={value!r}: ")
+    assert "HVDX_SYNC=\"Decentralized(topology='ring', order='combine_then_adapt')\"" \
+        in message
+    total = hvd.allreduce(tf.ones(2), op=hvd.Sum, name="after.tape.order")
+    assert total.numpy().tolist() == [float(hvd.size())] * 2

@@ -114,6 +114,28 @@ def test_a_compression_in_the_code_wins_over_the_environment(capsys):
                "ratio=0.1 " in line for line in said)
 
 
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("in_code", [False, True], ids=["environment", "code"])
+def test_rank_zero_describes_a_preset_with_adam_without_momentum_correction(in_code,
+                                                                            capsys):
+    """The line that names the strategy gives the settings that run: under Adam a TopK
+    preset drops DGC's momentum correction, so it says momentum_correction=False, never
+    the preset's True next to the note that it was dropped."""
+    def with_adam(optimizer, **arguments):
+        return hvd.DistributedOptimizer(
+            torch.optim.Adam(optimizer.param_groups[0]["params"], lr=0.01), **arguments)
+
+    arguments = {"compression": hvd.Compression.topk(preset="fast")} if in_code else {}
+    capsys.readouterr()
+    with hvdx_variables(compression=None if in_code else "fast"):
+        optimizer, _ = trained(with_adam, steps=0, **arguments)
+    assert not optimizer._hvdx_sync.compression.momentum_correction
+    said = [line for line in capsys.readouterr().err.splitlines() if "TopK, " in line]
+    assert len(said) == (hvd.rank() == 0), said
+    assert all(" momentum_correction=False " in line and
+               "momentum_correction=True" not in line for line in said), said
+
+
 CODE_TOPK_LINE = ("compression in the code: bidirectional TopK, ratio=0.1 downlink=0.1 "
                   "mode=auto min_size=1024 warmup_steps=0 topk_method=exact "
                   "sample_size=65536 seed=0 error_feedback=True selection=layerwise "

@@ -26,7 +26,9 @@ Entry points and orders:
 - ``hvd.DistributedGradientTape(tape, sync=hvdx.Decentralized(order="combine_then_adapt"))``:
   the tape returns the gradients before the optimizer applies them, so it can only mix
   before the update: combine-then-adapt, ``x_{t+1} = sum_j W_t[i, j] x_j - lr g(x_t)``.
-  Adapt-then-combine on the tape is refused with a ``ValueError`` that says so. The
+  Adapt-then-combine on the tape is refused with a ``ValueError`` that says so, except
+  where ``HVDX_SYNC`` chose the strategy and left ``order`` out: the tape then runs
+  combine-then-adapt (:func:`tape_fit`), as an unchanged Horovod script expects. The
   state (step, SWA means, byte counters) belongs to the ``Decentralized`` object,
   because a script builds a new tape every step: create one object per model, once,
   outside the step, and use :func:`decentralized_state` to checkpoint it, to call
@@ -39,6 +41,7 @@ executions safely), so it does not overlap with the next forward and backward pa
 
 from __future__ import annotations
 
+import inspect
 from typing import List
 
 import horovod.tensorflow as _hvd
@@ -46,13 +49,15 @@ import numpy as np
 import tensorflow as tf
 
 from hvdx.core.group_averaging import ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT
+from hvdx.environment_variables import call_of, refused
 from hvdx.mpi.comm import world
 from hvdx.mpi.neighbor_exchange import FusedExchange, consensus_distance
 from hvdx.strategies.decentralized.spec import Decentralized, DecentralizedStats, MixingGraph
 from hvdx.tensorflow.mixing import (MixingState, adapters, average_over_all_ranks,
                                     state_of)
 
-__all__ = ["DecentralizedState", "decentralized_state", "keras_adapter", "tape_adapter"]
+__all__ = ["DecentralizedState", "decentralized_state", "keras_adapter", "tape_adapter",
+           "tape_fit"]
 
 #: MPI tags of the fused buffers, per family: hvdx's communicator only (torch's are
 #: 0x4876 and 0x4877; one framework runs per process, but distinct tags cost nothing).
@@ -82,6 +87,14 @@ class DecentralizedState(MixingState):
     def check_tape(cls, sync: Decentralized) -> None:
         """The tape mixes before the update only (module docstring); every rank gets
         here, after the cross-rank check of the order."""
+        if sync.order == ADAPT_THEN_COMBINE and sync.environment is not None:
+            # HVDX_SYNC named the order (left out, the tape runs the other: tape_fit):
+            # the fix is the variable's value, which hvdx's hook prints without a
+            # traceback, once (a VariableError).
+            raise refused(*sync.environment, (
+                "DistributedGradientTape can only mix before the update, so it runs "
+                "order='combine_then_adapt' only; leave order out, or set "
+                f"{sync.environment[0]}=\"{_with_order(sync, COMBINE_THEN_ADAPT)}\""))
         if sync.order == ADAPT_THEN_COMBINE:
             raise ValueError(
                 "order='adapt_then_combine': DistributedGradientTape returns the "
@@ -155,6 +168,49 @@ def decentralized_state(sync: Decentralized) -> DecentralizedState:
 
 
 # --- decentralized SGD's entries in hvdx.tensorflow.registry (the catalogue names them) --
+
+#: The attribute of an ``HVDX_SYNC`` spec that keeps the spec its tapes run.
+_TAPE_SPEC = "_hvdx_tape_spec"
+
+
+def tape_fit(sync: Decentralized) -> Decentralized:
+    """``sync`` as ``DistributedGradientTape`` runs it (the catalogue's
+    ``tensorflow_tape_fit``).
+
+    A spec ``HVDX_SYNC`` built from a value that leaves ``order`` out runs
+    combine-then-adapt, the one order a tape can run: the variable is set for an
+    unchanged script, whose tape cannot take an argument, and the same value keeps
+    adapt-then-combine in a Keras optimizer. Its own arguments are kept, and it is one
+    spec per value (kept on ``sync``): a tape is made every step, and its state lives on
+    its spec. A spec from the code, or a value that names an order, runs as given
+    (adapt-then-combine is refused by :meth:`DecentralizedState.check_tape`).
+    """
+    if sync.environment is None or sync.order != ADAPT_THEN_COMBINE:
+        return sync
+    fitted = getattr(sync, _TAPE_SPEC, None)
+    if fitted is None:
+        given = _given(sync)
+        if "order" in given:
+            fitted = sync
+        else:
+            fitted = Decentralized(**dict(given, order=COMBINE_THEN_ADAPT))
+            # The variable it came from, which the ranks compare (environment.parse).
+            object.__setattr__(fitted, "environment", sync.environment)
+        setattr(sync, _TAPE_SPEC, fitted)
+    return fitted
+
+
+def _given(sync: Decentralized) -> dict:
+    """The arguments the ``HVDX_SYNC`` value that built ``sync`` gives, by name."""
+    _, args, kwargs = call_of(*sync.environment)
+    return dict(inspect.signature(Decentralized).bind(*args, **kwargs).arguments)
+
+
+def _with_order(sync: Decentralized, order: str) -> str:
+    """The ``HVDX_SYNC`` value that built ``sync``, with ``order`` instead of its own."""
+    arguments = dict(_given(sync), order=order)
+    return f"Decentralized({', '.join(f'{k}={v!r}' for k, v in arguments.items())})"
+
 
 #: A graph-mixing tape (combine-then-adapt; ``order="adapt_then_combine"`` is refused by
 #: :meth:`DecentralizedState.check_tape`, on every rank: the order was compared first) or
