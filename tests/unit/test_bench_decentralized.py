@@ -131,7 +131,7 @@ def test_a_bad_placement_exits_2_before_anything_runs(capsys):
 def result(strategy, placement, step_s=0.5, ranks=8):
     return {"workload": "digits_vgg", "strategy": strategy, "ranks": ranks, "steps": 10,
             "step_times": [step_s] * 10,
-            "curve": [{"step": 10, "time": 10 * step_s, "accuracy": 0.96}],
+            "curve": [{"step": 10, "time": 10 * step_s, "quality": 0.96}],
             "hvdx_bytes_per_rank_per_step": 5.48e6,
             "ranks_detail": [{"interface_tx_rx": None}] * ranks,
             "parameter_split": (55_000, 1_350_000), "parameters": 1_405_000,

@@ -11,7 +11,7 @@ from hvdx.cluster import ClusterSpec, ClusterUnavailable
 def run(strategy, step_s, workload="digits_vgg"):
     return {"workload": workload, "strategy": strategy, "ranks": 4, "steps": 10,
             "step_times": [step_s] * 10,
-            "curve": [{"step": 10, "time": 10 * step_s, "accuracy": 0.96}],
+            "curve": [{"step": 10, "time": 10 * step_s, "quality": 0.96}],
             "hvdx_bytes_per_rank_per_step": 0.0, "ranks_detail": [{"interface_tx_rx": None}] * 4}
 
 

@@ -78,7 +78,7 @@ def fake_bench(monkeypatch, local_fails=(), calibration=None, set_averages=(),
                 [wait] * (steps - WARMUP_STEPS)
         return {"workload": workload, "strategy": strategy, "ranks": 4, "steps": steps,
                 "step_times": times, "curve": [{"step": steps, "time": sum(times),
-                                                "accuracy": 0.9}],
+                                                "quality": 0.9}],
                 "hvdx_bytes_per_rank_per_step": 0.0, "ranks_detail": detail}
 
     monkeypatch.setattr(harness, "run_one", run_one)
@@ -232,7 +232,7 @@ def test_the_plan_of_a_run_takes_the_averages_timed_around_it():
     spec = ClusterSpec(racks=2, hosts_per_rack=2, nic="1gbit", uplink="100mbit")
     tables = {"uplink": {1: [(0, 0.01), (1e7, 0.9)]}, "nic": {1: [(0, 0.001), (1e7, 0.09)]}}
     run = {"workload": "digits_vgg", "strategy": "dssync", "ranks": 4, "steps": 10,
-           "step_times": [0.2] * 10, "curve": [{"step": 10, "time": 2.0, "accuracy": 0.96}],
+           "step_times": [0.2] * 10, "curve": [{"step": 10, "time": 2.0, "quality": 0.96}],
            "hvdx_bytes_per_rank_per_step": 5e6, "ranks_detail": [{"interface_tx_rx": None}] * 4,
            "parameter_split": (55_000, 1_350_000), "parameters": 1_405_000,
            "compute_s": 0.05, "local_step_s": 0.08,
@@ -257,7 +257,7 @@ TWO_RACKS = ClusterSpec(racks=2, hosts_per_rack=2, nic="1gbit", uplink="100mbit"
 #: A topk_dgc run on TWO_RACKS whose local step took 80 ms.
 TOPK_DGC_RUN = {
     "workload": "digits_vgg", "strategy": "topk_dgc", "ranks": 4, "steps": 10,
-    "step_times": [0.2] * 10, "curve": [{"step": 10, "time": 2.0, "accuracy": 0.96}],
+    "step_times": [0.2] * 10, "curve": [{"step": 10, "time": 2.0, "quality": 0.96}],
     "hvdx_bytes_per_rank_per_step": 1e5, "ranks_detail": [{"interface_tx_rx": None}] * 4,
     "parameter_split": (55_000, 1_315_634), "parameters": 1_370_634,
     "compute_s": 0.05, "local_step_s": 0.08}
@@ -389,7 +389,7 @@ def test_a_runs_row_carries_its_wait_for_hvdx_plan():
     from hvdx.bench.harness import summarize
 
     run = {"workload": "digits_vgg", "strategy": "topk", "ranks": 2, "steps": 4,
-           "step_times": [0.2] * 4, "curve": [{"step": 4, "time": 0.8, "accuracy": 0.9}],
+           "step_times": [0.2] * 4, "curve": [{"step": 4, "time": 0.8, "quality": 0.9}],
            "hvdx_bytes_per_rank_per_step": 1e5,
            "ranks_detail": [{"interface_tx_rx": None, "step_waits": [1.0, 1.0, 0.05, 0.07]},
                             {"interface_tx_rx": None, "step_waits": [1.0, 1.0, 0.03, 0.03]}]}

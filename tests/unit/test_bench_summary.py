@@ -10,12 +10,23 @@ def result(strategy, step_s, curve, rx=None, ranks=4, steps=10):
             "ranks_detail": [{"interface_tx_rx": None if rx is None else [rx, rx]}] * ranks}
 
 
-CURVE = [{"step": 5, "time": 1.0, "accuracy": 0.5}, {"step": 10, "time": 2.0, "accuracy": 0.95}]
+CURVE = [{"step": 5, "time": 1.0, "quality": 0.5}, {"step": 10, "time": 2.0, "quality": 0.95}]
 
 
 def test_time_to_target_is_the_first_evaluation_at_or_above_it():
     row = summarize(result("horovod", 0.2, CURVE), 0.9, "net")
-    assert row.time_to_target_s == 2.0 and row.final_accuracy == 0.95
+    assert row.time_to_target_s == 2.0 and row.final_quality == 0.95
+
+
+def test_bits_per_byte_reach_their_target_from_above_and_the_table_says_the_unit():
+    from hvdx.bench.workloads import BITS_PER_BYTE
+
+    curve = [{"step": 5, "time": 1.0, "quality": 5.1}, {"step": 10, "time": 2.0, "quality": 3.9}]
+    row = summarize(result("horovod", 0.2, curve), 4.0, "net", BITS_PER_BYTE)
+    assert row.time_to_target_s == 2.0 and row.final_quality == 3.9
+    assert summarize(result("horovod", 0.2, curve), 3.5, "net",
+                     BITS_PER_BYTE).time_to_target_s is None
+    assert "3.900 bpb" in render_table([row])
 
 
 def test_an_unreached_target_has_no_time():
@@ -109,28 +120,47 @@ def test_the_verdict_ranks_by_time_per_batch_and_says_when_the_plan_named_anothe
     rows = [priced("horovod", 1.0, 1.1), priced("b", 0.100, 0.110),
             priced("stanza", 0.090, 0.090, data_ranks=3)]
     assert fastest_lines(rows) == [
-        "w: fastest per batch b (25.0 ms measured, 27.5 planned); the plan names it"]
+        "w: fastest per batch: b, 25.0 ms per batch (its 100.0 ms mean step over 4 data "
+        "ranks), 27.5 ms planned; the plan names it"]
     # The plan prices stanza at 60 ms (20 ms a batch): it names stanza, 20% slower.
     rows[2].predicted_step_s = 0.060
     assert fastest_lines(rows) == [
-        "w: fastest per batch b (25.0 ms measured, 27.5 planned); the plan names stanza "
-        "(20.0 ms), which took 20% longer"]
+        "w: fastest per batch: b, 25.0 ms per batch (its 100.0 ms mean step over 4 data "
+        "ranks), 27.5 ms planned; the plan names stanza (20.0 ms per batch), which took "
+        "20% longer"]
     # At 70 ms (23.3 ms a batch) the plan still names stanza, but with b within 20% of it.
     rows[2].predicted_step_s = 0.070
     assert fastest_lines(rows) == [
-        "w: fastest per batch b (25.0 ms measured, 27.5 planned); the plan names stanza "
-        "(23.3 ms), which took 20% longer; the plan had b within its 20% error of it"]
+        "w: fastest per batch: b, 25.0 ms per batch (its 100.0 ms mean step over 4 data "
+        "ranks), 27.5 ms planned; the plan names stanza (23.3 ms per batch), which took "
+        "20% longer; the plan had b within its 20% error of it"]
     # Where the plan's steps are mostly compute and within 20% of each other, it names
     # no winner, as hvdx plan does, and says whether the fastest was among them.
     rows[2].predicted_step_s = 0.070
     for row in rows:
         row.predicted_compute_s = row.predicted_step_s * 0.9
     assert fastest_lines(rows) == [
-        "w: fastest per batch b (25.0 ms measured); mostly compute, the plan calls it too "
-        "close to call between stanza, b"]
+        "w: fastest per batch: b, 25.0 ms per batch (its 100.0 ms mean step over 4 data "
+        "ranks); mostly compute, the plan calls it too close to call between stanza, b"]
     rows[1].predicted_step_s = 0.2  # b far behind in the plan: no tie, a winner named
     rows[1].predicted_compute_s = 0.18
-    assert fastest_lines(rows)[0].endswith("the plan names stanza (23.3 ms), which took "
-                                           "20% longer")
+    assert fastest_lines(rows)[0].endswith("the plan names stanza (23.3 ms per batch), "
+                                           "which took 20% longer")
     # Nothing priced (localhost): no verdict.
     assert fastest_lines([summarize(result("b", 0.1, CURVE), 0.9, "net")]) == []
+
+
+def test_the_verdict_shows_a_batch_as_the_step_it_divides_by_the_data_ranks():
+    from hvdx.bench.harness import fastest_lines
+
+    # Stanza's 60 ms step trains 3 batches (3 data ranks): 20 ms a batch, beating b.
+    rows = [priced("b", 0.100, 0.110), priced("stanza", 0.060, 0.060, data_ranks=3)]
+    line = fastest_lines(rows)[0]
+    assert line.startswith("w: fastest per batch: stanza, 20.0 ms per batch (its 60.0 ms "
+                           "mean step over 3 data ranks)"), line
+    # Without a mean (no schedule to average over), the median step it used is named.
+    for row in rows:
+        row.mean_step_s = None
+    assert "(its 60.0 ms median step over 3 data ranks)" in fastest_lines(rows)[0]
+    rows[1].data_ranks, rows[1].median_step_s = 1, 0.010
+    assert "(its 10.0 ms median step over 1 data rank)" in fastest_lines(rows)[0]
