@@ -15,6 +15,13 @@ import hvdx
 import hvdx.tensorflow as hvd
 import hvdx.tensorflow.keras as hvd_keras
 from hvdx.strategies.topk.spec import TopKCompression
+from mpi4py import MPI
+
+# What this module proves does not depend on the size of the job; at 4 ranks on the
+# suite's 2 cores every collective waits for a descheduled rank, so the 4-rank job's
+# time goes to the tests that need 4 ranks (groups, graphs, shards, roles).
+pytestmark = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 2,
+                                reason="a wrong value on one rank: checked at 1 and 2 ranks")
 
 #: name -> (valid spec, wrong spec on rank 1, text the message must hold).
 SPECS = {

@@ -10,6 +10,13 @@ import torch.nn.functional as F
 
 import hvdx.torch as hvd
 from torch_models import SmallCNN, batches
+from mpi4py import MPI
+
+# What this module proves does not depend on the size of the job; at 4 ranks on the
+# suite's 2 cores every collective waits for a descheduled rank, so the 4-rank job's
+# time goes to the tests that need 4 ranks (groups, graphs, shards, roles).
+pytestmark = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 2,
+                                reason="drop-in identity with Horovod: checked at 1 and 2 ranks")
 
 
 def test_every_public_horovod_torch_name_is_exported():

@@ -16,6 +16,13 @@ import torch.nn as nn
 import hvdx
 import hvdx.torch as hvd
 from hvdx.strategies.dssync.torch.optimizer import dssync_process_sets
+from mpi4py import MPI
+
+# What this module proves does not depend on the size of the job; at 4 ranks on the
+# suite's 2 cores every collective waits for a descheduled rank, so the 4-rank job's
+# time goes to the tests that need 4 ranks (groups, graphs, shards, roles).
+pytestmark = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 2,
+                                reason="a wrong value on one rank: checked at 1 and 2 ranks")
 
 #: name -> (the valid arguments, the wrong ones on rank 1, text the message must hold).
 #: The valid DS-Sync rotation detects the topology while it is prepared (collective):
