@@ -8,7 +8,7 @@ gradients per step, 99% of them in the FC layers). It imports Horovod, not hvdx:
 the kind of script ``hvdx bench --script`` runs unchanged::
 
     hvdx bench --script examples/pytorch_synthetic_benchmark.py \\
-        --strategies horovod,topk_dgc,dssync,decentralized
+        --strategies horovod,fast,dssync,decentralized
     mpirun -n 4 python examples/pytorch_synthetic_benchmark.py   # plain Horovod
 """
 

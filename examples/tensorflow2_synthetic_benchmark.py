@@ -10,7 +10,7 @@ gradients per step). It imports Horovod, not hvdx: it is the kind of script
 ``hvdx bench --script`` runs unchanged::
 
     hvdx bench --script examples/tensorflow2_synthetic_benchmark.py \\
-        --strategies horovod,topk_dgc,dssync,decentralized
+        --strategies horovod,fast,dssync,decentralized
     mpirun -n 4 python examples/tensorflow2_synthetic_benchmark.py   # plain Horovod
 """
 

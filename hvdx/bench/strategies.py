@@ -131,9 +131,10 @@ def _counted_bytes(optimizer, model, size, steps):
 #: ``topk_method`` of the presets (:mod:`hvdx.strategies.topk.presets`).
 TOPK_RATIO = topk_presets.RATIO
 TOPK_METHOD = topk_presets.TOPK_METHOD
-#: The tuned TopKs are the presets ``Compression.topk(preset="fast")`` (``topk_dgc``:
-#: global selection, DGC momentum correction without masking) and ``preset="safe"``
-#: (``topk_masked``: with masking, the downlink twice as dense); the measurements behind
+#: The tuned TopKs are the presets ``Compression.topk(preset="fast")`` (row ``fast``,
+#: once ``topk_dgc``: global selection, DGC momentum correction without masking) and
+#: ``preset="safe"`` (row ``safe``, once ``topk_masked``: with masking, the downlink
+#: twice as dense); the measurements behind
 #: them are in :mod:`hvdx.strategies.topk.presets`. Their arguments, for the labels and the cost
 #: model:
 TOPK_DGC_OPTIONS: Dict = topk_presets.preset_options("fast")
@@ -435,9 +436,8 @@ DEFAULT_STRATEGIES = tuple(name for name, s in STRATEGIES.items() if s.default)
 #: the quick run has those alone).
 FULL_STRATEGIES = tuple(name for name, s in STRATEGIES.items() if s.default or s.full)
 
-#: Other names ``--strategies`` accepts: the presets' own, ``fast`` and ``safe``
-#: (``HVDX_COMPRESSION=fast``, ``Compression.topk(preset="fast")``), for the tuned TopKs
-#: the benchmark runs them as.
+#: Other names ``--strategies`` accepts: the tuned TopKs' names before their rows took
+#: the presets' (``topk_dgc`` for ``fast``, ``topk_masked`` for ``safe``).
 ALIASES: Dict[str, str] = {alias: name for name, s in STRATEGIES.items()
                            for alias in s.aliases}
 

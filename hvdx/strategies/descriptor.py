@@ -98,14 +98,14 @@ class BenchVariant:
     """One row of ``hvdx bench``'s table (:data:`hvdx.bench.strategies.STRATEGIES`).
 
     Attributes:
-        name: the row's name in ``--strategies`` (``"topk_dgc"``).
+        name: the row's name in ``--strategies`` (``"fast"``).
         make: lazy path of ``make(name, **kwargs) -> hvdx.bench.strategies.Strategy``:
             how the bench builds the optimizer, counts the bytes, labels the row and
             spells it for a script's variables.
         kwargs: literal keyword arguments of ``make`` (``{"preset": "fast"}``).
         default: run by a plain ``hvdx bench``.
         full: run by ``hvdx bench --full`` too, where not ``default``.
-        aliases: other names ``--strategies`` accepts for it (``"fast"``).
+        aliases: other names ``--strategies`` accepts for it (``"topk_dgc"``).
     """
 
     name: str

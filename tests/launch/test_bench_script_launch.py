@@ -14,7 +14,7 @@ def test_a_horovod_script_runs_under_horovod_and_topk_with_step_times_and_bytes(
     before = SCRIPT.read_bytes()
     out = tmp_path / "bench"
     proc, _ = run([sys.executable, "-m", "hvdx.cli", "bench", "--localhost", "--ranks", "2",
-                   "--script", str(SCRIPT), "--strategies", "horovod,topk_dgc",
+                   "--script", str(SCRIPT), "--strategies", "horovod,fast",
                    "--script-args", "--batch-size 8 --num-warmup-batches 1 "
                    "--num-batches-per-iter 2 --num-iters 2", "--out", str(out)],
                   timeout=150)
@@ -22,13 +22,13 @@ def test_a_horovod_script_runs_under_horovod_and_topk_with_step_times_and_bytes(
     assert SCRIPT.read_bytes() == before  # the copy was switched, not the script
     assert "import horovod.torch as hvd -> import hvdx.torch as hvd" in proc.stdout
     assert "note: no floor for a script" in proc.stdout
-    assert "pytorch_synthetic_benchmark / topk_dgc: Iter #1:" in proc.stdout  # progress
+    assert "pytorch_synthetic_benchmark / fast: Iter #1:" in proc.stdout  # progress
     table = proc.stdout[proc.stdout.index("\nlocalhost"):]
-    assert " horovod " in table and " topk_dgc " in table
+    assert " horovod " in table and " fast " in table
 
     data = json.loads((out / "results.json").read_text())
     horovod, topk = data["summary"]
-    assert [horovod["strategy"], topk["strategy"]] == ["horovod", "topk_dgc"]
+    assert [horovod["strategy"], topk["strategy"]] == ["horovod", "fast"]
     for row in (horovod, topk):
         # Warm-up 1 + 2 x 2 timed, and the step broadcast_optimizer_state takes to make
         # the optimizer's state.
@@ -37,12 +37,12 @@ def test_a_horovod_script_runs_under_horovod_and_topk_with_step_times_and_bytes(
         assert row["img_per_s"] > 0 and row["final_accuracy"] is None
     assert topk["step_speedup"] is not None and horovod["step_speedup"] == 1.0
     # TopK really ran: rank 0 said so, and hvdx's count is far below the allreduce's.
-    log = (out / "pytorch_synthetic_benchmark-topk_dgc.log").read_text()
+    log = (out / "pytorch_synthetic_benchmark-fast.log").read_text()
     assert "[hvdx] HVDX_COMPRESSION='fast': bidirectional TopK, ratio=0.01" in log
     assert "HVDX_COMPRESSION='none'" in (out / "pytorch_synthetic_benchmark-horovod.log").read_text()
     assert topk["hvdx_bytes_per_step"] < 0.05 * horovod["hvdx_bytes_per_step"]
     with open(out / "results.csv") as f:
-        assert [r["strategy"] for r in csv.DictReader(f)] == ["horovod", "topk_dgc"]
+        assert [r["strategy"] for r in csv.DictReader(f)] == ["horovod", "fast"]
     assert (out / "results.png").stat().st_size > 0
 
 

@@ -254,9 +254,9 @@ def test_the_plan_of_a_run_takes_the_averages_timed_around_it():
 # of 8 bytes up; the "safe" preset's downlink of 2% ceil(27,412.68) = 27,413 pairs.
 DIGITS_UP = 13_707 * 8
 TWO_RACKS = ClusterSpec(racks=2, hosts_per_rack=2, nic="1gbit", uplink="100mbit")
-#: A topk_dgc run on TWO_RACKS whose local step took 80 ms.
+#: A fast run on TWO_RACKS whose local step took 80 ms.
 TOPK_DGC_RUN = {
-    "workload": "digits_vgg", "strategy": "topk_dgc", "ranks": 4, "steps": 10,
+    "workload": "digits_vgg", "strategy": "fast", "ranks": 4, "steps": 10,
     "step_times": [0.2] * 10, "curve": [{"step": 10, "time": 2.0, "quality": 0.96}],
     "hvdx_bytes_per_rank_per_step": 1e5, "ranks_detail": [{"interface_tx_rx": None}] * 4,
     "parameter_split": (55_000, 1_315_634), "parameters": 1_370_634,
@@ -274,14 +274,14 @@ def test_sharded_topks_step_is_timed_again_around_each_topk_run_at_its_own_size(
     _, jobs, _, raw = fake_bench(monkeypatch, calibration=calibration, sharded=(
         {dgc: [[DIGITS_UP, 0.1]]}, {dgc: [[DIGITS_UP, 0.2]]},
         {masked: [[DIGITS_UP, 0.3]]}, {masked: [[DIGITS_UP, 0.5]]}))
-    harness.run_bench(ClusterSpec(), ["digits_vgg"], ["horovod", "topk_dgc", "topk_masked"],
+    harness.run_bench(ClusterSpec(), ["digits_vgg"], ["horovod", "fast", "safe"],
                       6, 3, str(tmp_path), floor=False, say=lambda l: None, full=True)
     assert [j[0] + ("/" + j[2] if j[2] else "") for j in jobs] == [
         "local/horovod", "cluster/horovod", "local/horovod",  # Horovod's own: not again
-        "local/topk_dgc", "sharded topk", "cluster/topk_dgc", "sharded topk",
-        "local/topk_dgc",
-        "local/topk_masked", "sharded topk", "cluster/topk_masked", "sharded topk",
-        "local/topk_masked"]
+        "local/fast", "sharded topk", "cluster/fast", "sharded topk",
+        "local/fast",
+        "local/safe", "sharded topk", "cluster/safe", "sharded topk",
+        "local/safe"]
     assert fake_bench.sharded_args == [(DIGITS_UP, 1.0)] * 2 + \
         [(DIGITS_UP, pytest.approx(27_413 / 13_707))] * 2
     # The mean of the two timings.

@@ -98,16 +98,16 @@ def test_every_script_strategy_is_a_value_hvdx_environment_accepts(name):
     if name == "horovod":
         assert compression is None and sync is None
         assert "HOROVOD_CYCLE_TIME" not in env
-    elif name.startswith("topk"):
+    elif name.startswith("topk") or name in ("fast", "safe"):
         assert compression.name == "topk" and sync is None
     else:
         assert compression is None and sync.name in ("dssync", "decentralized")
 
 
 def test_the_tuned_topks_are_the_presets_with_horovods_defaults_as_the_baseline():
-    assert strategy_environment("topk_dgc") == {
+    assert strategy_environment("fast") == {
         "HVDX_COMPRESSION": "fast", "HVDX_SYNC": "none"}
-    assert strategy_environment("topk_masked")["HVDX_COMPRESSION"] == "safe"
+    assert strategy_environment("safe")["HVDX_COMPRESSION"] == "safe"
 
 
 @pytest.mark.parametrize("name, words", [
@@ -121,8 +121,8 @@ def test_a_strategy_that_needs_code_is_refused_for_a_script(name, words):
 def test_named_strategies_that_need_code_are_errors_default_ones_are_skipped_with_a_note():
     with pytest.raises(ValueError, match="stanza cannot run a script"):
         script_strategies(["horovod", "stanza"], named=True)
-    run, notes = script_strategies(["topk_dgc", "dssync", "stanza"], named=False)
-    assert run == ["horovod", "topk_dgc", "dssync"]  # Horovod first, always
+    run, notes = script_strategies(["fast", "dssync", "stanza"], named=False)
+    assert run == ["horovod", "fast", "dssync"]  # Horovod first, always
     assert len(notes) == 1 and notes[0].startswith("stanza skipped: Stanza needs code")
 
 
@@ -254,7 +254,7 @@ def test_a_row_holds_the_median_step_wall_time_and_bytes_per_step():
                "img_per_s": [90.0, 100.0, 110.0],
                "step_logs": {"0": _log([0.0, 0.2, 0.4, 0.6]), "1": _log([0.0, 0.3])},
                "interface_tx_rx": [[4000, 8000], [4000, 4000]]}
-    topk = dict(horovod, strategy="topk_dgc", wall_s=5.0, img_per_s=[],
+    topk = dict(horovod, strategy="fast", wall_s=5.0, img_per_s=[],
                 step_logs={"0": _log([0.0, 0.1, 0.2, 0.3],
                                      {"total_sent": 40.0, "total_received": 80.0})},
                 interface_tx_rx=None)
@@ -271,7 +271,7 @@ def test_a_row_holds_the_median_step_wall_time_and_bytes_per_step():
     assert fast.img_per_s is None and fast.interface_rx_per_step is None
     table = script_run.render_table(rows)
     assert table.splitlines()[0] == "net"
-    assert "topk_dgc" in table and "2.00" in table
+    assert "fast" in table and "2.00" in table
 
 
 # --- the command line --------------------------------------------------------------------
@@ -294,9 +294,10 @@ class Started(Exception):
 
 
 @pytest.mark.parametrize("script", [False, True])
-def test_the_presets_names_fast_and_safe_run_the_tuned_topks(tmp_path, monkeypatch,
-                                                             script):
-    """--strategies fast,safe are HVDX_COMPRESSION's names of topk_dgc and topk_masked."""
+def test_the_rows_old_names_topk_dgc_and_topk_masked_run_the_presets(tmp_path, monkeypatch,
+                                                                     script):
+    """--strategies topk_dgc,topk_masked, the rows' names before they took the presets',
+    still run fast and safe."""
     from hvdx.bench import harness, script_run
 
     def started(spec, what, names, *args, **kwargs):
@@ -307,14 +308,14 @@ def test_the_presets_names_fast_and_safe_run_the_tuned_topks(tmp_path, monkeypat
                         lambda spec, script, script_args, names, *a, **k: started(
                             spec, script, names))
     argv = ["--localhost", "--out", str(tmp_path / "out"), "--no-floor",
-            "--strategies", "horovod,fast, safe"]
+            "--strategies", "horovod,topk_dgc, topk_masked"]
     if script:
         train = tmp_path / "train.py"
         train.write_text("import horovod.torch as hvd\n")
         argv += ["--script", str(train)]
     with pytest.raises(Started) as info:
         main(argv)
-    assert info.value.args[0] == ["horovod", "topk_dgc", "topk_masked"]
+    assert info.value.args[0] == ["horovod", "fast", "safe"]
 
 
 # --- a variable's value as a strategy: the script's own compressor ------------------------
@@ -331,7 +332,7 @@ def test_items_split_at_commas_outside_parentheses_and_quotes():
 def test_a_variables_value_is_a_strategy_that_sets_that_variable_alone():
     from hvdx.bench.script import variable_strategy
 
-    assert variable_strategy("topk_dgc") is None
+    assert variable_strategy("fast") is None
     assert variable_strategy("HVDX_COMPRESSION=scaled_sign(scale=0.5)") == \
         ("HVDX_COMPRESSION", "scaled_sign(scale=0.5)")
     assert strategy_environment("HVDX_COMPRESSION=scaled_sign(scale=0.5)") == {

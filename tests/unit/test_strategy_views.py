@@ -36,11 +36,11 @@ BENCH_TABLE = [
     ("topk", "bidirectional TopK 0.01/0.01 with error feedback, sampled_threshold selector",
      "topk", {"downlink_ratio": 0.01, "mode": "sharded", "ratio": 0.01}, {}, {}, False,
      False, False, False, False, False),
-    ("topk_dgc", "bidirectional TopK 0.01/0.01, global selection, DGC momentum correction "
+    ("fast", "bidirectional TopK 0.01/0.01, global selection, DGC momentum correction "
      "without masking, small tensors averaged by hvdx", "topk",
      {"downlink_ratio": 0.01, "mode": "sharded", "ratio": 0.01}, {}, {}, True, False,
      False, False, False, False),
-    ("topk_masked", "bidirectional TopK 0.01 up, 0.02 down, global selection, DGC momentum "
+    ("safe", "bidirectional TopK 0.01 up, 0.02 down, global selection, DGC momentum "
      "correction with masking, small tensors averaged by hvdx", "topk",
      {"downlink_ratio": 0.02, "mode": "sharded", "ratio": 0.01}, {}, {}, True, False,
      False, False, False, False),
@@ -81,21 +81,21 @@ def test_the_bench_table_has_its_rows_in_order():
            for n, s in bench.STRATEGIES.items()]
     assert got == BENCH_TABLE
     assert all(s.name == n for n, s in bench.STRATEGIES.items())
-    assert bench.DEFAULT_STRATEGIES == ("horovod", "topk_dgc", "topk_masked", "dssync",
+    assert bench.DEFAULT_STRATEGIES == ("horovod", "fast", "safe", "dssync",
                                         "decentralized", "stanza")
-    assert bench.FULL_STRATEGIES == ("horovod", "topk", "topk_dgc", "topk_masked", "dssync",
+    assert bench.FULL_STRATEGIES == ("horovod", "topk", "fast", "safe", "dssync",
                                      "decentralized", "stanza")
-    assert bench.ALIASES == {"fast": "topk_dgc", "safe": "topk_masked"}
-    assert bench.strategy_names([" fast", "safe ", "dssync", "nope"]) == \
-        ["topk_dgc", "topk_masked", "dssync", "nope"]
+    assert bench.ALIASES == {"topk_dgc": "fast", "topk_masked": "safe"}
+    assert bench.strategy_names([" topk_dgc", "topk_masked ", "dssync", "nope"]) == \
+        ["fast", "safe", "dssync", "nope"]
 
 
 SCRIPT_VALUES = {
     "horovod": {},
     "topk": {"HVDX_COMPRESSION": "topk(ratio=0.01, topk_method='sampled_threshold', "
                                  "downlink_ratio=0.01)"},
-    "topk_dgc": {"HVDX_COMPRESSION": "fast"},
-    "topk_masked": {"HVDX_COMPRESSION": "safe"},
+    "fast": {"HVDX_COMPRESSION": "fast"},
+    "safe": {"HVDX_COMPRESSION": "safe"},
     "dssync": {"HVDX_SYNC": "DSSync()"},
     "dssync_adaptive": {"HVDX_SYNC": "DSSync(probe_every=10, probe_bytes=1048576)"},
     "decentralized": {"HVDX_SYNC": "Decentralized(topology='one-peer-exp', "
@@ -126,10 +126,10 @@ def test_the_bench_runs_a_script_with_these_values():
     with pytest.raises(ValueError) as info:
         script.strategy_environment("nope")
     assert str(info.value) == ("strategy='nope' is unknown; choose from horovod, topk, "
-                               "topk_dgc, topk_masked, dssync, dssync_adaptive, "
+                               "fast, safe, dssync, dssync_adaptive, "
                                "decentralized, decentralized_static, decentralized_cta")
     run, notes = script.script_strategies(list(bench.DEFAULT_STRATEGIES) + ["floor"], False)
-    assert run == ["horovod", "topk_dgc", "topk_masked", "dssync", "decentralized"]
+    assert run == ["horovod", "fast", "safe", "dssync", "decentralized"]
     assert notes == [f"stanza skipped: {STANZA_WHY}", f"floor skipped: {FLOOR_WHY}"]
 
 

@@ -56,7 +56,7 @@ def test_topk_passed_without_calling_it_is_refused_saying_to_call_it():
         strategy_of(topk, None)
 
 
-@pytest.mark.parametrize("name, preset", [("topk_dgc", "fast"), ("topk_masked", "safe")])
+@pytest.mark.parametrize("name, preset", [("fast", "fast"), ("safe", "safe")])
 def test_the_benchmarks_tuned_topks_are_the_presets_with_horovods_defaults(
         name, preset, monkeypatch):
     hvd = pytest.importorskip("hvdx.torch")

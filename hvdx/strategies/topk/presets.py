@@ -1,8 +1,8 @@
 """Named TopK settings: ``Compression.topk(preset="fast")`` and ``preset="safe"``.
 
-Both are the tuned TopKs of the benchmark (``hvdx bench``'s ``topk_dgc`` and
-``topk_masked``, which :mod:`hvdx.bench.strategies` builds from this table, so the two
-cannot drift). Which one:
+Both are the tuned TopKs of the benchmark (``hvdx bench``'s rows ``fast`` and ``safe``,
+once ``topk_dgc`` and ``topk_masked``, which :mod:`hvdx.bench.strategies` builds from
+this table, so the two cannot drift). Which one:
 
 1. ``"fast"``: the fastest to a target accuracy where the uplink is slow: 1% of the
    gradient entries up and 1% down, DGC's momentum correction without factor masking.
