@@ -31,7 +31,8 @@ import numpy as np
 
 from hvdx.datasets import Split
 
-__all__ = ["CorpusMissing", "VALIDATION_MODULUS", "python_source", "source_files"]
+__all__ = ["CorpusMissing", "VALIDATION_MODULUS", "check_sources", "python_source",
+           "source_files"]
 
 #: One file in this many (by the CRC-32 of its relative path) is held out for validation.
 VALIDATION_MODULUS = 20
@@ -77,6 +78,25 @@ def _stream(root: str, paths: List[str]) -> np.ndarray:
     return np.frombuffer(bytearray(b"\0".join(parts)), dtype=np.uint8)
 
 
+def check_sources(root: Optional[str] = None) -> Tuple[str, List[str], List[str]]:
+    """Steps 1 and 2 without reading a file: ``(root, training paths, validation
+    paths)``, or :class:`CorpusMissing`, naming the directory, when it holds too little
+    source (a Python installed without its ``.py`` files)."""
+    root = root or stdlib_dir()
+    paths = source_files(root) if os.path.isdir(root) else []
+    train = [p for p in paths if not is_validation(p)]
+    valid = [p for p in paths if is_validation(p)]
+    size = sum(os.path.getsize(os.path.join(root, p)) for p in train)
+    if size < MIN_TRAIN_BYTES or not valid:
+        raise CorpusMissing(
+            f"the lm workload trains on the Python standard library's source, but "
+            f"{root} holds {len(paths)} .py files ({size:,} bytes for training): "
+            f"this Python was installed without its sources. Install them (Debian: "
+            f"apt-get install libpython3.11-stdlib; or use a python.org or pyenv "
+            f"build), or leave lm out of --workloads.")
+    return root, train, valid
+
+
 def python_source(context: int = 64, validation_windows: int = 256, seed: int = 0,
                   root: Optional[str] = None) -> Split:
     """The standard library's source as next-byte prediction: ``x`` and ``y`` are
@@ -85,19 +105,8 @@ def python_source(context: int = 64, validation_windows: int = 256, seed: int = 
     Raises :class:`CorpusMissing`, naming the directory, when it holds too little
     source (a Python installed without its ``.py`` files).
     """
-    root = root or stdlib_dir()
-    paths = source_files(root) if os.path.isdir(root) else []
-    train_paths = [p for p in paths if not is_validation(p)]
-    valid_paths = [p for p in paths if is_validation(p)]
-    train = _stream(root, train_paths) if train_paths else np.zeros(0, np.uint8)
-    if train.size < MIN_TRAIN_BYTES or not valid_paths:
-        raise CorpusMissing(
-            f"the lm workload trains on the Python standard library's source, but "
-            f"{root} holds {len(paths)} .py files ({train.size:,} bytes for training): "
-            f"this Python was installed without its sources. Install them (Debian: "
-            f"apt-get install libpython3.11-stdlib; or use a python.org or pyenv "
-            f"build), or leave lm out of --workloads.")
-    valid = _stream(root, valid_paths)
+    root, train_paths, valid_paths = check_sources(root)
+    train, valid = _stream(root, train_paths), _stream(root, valid_paths)
     x_train, y_train = _windows(train, context)
     starts = np.random.default_rng(seed).integers(0, valid.size - context - 1,
                                                   size=validation_windows)

@@ -83,6 +83,9 @@ class Workload:
     optimizer: str = "sgd"
     #: Strategies that do not apply to this workload, and why (the table says so).
     does_not_apply: Mapping[str, str] = field(default_factory=dict)
+    #: ``() -> None``: raises, with what to install, where the data is missing, without
+    #: loading it; ``None``: loading the data is the check.
+    check: Optional[Callable[[], object]] = None
 
     def steps(self, full: bool) -> int:
         """The steps of a run: ``default_steps`` in a full run, else ``quick_steps``."""
@@ -93,8 +96,9 @@ class Workload:
         return self.make_data()
 
     def check_data(self) -> None:
-        """Raise, with what to install, if the workload's data is not on this machine."""
-        self.data()
+        """Raise, with what to install, if the workload's data is not on this machine
+        (the harness, before any rank starts: each rank loads the data itself)."""
+        (self.check or self.make_data)()
 
     def make_optimizer(self, parameters, ranks: int) -> torch.optim.Optimizer:
         if self.optimizer == "adamw":
@@ -137,6 +141,18 @@ def _mnist():
     return mnist()
 
 
+def _mnist_file():
+    from hvdx.datasets import mnist_file
+
+    return mnist_file()
+
+
+def _source_files():
+    from hvdx.corpus import check_sources
+
+    return check_sources()
+
+
 def _source():
     from hvdx.corpus import python_source
 
@@ -154,7 +170,7 @@ WORKLOADS: Dict[str, Workload] = {
         # default cluster (`hvdx bench --workloads lm,resnet --steps 30`, 2026-12-07,
         # at d5d2560).
         lr=2e-3, batch_size=8, target=4.5, default_steps=200, quick_steps=60,
-        make_data=_source, metric=BITS_PER_BYTE, optimizer="adamw",
+        make_data=_source, check=_source_files, metric=BITS_PER_BYTE, optimizer="adamw",
         description="GPT-2-shaped byte transformer, 3.2 M parameters, on the Python "
                     "standard library's source (communication-bound)",
         does_not_apply={"stanza": "Stanza splits a model into a conv body and an FC head "
@@ -164,7 +180,7 @@ WORKLOADS: Dict[str, Workload] = {
                                   "few workers"}),
     "resnet": Workload(
         "resnet", lambda: ResNet18(width=16, stem_stride=2), lr=0.01, batch_size=32, target=0.95,
-        default_steps=200, quick_steps=60, make_data=_mnist,
+        default_steps=200, quick_steps=60, make_data=_mnist, check=_mnist_file,
         description="ResNet-18 blocks at width 16, 0.7 M parameters, on 5,000 real MNIST "
                     "digits"),
     "digits_cnn": Workload("digits_cnn", DigitsCNN, lr=0.025, batch_size=32,
