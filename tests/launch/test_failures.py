@@ -1,7 +1,6 @@
-"""A rank that fails ends the whole job, promptly, under mpirun and under horovodrun,
-for every strategy: an uncaught exception within 10 s (non-zero exit, that rank's
-traceback in the output), a SIGKILL within 30 s (every strategy under mpirun, one
-under horovodrun). The times are measured from the moment
+"""A rank that fails ends the whole job, promptly, under mpirun and under horovodrun:
+an uncaught exception within 10 s (non-zero exit, that rank's traceback in the output)
+under every strategy, and a SIGKILL within 30 s. The times are measured from the moment
 the failing rank fails (it writes the time to a file first)."""
 
 import os
@@ -34,12 +33,15 @@ def launch(launcher, strategy, how, stamp):
     return proc, time.time()
 
 
-# Every strategy under both launchers for an exception; a SIGKILL is the launcher's to
-# notice whatever the survivors wait in: every strategy under mpirun, one under
-# horovodrun (the suite's time is shared with everything else).
-CASES = [(launcher, strategy, "raise") for launcher in ("mpirun", "horovodrun")
-         for strategy in STRATEGIES] + \
-    [("mpirun", strategy, "kill") for strategy in STRATEGIES] + \
+# What the survivors wait in is the strategy's: Horovod's and TopK's collectives, DS-Sync's
+# process sets, the graph's point-to-point. So every strategy meets an exception under
+# mpirun. The launcher's part (forwarding the abort, noticing a dead rank) does not depend
+# on what they wait in: horovodrun meets an exception in a collective and in the graph's
+# point-to-point; a SIGKILL, under mpirun in a process set's collective and in
+# point-to-point, under horovodrun in point-to-point (the suite's time is shared).
+CASES = [("mpirun", strategy, "raise") for strategy in STRATEGIES] + \
+    [("horovodrun", strategy, "raise") for strategy in ("topk", "decentralized")] + \
+    [("mpirun", strategy, "kill") for strategy in ("dssync", "decentralized")] + \
     [("horovodrun", "decentralized", "kill")]
 
 

@@ -30,6 +30,10 @@ RATIOS = (0.02, 0.01)
 COMPILED = [False, True]
 COMPILED_IDS = ["eager", "tf.function"]
 
+# Past two ranks only the references at other ranks' offsets change; the rest runs at 1
+# and 2 ranks (tests/conftest.py).
+pytestmark = pytest.mark.up_to_two_ranks("TopK's settings, state, refusals and training")
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import synthetic_gradients  # noqa: E402
 from fake_comms import NoCollectives  # noqa: E402
@@ -64,6 +68,7 @@ def same_everywhere(array):
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.all_sizes
 @pytest.mark.parametrize("compiled", COMPILED, ids=COMPILED_IDS)
 @pytest.mark.parametrize("mode", ["gathered", "sharded"])
 def test_tape_update_equals_the_numpy_reference_bitwise(mode, compiled):
@@ -104,6 +109,7 @@ def test_tape_update_equals_the_numpy_reference_bitwise(mode, compiled):
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.all_sizes
 def test_global_selection_equals_the_reference_on_the_concatenated_gradient():
     variables = flat_variables()
     spec = hvd.Compression.topk(*RATIOS, mode="sharded", min_size=MIN_SIZE,

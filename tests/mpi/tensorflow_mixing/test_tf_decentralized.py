@@ -278,6 +278,7 @@ def test_resumed_run_continues_the_same_peer_sequence_bitwise(entry, order, mix_
 
 # --- bad input: a clear error on every rank ---------------------------------------------
 
+@pytest.mark.up_to_two_ranks('a refusal')
 @pytest.mark.mpi(min_size=1)
 def test_adapt_then_combine_on_the_tape_is_refused_naming_the_order():
     sync = hvdx.Decentralized("one-peer-exp")
@@ -285,6 +286,7 @@ def test_adapt_then_combine_on_the_tape_is_refused_naming_the_order():
         hvd.DistributedGradientTape(tf.GradientTape(), sync=sync)
 
 
+@pytest.mark.up_to_two_ranks('a refusal')
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("entry", ["tape", "keras"])
 def test_decentralized_with_topk_compression_fails_naming_compression(entry):

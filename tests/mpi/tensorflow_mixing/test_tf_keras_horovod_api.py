@@ -24,6 +24,10 @@ LR = 0.25  # exact in float32, so Keras' learning-rate variable holds it exactly
 CTA = "decentralized-cta"  # the complete graph, combine-then-adapt
 SMALL_WORLD = MPI.COMM_WORLD.Get_size() <= 2
 
+# Passes per step, local variables and their refusals do not depend on the job's size past
+# two ranks (tests/conftest.py).
+pytestmark = pytest.mark.up_to_two_ranks("Horovod's Keras arguments under parameter mixing")
+
 
 def averaging_all(kind, **options):
     """A strategy that averages over all ranks at every mix."""

@@ -144,6 +144,7 @@ def test_a_registered_mixer_trains_as_the_numpy_reference(entry, sync, matrix_at
     assert int(state.step.numpy()) == 5
 
 
+@pytest.mark.up_to_two_ranks("the environment's value")
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("entry", ["keras-function", "tape-eager"])
 def test_hvdx_sync_names_a_registered_mixer(entry):
@@ -155,6 +156,7 @@ def test_hvdx_sync_names_a_registered_mixer(entry):
     np.testing.assert_allclose(got, expected[hvd.rank()], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.up_to_two_ranks("the shared state's helpers")
 @pytest.mark.mpi(min_size=1)
 def test_synchronize_parameters_and_swa_come_from_the_shared_state():
     x = tf.Variable(np.ones(3, np.float32))
@@ -169,6 +171,7 @@ def test_synchronize_parameters_and_swa_come_from_the_shared_state():
     np.testing.assert_allclose(x.numpy(), mean.mean(axis=0), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.up_to_two_ranks('a refusal')
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("entry", ["keras-eager", "tape-eager"])
 @pytest.mark.parametrize("wrong, text", [
@@ -187,6 +190,7 @@ def test_a_different_mixer_on_one_rank_is_refused_on_every_rank(entry, wrong, te
     np.testing.assert_array_equal(total.numpy(), np.full(2, float(hvd.size())))
 
 
+@pytest.mark.up_to_two_ranks('a refusal')
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("entry", ["keras-eager", "tape-function"])
 def test_a_matrix_that_differs_at_a_later_step_is_refused_on_every_rank(entry):
@@ -204,6 +208,7 @@ def test_a_matrix_that_differs_at_a_later_step_is_refused_on_every_rank(entry):
     np.testing.assert_array_equal(total.numpy(), np.full(2, float(hvd.size())))
 
 
+@pytest.mark.up_to_two_ranks('a checkpoint round trip')
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("entry", ["keras-function", "tape-eager"])
 @pytest.mark.parametrize("name", ["tf_test_gossip", "tf_test_pull"])

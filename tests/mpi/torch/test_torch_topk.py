@@ -24,6 +24,11 @@ D = 3000
 MODES = ("gathered", "sharded")
 RATIOS = {"bidirectional": (0.02, 0.01), "unidirectional": (0.02, None)}
 
+# Past two ranks only the references at other ranks' offsets and what counts ranks change;
+# the rest runs at 1 and 2 ranks (tests/conftest.py).
+pytestmark = pytest.mark.up_to_two_ranks("TopK's settings, state, refusals and training")
+
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import synthetic_gradients  # noqa: E402
 from fake_comms import NoCollectives  # noqa: E402
@@ -63,6 +68,7 @@ def residual(opt, side, name="w"):
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.all_sizes
 @pytest.mark.parametrize("mode, direction, topk_method", [
     (mode, direction, "exact") for mode in MODES for direction in RATIOS
 ] + [(mode, "bidirectional", "sampled_threshold") for mode in MODES])
@@ -119,6 +125,7 @@ def test_ratio_one_is_horovods_dense_average_and_residuals_stay_zero(mode):
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.all_sizes
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("direction", RATIOS)
 def test_residual_bookkeeping_over_several_steps(mode, direction):
@@ -585,6 +592,7 @@ def test_autotune_times_topk_at_the_target_ratio_not_the_sparsity_warmups_first(
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.all_sizes
 def test_autotune_decides_on_the_slowest_rank_and_stays_dense_when_topk_lost():
     model = Flat()
     opt = topk_optimizer(model, hvd.Compression.topk(0.01, 0.01, min_size=0,
@@ -768,6 +776,7 @@ class CountingComm:
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.all_sizes
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("direction", RATIOS)
 def test_several_tensors_fused_equal_the_per_tensor_reference_bitwise(mode, direction):
@@ -858,6 +867,7 @@ def test_without_error_feedback_no_residual_is_kept_and_u_is_plain_topk(mode, di
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.all_sizes
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("direction", RATIOS)
 def test_global_selection_equals_the_reference_on_the_concatenated_gradient(mode, direction):
@@ -926,6 +936,7 @@ def test_global_selection_checkpoints_and_resumes_bitwise():
 
 
 @pytest.mark.mpi(min_size=1)
+@pytest.mark.all_sizes
 @pytest.mark.parametrize("mode", MODES)
 def test_byte_counters_split_into_uplink_downlink_and_dense(mode):
     model = Several()

@@ -22,6 +22,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from hvdx_variables import hvdx_variables  # noqa: E402
 
 
+# The protocol's steps, checkpoints and Horovod's join do not depend on the size past two
+# ranks (tests/conftest.py).
+pytestmark = pytest.mark.up_to_two_ranks('a registered compressor against its numpy reference')
+
+
 class ScaledSign(Compressor):
     def __init__(self, scale=1.0):
         if not scale > 0:

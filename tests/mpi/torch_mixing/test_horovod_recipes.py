@@ -166,6 +166,7 @@ def test_the_rank0_resume_recipe_gives_every_rank_the_roots_state(strategy, opti
         assert same_everywhere(entry["step"], "resumed.step")
 
 
+@pytest.mark.up_to_two_ranks('two optimizers of one model alternate as in a GAN')
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_two_optimizers_train_alternately_as_in_a_gan(strategy):
@@ -199,6 +200,7 @@ def test_two_optimizers_train_alternately_as_in_a_gan(strategy):
         assert same_everywhere(both, "gan.params"), f"{strategy}: the ranks differ"
 
 
+@pytest.mark.up_to_two_ranks("rank 0's one line")
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("strategy", ["fast", "topk"])
 def test_rank0_says_once_that_the_roots_residuals_are_not_copied(strategy, capfd,
@@ -219,6 +221,7 @@ def test_rank0_says_once_that_the_roots_residuals_are_not_copied(strategy, capfd
     assert said == (1 if hvd.rank() == 0 else 0)
 
 
+@pytest.mark.up_to_two_ranks("a second optimizer after the first's state round trip")
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_a_second_optimizer_trains_after_the_first_saved_and_loaded(strategy):
@@ -249,6 +252,7 @@ def test_a_second_optimizer_trains_after_the_first_saved_and_loaded(strategy):
     assert first is not second
 
 
+@pytest.mark.up_to_two_ranks('a save on rank 0 alone times out there')
 @pytest.mark.mpi(min_size=2)
 def test_saving_on_rank_0_alone_fails_there_within_the_timeout(monkeypatch, tmp_path):
     monkeypatch.setenv("HVDX_CHECKPOINT_TIMEOUT", "1")
@@ -307,6 +311,7 @@ def test_a_process_set_averages_inside_it_and_the_others_step_alone(compression)
         hvd.remove_process_set(members)
 
 
+@pytest.mark.up_to_two_ranks('a refusal')
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("strategy", ["dssync", "decentralized"])
 def test_parameter_mixing_refuses_a_process_set_on_every_rank(strategy):
@@ -321,6 +326,7 @@ def test_parameter_mixing_refuses_a_process_set_on_every_rank(strategy):
         hvd.remove_process_set(members)
 
 
+@pytest.mark.up_to_two_ranks('a refusal')
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("stanza", [hvd.Stanza, "instance"], ids=["class", "instance"])
 def test_stanza_as_sync_is_refused_on_every_rank_naming_the_trainer(stanza):
@@ -333,6 +339,7 @@ def test_stanza_as_sync_is_refused_on_every_rank_naming_the_trainer(stanza):
                                  sync=stanza)
 
 
+@pytest.mark.up_to_two_ranks('a refusal')
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("strategy", ["dssync", "decentralized"])
 def test_join_is_refused_while_a_parameter_mixing_strategy_trains(strategy):
@@ -407,6 +414,7 @@ def test_join_under_topk_leaves_the_joined_ranks_residuals_and_keeps_one_schedul
     assert same_everywhere(step, f"join.after.{compression}")
 
 
+@pytest.mark.up_to_two_ranks("Horovod's join, untouched")
 @pytest.mark.mpi(min_size=1)
 def test_join_is_horovods_once_no_strategy_trains():
     model, opt = build("horovod")
