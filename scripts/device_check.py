@@ -209,6 +209,7 @@ class Driver:
                     break
             launch.returncode = proc.wait()
         launch.events = read_events(prefix, launch.ranks)
+        self.report(launch.events)
         with open(prefix + ".log") as f:
             tail = last_error_line(f.read())
         return launch, decide(launch, tail), tail
