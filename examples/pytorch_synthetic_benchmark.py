@@ -34,7 +34,10 @@ parser.add_argument("--num-batches-per-iter", type=int, default=10,
                     help="number of batches per benchmark iteration")
 parser.add_argument("--num-iters", type=int, default=10, help="number of benchmark iterations")
 parser.add_argument("--use-adasum", action="store_true", help="use adasum algorithm")
+parser.add_argument("--no-cuda", action="store_true", default=False,
+                    help="disables CUDA training")
 args = parser.parse_args()
+args.cuda = not args.no_cuda and torch.cuda.is_available()
 
 
 class SmallCNN(nn.Module):
@@ -56,7 +59,14 @@ class SmallCNN(nn.Module):
 hvd.init()
 torch.manual_seed(42)
 
+if args.cuda:
+    # Horovod: pin GPU to local rank (in turn, where the ranks outnumber the GPUs).
+    torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+
 model = SmallCNN()
+if args.cuda:
+    # Move model to GPU.
+    model.cuda()
 lr_scaler = hvd.size() if not args.use_adasum else 1
 optimizer = optim.SGD(model.parameters(), lr=0.01 * lr_scaler, momentum=0.9)
 
@@ -75,6 +85,8 @@ hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 # Set up fixed fake data
 data = torch.randn(args.batch_size, 3, 32, 32)
 target = torch.LongTensor(args.batch_size).random_() % 10
+if args.cuda:
+    data, target = data.cuda(), target.cuda()
 
 
 def benchmark_step():
@@ -93,7 +105,7 @@ def log(s, nl=True):
 
 log("Model: SmallCNN (%d parameters)" % sum(p.numel() for p in model.parameters()))
 log("Batch size: %d" % args.batch_size)
-device = "CPU"
+device = "GPU" if args.cuda else "CPU"
 log("Number of %ss: %d" % (device, hvd.size()))
 
 # Warm-up

@@ -13,6 +13,7 @@ Each other strategy switches on one hvdx feature (README.md):
                    (at least 2 ranks: the last one trains the head)
 
 Run:  mpirun -n 4 python examples/torch_digits.py --strategy dssync
+ on GPUs: mpirun -n 4 python examples/torch_digits.py --strategy topk --device cuda
  or:  horovodrun -np 4 python examples/torch_digits.py --checkpoint digits.pt
  and  HOROVOD_CYCLE_TIME=50 mpirun -n 4 python examples/torch_digits.py --strategy topk
       (TopK's presets leave Horovod nothing to carry during a step: a 50 ms cycle
@@ -76,6 +77,9 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--checkpoint", metavar="PATH",
                         help="saved after every epoch; the run resumes from it if it exists")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu, cuda (each rank the GPU of its local rank, shared in "
+                             "turn when the ranks outnumber the GPUs) or cuda:N")
     args = parser.parse_args(argv)
 
     # (Calling hvd.init() again in a job that has initialised Horovod, as the tests of
@@ -87,8 +91,11 @@ def main(argv=None):
     torch.set_num_threads(1)  # one thread per rank: the ranks share the host's cores
     torch.manual_seed(args.seed)
     rank, size = hvd.rank(), hvd.size()
+    device = torch.device(args.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
 
-    model = DigitsCNN()
+    model = DigitsCNN().to(device)  # built on the CPU first: the same weights anywhere
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=0.9)
     if args.strategy == "stanza":
         # Conv ranks train the features, the last rank the head; only conv ranks read
@@ -117,8 +124,8 @@ def main(argv=None):
     full = digits()
     reads = rank in readers
     data = full.shard(readers.index(rank) if reads else 0, len(readers))
-    x_train, y_train = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
-    x_test, y_test = torch.from_numpy(full.x_test), torch.from_numpy(full.y_test)
+    x_train, y_train = (torch.from_numpy(a).to(device) for a in (data.x_train, data.y_train))
+    x_test, y_test = (torch.from_numpy(a).to(device) for a in (full.x_test, full.y_test))
     # Every rank takes the same number of steps (the collectives must match): the
     # smallest shard holds len // readers samples.
     steps = args.steps_per_epoch or len(full.x_train) // len(readers) // args.batch_size
@@ -142,7 +149,7 @@ def main(argv=None):
     step_times = []
     for epoch in range(start, args.epochs):
         order = torch.from_numpy(np.random.default_rng([args.seed, rank, epoch])
-                                 .permutation(len(x_train)))
+                                 .permutation(len(x_train))).to(device)
         for step in range(steps):
             i = step % (len(x_train) // args.batch_size)
             idx = order[i * args.batch_size:(i + 1) * args.batch_size]
@@ -166,7 +173,7 @@ def main(argv=None):
         accuracy = evaluate()
     if rank == 0:
         step_ms = f"{1000 * np.median(step_times):.2f} ms" if step_times else "-"
-        print(f"ranks {size}  strategy {args.strategy}  final test accuracy "
+        print(f"ranks {size}  strategy {args.strategy}  device {device}  final test accuracy "
               f"{accuracy:.4f}  median time per step {step_ms}", flush=True)
 
 
