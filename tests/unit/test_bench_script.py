@@ -285,6 +285,7 @@ def test_img_x_is_the_scripts_img_per_sec_over_horovods_where_both_printed_it():
     header, horovod, dssync, safe = script_run.render_table(rows).splitlines()[1:]
     assert header.index("step x") < header.index("img x") < header.index("wall x")
     assert dssync.split()[-2] == "2.40" and safe.split()[-2] == "-"
+    assert horovod.split()[4] == "2.500" and dssync.split()[4] == "6.000"  # img/sec
 
 
 # --- the command line --------------------------------------------------------------------
