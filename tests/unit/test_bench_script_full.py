@@ -3,6 +3,7 @@ through ``--script``: planned (and the script checked) before the workloads, run
 them under Horovod and every strategy the environment switches a script to. Nothing is
 launched here: the two runners are replaced by recorders."""
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -17,12 +18,14 @@ def calls(monkeypatch):
     """The runs ``hvdx bench`` asked for, in order: ``("workloads", strategies)`` and
     ``("script", keyword arguments)``."""
     made = []
+    real = inspect.signature(script_run.run_script_bench)
 
     def workloads(spec, workloads, strategies, *args, **kwargs):
         made.append(("workloads", list(strategies)))
         return []
 
     def script(spec, path, script_args, strategies, out_dir, **kwargs):
+        real.bind(spec, path, script_args, strategies, out_dir, **kwargs)  # its arguments
         made.append(("script", dict(spec=spec, path=path, script_args=script_args,
                                     strategies=strategies, out=out_dir, **kwargs)))
         return []
