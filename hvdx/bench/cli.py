@@ -7,6 +7,9 @@ focused measurements (``--selection``, ``--topk-bytes``, ``--process-sets``,
 :mod:`hvdx.bench.script_run`). ``hvdx bench`` (:mod:`hvdx.cli`) hands its subparser to these two;
 ``python -m hvdx.bench.cli`` is the same command as a program of its own.
 
+``--full`` ends with Horovod's own PyTorch synthetic benchmark on ResNet-50
+(:func:`resnet50_plan`), run through ``--script`` after the workloads.
+
 Examples::
 
     hvdx bench --racks 1 --hosts-per-rack 8 --nic 100mbit \\
@@ -22,16 +25,34 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
+from dataclasses import dataclass, field
 from typing import List, Optional
 
-__all__ = ["FULL_WORKLOADS", "QUICK_WORKLOADS", "add_arguments", "main", "run"]
+__all__ = ["FULL_WORKLOADS", "QUICK_WORKLOADS", "RESNET50_ARGS", "ScriptPlan",
+           "add_arguments", "main", "resnet50_plan", "run"]
 
 #: A plain ``hvdx bench`` compares every strategy on the communication-bound workload,
 #: within ten minutes on 2 cores with the calibration; ``--full`` adds the compute-bound
 #: one.
 QUICK_WORKLOADS = "digits_vgg"
 FULL_WORKLOADS = "digits_vgg,digits_cnn"
+
+#: ``--full``'s last part: Horovod's PyTorch synthetic benchmark, beside hvdx in a
+#: checkout (``examples/`` is not in the wheel).
+SYNTHETIC_BENCHMARK = os.path.join("examples", "pytorch_synthetic_benchmark.py")
+#: Its flags there, for CPUs. One ResNet-50 step of 4 images took 3.6 s of CPU time on
+#: one core (batch 2: 1.9 s), so about 7 s of wall time with 4 ranks on 2 cores; a
+#: step of the fast TopK preset adds 3-4 s of CPU time in its ``step()`` (25.6 M
+#: gradients), and every job broadcasts the 102 MB of parameters and as much of momentum
+#: over the 100 Mbit uplink, about 13 s each, before its first step. Warm-up 1 and two
+#: timed iterations of 1 batch should keep the six jobs (Horovod and the five strategies
+#: the environment switches a script to) near ten minutes on the default cluster (an
+#: estimate from these figures); Horovod's 224 x 224 images are kept.
+RESNET50_ARGS = ("--model resnet50 --batch-size 4 --num-warmup-batches 1 "
+                 "--num-batches-per-iter 1 --num-iters 2")
 
 
 def add_arguments(bench: argparse.ArgumentParser) -> None:
@@ -57,7 +78,11 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
                             "without the presets' tuning too, "
                             "and a plan priced more closely (each strategy's local run "
                             "before and after its cluster run, DS-Sync's and TopK's "
-                            "collectives timed again around theirs)")
+                            "collectives timed again around theirs); then Horovod's "
+                            "PyTorch synthetic benchmark on ResNet-50 through --script "
+                            f"({SYNTHETIC_BENCHMARK} {RESNET50_ARGS}) under Horovod and "
+                            "every strategy the environment can switch a script to, "
+                            "written under --out/resnet50")
     bench.add_argument("--strategies",
                        help=f"comma-separated, from {','.join(STRATEGIES)} (default: "
                             f"{','.join(DEFAULT_STRATEGIES)}; with --full "
@@ -182,6 +207,8 @@ def run(args: argparse.Namespace) -> int:
         return _script(args)
     placements = check_placements(args.placement.split(","))
     spec = None if args.localhost else ClusterSpec.from_args(args)
+    # Planned (and the script checked) before the workloads' half hour, not after it.
+    resnet50 = resnet50_plan(args) if args.full else None
     rows = run_bench(spec, args.workloads.split(","), args.strategies.split(","),
                      args.steps, args.eval_every, args.out,
                      ranks_per_host=args.ranks_per_host, localhost_ranks=args.ranks,
@@ -194,13 +221,92 @@ def run(args: argparse.Namespace) -> int:
                                                      args.strategies.split(",")):
         print(line)
     print(f"\nwritten: {args.out}/results.json, results.csv, results.png")
+    if resnet50 is not None:
+        _run_resnet50(resnet50, args, spec, placements, say)
     return 0
+
+
+@dataclass
+class ScriptPlan:
+    """A ``--script`` run that ``--full`` adds after the workloads: the script, its
+    flags, the strategies (Horovod first), where its results go, and the notes to
+    print (the strategies left out, and why; or why the whole run is left out, with
+    ``script`` ``None``)."""
+
+    script: Optional[str]
+    script_args: List[str]
+    strategies: List[str]
+    out: str
+    notes: List[str] = field(default_factory=list)
+
+
+def resnet50_plan(args: argparse.Namespace) -> ScriptPlan:
+    """What ``--full`` runs after the workloads: Horovod's PyTorch synthetic benchmark
+    with ResNet-50 (:data:`SYNTHETIC_BENCHMARK`, :data:`RESNET50_ARGS`).
+
+    Steps:
+    1. find the script beside this hvdx (a checkout; an installed wheel has no
+       ``examples/``: then the plan has no script and a note says how to run it);
+    2. check that its Horovod import can be switched, as ``--script`` does before
+       anything starts;
+    3. keep, of the run's strategies (``--strategies``, default the full list), those
+       the environment can switch a script to, Horovod first; the others are left out
+       with a note each, never refused, since the workloads run them;
+    4. put its results in ``<--out>/resnet50``, so that the workloads' files stay.
+    """
+    from hvdx.bench.script import script_strategies, split_items
+    from hvdx.bench.script_run import prepare
+
+    import hvdx
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(hvdx.__file__)))
+    path = os.path.join(root, SYNTHETIC_BENCHMARK)
+    out = os.path.join(args.out, "resnet50")
+    script_args = shlex.split(RESNET50_ARGS)
+    if not os.path.isfile(path):
+        return ScriptPlan(None, script_args, [], out, [
+            f"Horovod's synthetic benchmark on ResNet-50 skipped: no {SYNTHETIC_BENCHMARK} "
+            "beside this hvdx (a checkout of hvdx has it); run it with hvdx bench --script "
+            f"PATH --script-args \"{RESNET50_ARGS}\""])
+    prepare(path)
+    strategies, notes = script_strategies(split_items(args.strategies), named=False)
+    _note_no_floor(args, notes)
+    return ScriptPlan(path, script_args, strategies, out, notes)
+
+
+def _run_resnet50(plan: ScriptPlan, args: argparse.Namespace, spec, placements,
+                  say) -> None:
+    """``--full``'s ResNet-50 part: the planned ``--script`` run, its table printed."""
+    from hvdx.bench.script_run import render_table, run_script_bench
+
+    print()
+    if plan.script is None:
+        for note in plan.notes:
+            print(f"note: {note}")
+        return
+    say(f"Horovod's PyTorch synthetic benchmark on ResNet-50, through --script: "
+        f"{os.path.relpath(plan.script)} {RESNET50_ARGS}")
+    rows = run_script_bench(spec, plan.script, plan.script_args, plan.strategies, plan.out,
+                            ranks_per_host=args.ranks_per_host, localhost_ranks=args.ranks,
+                            timeout=args.timeout, say=say, placements=placements,
+                            notes=plan.notes)
+    print()
+    print("Horovod's PyTorch synthetic benchmark, ResNet-50 (img/sec: the median of its "
+          "Iter lines, per rank; img x: over Horovod's):")
+    print(render_table(rows))
+    print(f"\nwritten: {plan.out}/results.json, results.csv, results.png")
+
+
+def _note_no_floor(args: argparse.Namespace, notes: List[str]) -> None:
+    """Says, where the floor was asked for, that a script cannot have one."""
+    if not args.no_floor and "floor skipped" not in " ".join(notes):
+        notes.append("no floor for a script: every rank training alone cannot be had "
+                     "without changing it (its broadcasts and any metric allreduce still "
+                     "communicate)")
 
 
 def _script(args: argparse.Namespace) -> int:
     """``--script``: the user's Horovod script under Horovod and each strategy."""
-    import shlex
-
     from hvdx.bench.harness import check_placements
     from hvdx.bench.script import script_strategies, split_items
     from hvdx.bench.script_run import prepare, render_table, run_script_bench
@@ -214,10 +320,7 @@ def _script(args: argparse.Namespace) -> int:
     prepare(args.script)  # refused before anything starts
     named = args.strategies != ",".join(DEFAULT_STRATEGIES)
     strategies, notes = script_strategies(split_items(args.strategies), named)
-    if not args.no_floor and "floor skipped" not in " ".join(notes):
-        notes.append("no floor for a script: every rank training alone cannot be had "
-                     "without changing it (its broadcasts and any metric allreduce still "
-                     "communicate)")
+    _note_no_floor(args, notes)
     placements = check_placements(args.placement.split(","))
     spec = None if args.localhost else ClusterSpec.from_args(args)
     script_args = shlex.split(args.script_args or "")

@@ -274,6 +274,20 @@ def test_a_row_holds_the_median_step_wall_time_and_bytes_per_step():
     assert "fast" in table and "2.00" in table
 
 
+def test_img_x_is_the_scripts_img_per_sec_over_horovods_where_both_printed_it():
+    base = {"script": "b.py", "strategy": "horovod", "ranks": 4, "wall_s": 10.0,
+            "img_per_s": [2.0, 3.0], "step_logs": {"0": _log([0.0, 1.0, 2.0])}}
+    rows = [script_run.summarize(r, "net") for r in
+            (base, dict(base, strategy="dssync", img_per_s=[5.0, 6.0, 7.0]),
+             dict(base, strategy="safe", img_per_s=[]))]
+    script_run._add_speedups(rows)
+    assert [r.img_speedup for r in rows] == [1.0, pytest.approx(2.4), None]
+    header, horovod, dssync, safe = script_run.render_table(rows).splitlines()[1:]
+    assert header.index("step x") < header.index("img x") < header.index("wall x")
+    assert dssync.split()[-2] == "2.40" and safe.split()[-2] == "-"
+    assert horovod.split()[4] == "2.500" and dssync.split()[4] == "6.000"  # img/sec
+
+
 # --- the command line --------------------------------------------------------------------
 
 def test_script_flags_are_refused_before_anything_starts(tmp_path, capsys):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hvdx import corpus
-from hvdx.bench.models.resnet import ResNet18
+from hvdx.bench.models.resnet import ResNet18, ResNet50
 from hvdx.bench.models.transformer import ByteGPT
 from hvdx.bench.workloads import (ACCURACY, BITS_PER_BYTE, WORKLOADS, Workload,
                                   check_workloads, parameter_split)
@@ -99,6 +99,34 @@ def test_resnet18_at_full_width_has_the_cifar_variants_11_2_million_parameters()
     # ResNet-18 with a 3x3 stem and 10 classes: 11,173,962 (the ImageNet one, with its
     # 7x7 stem on 3 channels and 1000 classes: 11,689,512). One input channel here.
     assert sum(p.numel() for p in ResNet18(width=64, channels=3).parameters()) == 11_173_962
+
+
+def test_resnet50_has_torchvisions_25_557_032_parameters_under_its_names():
+    # Counted by hand from torchvision's layer list: bottleneck blocks of 1x1, 3x3 and
+    # 1x1 convolutions (no biases) with a batch norm each (a weight and a bias per
+    # channel), a projection shortcut on each stage's first block.
+    def block(inputs, width, projection):
+        outputs = 4 * width
+        convs = inputs * width + 3 * 3 * width * width + width * outputs
+        norms = 2 * (width + width + outputs)
+        return convs + norms + (inputs * outputs + 2 * outputs if projection else 0)
+
+    total, inputs = 7 * 7 * 3 * 64 + 2 * 64, 64  # stem
+    for width, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
+        total += block(inputs, width, True) + (blocks - 1) * block(4 * width, width, False)
+        inputs = 4 * width
+    total += 2048 * 1000 + 1000  # the classifier
+    assert total == 25_557_032  # torchvision's resnet50(), as its documentation lists
+
+    model = ResNet50()
+    names = [name for name, _ in model.named_parameters()]
+    assert sum(p.numel() for p in model.parameters()) == total
+    # 53 convolutions, 53 batch norms (weight, bias), the classifier (weight, bias).
+    assert len(names) == 53 + 2 * 53 + 2
+    assert names[:3] == ["conv1.weight", "bn1.weight", "bn1.bias"]
+    assert "layer1.0.downsample.0.weight" in names and "layer4.2.conv3.weight" in names
+    assert names[-2:] == ["fc.weight", "fc.bias"]
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 1000)
 
 
 def test_resnets_stanza_split_shares_the_models_parameters_and_is_the_classifier():
