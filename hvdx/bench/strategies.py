@@ -173,11 +173,20 @@ def topk_strategy(name: str, preset: Optional[str] = None) -> Strategy:
     up, down = options["ratio"], options["downlink_ratio"]
     ratios = f"{up:g}/{down:g}," if up == down else f"{up:g} up, {down:g} down,"
     masking = "with" if options["momentum_masking"] else "without"
+    adaptive = topk_presets.ADAPTIVE_RATIO
     return Strategy(name, f"bidirectional TopK {ratios} global selection, DGC momentum "
-                    f"correction {masking} masking, small tensors averaged by hvdx",
+                    f"correction {masking} masking, small tensors averaged by hvdx "
+                    f"({adaptive:g} both ways under Adam's family)",
                     _topk_preset(preset), _counted_bytes, cost_model="topk",
                     cost_options=dict(ratio=up, downlink_ratio=down, **sharded),
-                    script_env={"HVDX_COMPRESSION": preset})
+                    cost_options_of=_preset_options, script_env={"HVDX_COMPRESSION": preset})
+
+
+def _preset_options(optimizer) -> Dict:
+    """The cost model's options for the ratios the preset ran with: its own, or those it
+    took for the workload's optimizer (:func:`hvdx.strategies.topk.presets.for_optimizer`)."""
+    spec = optimizer._hvdx_sync.compression
+    return {"ratio": spec.ratio, "downlink_ratio": spec.downlink_ratio, "mode": "sharded"}
 
 
 #: The benchmark's DS-Sync: the rotation with its default parameters, which the cost of

@@ -65,7 +65,8 @@ ADAPTERS: Mapping[str, Callable] = catalogue.adapters("torch_adapter")
 
 def _fit_topk(spec, optimizer):
     """A TopK preset with this optimizer: DGC's momentum correction only where it
-    applies (:func:`hvdx.strategies.topk.presets.for_optimizer`); rank 0 says once what it chose
+    applies, more sent with an adaptive optimizer
+    (:func:`hvdx.strategies.topk.presets.for_optimizer`); rank 0 says once what it chose
     and why. (TopK's ``torch_fit`` in the catalogue; it stays here beside
     :data:`_SAID`, the memory of what was said, which tests clear.)"""
     from hvdx.strategies.topk.presets import for_optimizer
@@ -74,9 +75,9 @@ def _fit_topk(spec, optimizer):
     if why is not None and (spec.preset, why) not in _SAID:
         _SAID.add((spec.preset, why))
         if _hvd.rank() == 0:
-            print(f"[hvdx] topk(preset={spec.preset!r}) runs without DGC's momentum "
-                  f"correction and its masking: {why}; every other setting is the "
-                  "preset's (momentum_correction=False chooses this explicitly)",
+            print(f"[hvdx] topk(preset={spec.preset!r}) {why}; every other setting is the "
+                  "preset's (an argument given with the preset, such as "
+                  "momentum_correction=False or ratio=, is kept as given)",
                   file=sys.stderr, flush=True)
     return fitted
 

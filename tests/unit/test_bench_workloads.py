@@ -72,7 +72,8 @@ def test_the_transformer_has_gpt2s_parameter_count_and_its_head_is_the_embedding
     assert sum(p.numel() for p in model.parameters()) == \
         vocab * d + context * d + layers * block + 2 * d
     assert model.head.weight is model.token.weight
-    assert sum(p.numel() for p in WORKLOADS["lm"].make_model().parameters()) > 3_000_000
+    # The workload's: millions of parameters, as the communication-bound case needs.
+    assert sum(p.numel() for p in WORKLOADS["lm"].make_model().parameters()) > 1_000_000
 
 
 def test_the_transformer_is_causal_a_byte_never_sees_the_ones_after_it():

@@ -37,13 +37,14 @@ BENCH_TABLE = [
      "topk", {"downlink_ratio": 0.01, "mode": "sharded", "ratio": 0.01}, {}, {}, False,
      False, False, False, False, False),
     ("fast", "bidirectional TopK 0.01/0.01, global selection, DGC momentum correction "
-     "without masking, small tensors averaged by hvdx", "topk",
-     {"downlink_ratio": 0.01, "mode": "sharded", "ratio": 0.01}, {}, {}, True, False,
-     False, False, False, False),
+     "with masking, small tensors averaged by hvdx (0.2 both ways under Adam's family)",
+     "topk", {"downlink_ratio": 0.01, "mode": "sharded", "ratio": 0.01}, {}, {}, True,
+     False, True, False, False, False),
     ("safe", "bidirectional TopK 0.01 up, 0.02 down, global selection, DGC momentum "
-     "correction with masking, small tensors averaged by hvdx", "topk",
+     "correction with masking, small tensors averaged by hvdx (0.2 both ways under "
+     "Adam's family)", "topk",
      {"downlink_ratio": 0.02, "mode": "sharded", "ratio": 0.01}, {}, {}, True, False,
-     False, False, False, False),
+     True, False, False, False),
     ("dssync", "DS-Sync rotation, parameters from the cost of crossing", "dssync", {},
      {"process_sets": "dynamic"}, {}, True, False, True, True, False, False),
     ("dssync_adaptive", "DS-Sync rotation, re-planned from a bandwidth probe every 10 steps",

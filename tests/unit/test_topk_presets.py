@@ -8,10 +8,10 @@ from hvdx.strategies.topk.spec import topk
 from hvdx.strategy import strategy_of
 
 
-def test_fast_is_one_percent_both_ways_with_dgc_momentum_without_masking():
+def test_fast_is_one_percent_both_ways_with_dgc_momentum_and_masking():
     assert topk(preset="fast") == topk(
         0.01, 0.01, topk_method="sampled_threshold", selection="global",
-        momentum_correction=True, momentum_masking=False, small_tensors="in_topk_step")
+        momentum_correction=True, momentum_masking=True, small_tensors="in_topk_step")
 
 
 def test_safe_has_a_downlink_twice_as_dense_and_dgc_masking():
@@ -27,8 +27,8 @@ def test_arguments_given_with_a_preset_override_it_even_at_their_defaults():
     # The old names override too, as their new ones.
     assert topk(preset="safe", selector="exact", small_tensors="horovod") == topk(
         preset="safe", topk_method="exact", small_tensors="horovod_allreduce")
-    # A default value given on purpose still overrides (fast masks nothing).
-    assert topk(preset="fast", momentum_masking=True).momentum_masking
+    # A value given on purpose overrides: fast without its masking.
+    assert not topk(preset="fast", momentum_masking=False).momentum_masking
     assert topk(preset="fast", downlink_ratio=None).downlink_ratio is None
 
 
@@ -88,8 +88,8 @@ ADAM = {"lr": 0.001, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0,
 
 @pytest.mark.parametrize("preset", ["fast", "safe"])
 def test_momentum_correction_false_with_a_preset_drops_its_masking_setting_too(preset):
-    """``fast``'s momentum_masking=False is the preset's, not the caller's: it must not
-    be refused as a masking setting without momentum correction."""
+    """The preset's masking goes with its momentum correction: no masking setting is
+    left to refuse without momentum correction."""
     spec = topk(preset=preset, momentum_correction=False)
     assert spec.error is None
     assert spec == topk(**WITHOUT_CORRECTION[preset])
@@ -124,8 +124,10 @@ def test_a_preset_runs_without_momentum_correction_where_it_does_not_apply(
         preset, name, groups, why):
     spec = topk(preset=preset)
     fitted, reason = for_optimizer(spec, name, groups)
-    assert fitted == topk(**WITHOUT_CORRECTION[preset])
-    assert fitted.describe() == topk(**WITHOUT_CORRECTION[preset]).describe()
+    # Adam's family also sends 20% both ways (the next tests).
+    expected = topk(**dict(WITHOUT_CORRECTION[preset],
+                           **(ADAPTIVE if name == "Adam" else {})))
+    assert fitted == expected and fitted.describe() == expected.describe()
     assert why in reason
     # the same answer for the same optimizer: what every rank computes
     assert for_optimizer(spec, name, groups) == (fitted, reason)
@@ -143,14 +145,51 @@ def test_a_preset_keeps_momentum_correction_for_sgd_with_momentum(groups):
 
 
 @pytest.mark.parametrize("spec", [
-    topk(preset="fast", momentum_correction=True),  # the caller's: refused later
     topk(0.01, momentum_correction=True),
-    topk(preset="fast", momentum_correction=False),
-    topk(0.01),
-], ids=["preset-explicit-true", "explicit-true", "preset-explicit-false", "plain"])
-def test_the_callers_own_momentum_correction_is_never_changed(spec):
+    topk(0.01, 0.02),
+    topk(0.05, 0.05, preset="safe", momentum_correction=False),
+], ids=["explicit-true", "plain", "preset-with-its-ratios-and-correction-given"])
+def test_the_callers_own_settings_are_never_changed(spec):
     fitted, reason = for_optimizer(spec, "Adam", [ADAM])
     assert fitted is spec and reason is None
+
+
+@pytest.mark.parametrize("spec", [
+    topk(preset="fast", momentum_correction=True),  # the caller's: refused later
+    topk(preset="fast", momentum_correction=False),
+], ids=["preset-explicit-true", "preset-explicit-false"])
+def test_the_callers_own_momentum_correction_stays_and_the_presets_ratios_follow_adam(spec):
+    fitted, reason = for_optimizer(spec, "Adam", [ADAM])
+    assert fitted.momentum_correction == spec.momentum_correction
+    assert (fitted.ratio, fitted.downlink_ratio) == (0.2, 0.2)
+    assert "momentum correction" not in reason and "Adam is adaptive" in reason
+
+
+ADAPTIVE = dict(ratio=0.2, downlink_ratio=0.2)
+
+
+@pytest.mark.parametrize("name, groups", [
+    ("Adam", [ADAM]),
+    ("AdamW", [dict(ADAM, weight_decay=0.01)]),
+    ("NAdam", [ADAM, dict(ADAM, lr=0.01)]),  # every group is Adam's
+])
+def test_an_adaptive_optimizer_makes_a_presets_ratios_twenty_percent(name, groups):
+    fitted, reason = for_optimizer(topk(preset="fast"), name, groups)
+    assert (fitted.ratio, fitted.downlink_ratio) == (0.2, 0.2)
+    assert "sends ratio=0.2, downlink_ratio=0.2" in reason and f"{name} is adaptive" in reason
+    # a ratio the caller gave stays; the preset's other one follows the optimizer
+    fitted, _ = for_optimizer(topk(0.05, preset="safe"), name, groups)
+    assert (fitted.ratio, fitted.downlink_ratio) == (0.05, 0.2)
+    # a unidirectional TopK the caller asked for stays unidirectional
+    fitted, _ = for_optimizer(topk(preset="safe", downlink_ratio=None), name, groups)
+    assert (fitted.ratio, fitted.downlink_ratio) == (0.2, None)
+
+
+def test_sgd_and_a_group_without_adams_betas_keep_the_presets_ratios():
+    for name, groups in [("SGD", [SGD_MOMENTUM]), ("SGD", [dict(SGD_MOMENTUM, momentum=0)]),
+                         ("Mixed", [ADAM, SGD_MOMENTUM])]:
+        fitted, _ = for_optimizer(topk(preset="safe"), name, groups)
+        assert (fitted.ratio, fitted.downlink_ratio) == (0.01, 0.02), name
 
 
 def test_the_variable_a_preset_came_from_stays_on_the_changed_spec():
@@ -178,5 +217,6 @@ def test_the_refusal_of_an_explicit_momentum_correction(name, groups, message):
 def test_tensorflow_presets_run_without_momentum_correction_as_the_torch_fallback():
     from hvdx.strategies.topk.presets import WITHOUT_MOMENTUM_CORRECTION
 
+    nesterov = [dict(SGD_MOMENTUM, nesterov=True)]
     assert topk(preset="safe", **WITHOUT_MOMENTUM_CORRECTION) == \
-        for_optimizer(topk(preset="safe"), "Adam", [ADAM])[0]
+        for_optimizer(topk(preset="safe"), "SGD", nesterov)[0]
