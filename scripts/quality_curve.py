@@ -9,8 +9,8 @@ name, this trains one workload of :mod:`hvdx.bench.workloads` under whatever
         mpirun -n 2 python scripts/quality_curve.py --workload lm --batch 8 --steps 80
 
 1. every rank builds the workload's model (seeded alike; rank 0's weights broadcast),
-   its optimizer (SGD with momentum at lr x ranks, or AdamW, as the bench) and its shard
-   of the training data;
+   its optimizer (SGD with momentum at lr x ranks, or AdamW, as the bench) with its
+   learning-rate warm-up, and its shard of the training data;
 2. ``--batch`` samples per rank per step (default: the workload's), in a permutation
    per epoch seeded by the rank, as the bench's runner;
 3. the quality on the whole test split, averaged over the ranks, every
@@ -18,6 +18,7 @@ name, this trains one workload of :mod:`hvdx.bench.workloads` under whatever
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -37,9 +38,17 @@ def main():
                         help="samples per rank per step (default: the workload's)")
     parser.add_argument("--eval-every", type=int, default=20)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--lr-warmup-steps", type=int,
+                        help="the learning rate's warm-up (default: the workload's)")
+    parser.add_argument("--lr", type=float,
+                        help="the learning rate for one rank (default: the workload's)")
     args = parser.parse_args()
 
     workload = WORKLOADS[args.workload]
+    if args.lr_warmup_steps is not None:
+        workload = dataclasses.replace(workload, lr_warmup_steps=args.lr_warmup_steps)
+    if args.lr is not None:
+        workload = dataclasses.replace(workload, lr=args.lr)
     hvd.init()
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
@@ -48,8 +57,9 @@ def main():
     x_test, y_test = torch.from_numpy(full.x_test), torch.from_numpy(full.y_test)
     model = workload.make_model()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    optimizer = hvd.DistributedOptimizer(workload.make_optimizer(model.parameters(), size),
-                                         named_parameters=model.named_parameters())
+    local = workload.make_optimizer(model.parameters(), size)
+    schedule = workload.make_schedule(local)
+    optimizer = hvd.DistributedOptimizer(local, named_parameters=model.named_parameters())
     batch = args.batch or workload.batch_size
     data = full.shard(rank, size)
     x, y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
@@ -64,6 +74,8 @@ def main():
         optimizer.zero_grad()
         workload.loss(model(x[idx]), y[idx]).backward()
         optimizer.step()
+        if schedule is not None:
+            schedule.step()
         if step % args.eval_every == 0 or step == args.steps:
             model.eval()
             quality = workload.quality(model, x_test, y_test)
