@@ -181,8 +181,9 @@ LM_WIDTH = 192
 WORKLOADS: Dict[str, Workload] = {
     "lm": Workload(
         # Width 192 (1.84 M parameters) and 4 windows per rank: the main command's quick
-        # run of every strategy, each priced by a local run, fits its ten minutes, and the
-        # exchange still outweighs the compute (docs/benchmarks.md, "The workloads").
+        # run of every strategy, each priced by a local run, takes 16 minutes, not the half
+        # hour of width 256 with 8 windows, and the exchange still outweighs the compute
+        # (docs/benchmarks.md, "The workloads").
         "lm", lambda: ByteGPT(context=LM_CONTEXT, width=LM_WIDTH, depth=4, heads=4),
         # AdamW at 1e-3 after 5 steps of warm-up: at 2e-3 from the first step Horovod's
         # loss spiked on 4 ranks (5.01 bits per byte at step 40, after 4.70 at step 35);
