@@ -185,7 +185,7 @@ def topk_strategy(name: str, preset: Optional[str] = None) -> Strategy:
 def _preset_options(optimizer) -> Dict:
     """The cost model's options for the ratios the preset ran with: its own, or those it
     took for the workload's optimizer (:func:`hvdx.strategies.topk.presets.for_optimizer`)."""
-    spec = optimizer._hvdx_sync.compression
+    spec = optimizer.hvdx_strategy  # the spec as fitted to the optimizer
     return {"ratio": spec.ratio, "downlink_ratio": spec.downlink_ratio, "mode": "sharded"}
 
 
