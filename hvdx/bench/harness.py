@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -453,8 +453,33 @@ def _with_data(workloads: List[str], say: Callable[[str], None]) -> List[str]:
 
 def not_applicable(workloads: Sequence[str], strategies: Sequence[str]) -> List[str]:
     """One line per (workload, strategy) pair that does not run, and why."""
-    return [f"{w}: {s} does not apply: {WORKLOADS[w].does_not_apply[s]}"
-            for w in workloads for s in strategies if s in WORKLOADS[w].does_not_apply]
+    return ([f"{w}: {s} does not apply: {WORKLOADS[w].does_not_apply[s]}"
+             for w in workloads for s in strategies if s in WORKLOADS[w].does_not_apply] +
+            [f"{w}: {s} is not run: its settings there are {first}'s "
+             f"({STRATEGIES[s].settings_on(WORKLOADS[w])}); see {first}'s row"
+             for (w, s), first in same_settings(workloads, strategies).items()])
+
+
+def same_settings(workloads: Sequence[str], strategies: Sequence[str]
+                  ) -> Dict[Tuple[str, str], str]:
+    """``(workload, strategy) -> the earlier strategy`` for each strategy whose settings on
+    the workload (:attr:`~hvdx.bench.strategies.Strategy.settings_on`) equal an earlier
+    one's in ``strategies``: both presets under an adaptive optimizer, for example. The
+    run would repeat the earlier one, so it is measured once."""
+    same: Dict[Tuple[str, str], str] = {}
+    for w in workloads:
+        seen: List[Tuple[str, object]] = []
+        for s in strategies:
+            row = STRATEGIES.get(s)
+            if row is None or row.settings_on is None or s in WORKLOADS[w].does_not_apply:
+                continue
+            settings = row.settings_on(WORKLOADS[w])
+            first = next((name for name, other in seen if other == settings), None)
+            if first is None:
+                seen.append((s, settings))
+            else:
+                same[w, s] = first
+    return same
 
 
 def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional[int],
@@ -497,18 +522,20 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
         local_steps: Dict[tuple, Optional[LocalRun]] = {}
         bracketed: Dict[tuple, List[LocalRun]] = {}
         priced = cluster_used and calibrate
+        repeated = same_settings(workloads, strategies)
+        skipped = {(w, s) for w in workloads for s in strategies
+                   if s in WORKLOADS[w].does_not_apply or (w, s) in repeated}
         left = TimeLeft(([CALIBRATION_ESTIMATE_S] if priced else []) +
                         [_run_estimate_s(spec if cluster_used else None, w, s,
                                          steps or WORKLOADS[w].steps(full), ranks, priced,
                                          full)
-                         for w in workloads for s, _ in runs
-                         if s not in WORKLOADS[w].does_not_apply])
+                         for w in workloads for s, _ in runs if (w, s) not in skipped])
         if priced:
             left.start()
             calibration = _calibrate(cluster, ranks_per_host, out_dir, timeout, say,
                                      [_model_bytes(w) for w in workloads])
             left.finish()
-        total = sum(s not in WORKLOADS[w].does_not_apply for w in workloads for s, _ in runs)
+        total = sum((w, s) not in skipped for w in workloads for s, _ in runs)
         for w in workloads:
             # A quick run's local runs take as many steps as its cluster runs (see
             # LOCAL_STEPS).
@@ -517,6 +544,10 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
                 if s in WORKLOADS[w].does_not_apply:
                     say(f"{w} with {STRATEGIES[s].label}: does not apply "
                         f"({WORKLOADS[w].does_not_apply[s]})")
+                    continue
+                if (w, s) in repeated:
+                    say(f"{w} with {STRATEGIES[s].label}: the settings of "
+                        f"{repeated[w, s]} here, run once (its row)")
                     continue
                 where = f"{network}, {placement} placement" if cluster_used else network
                 say(f"[{len(raw) + 1}/{total}, {left.line()}] {w} with "

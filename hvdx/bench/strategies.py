@@ -88,6 +88,10 @@ class Strategy:
     #: The catalogue's name of the strategy it is a row of (``None``: the baseline and
     #: the floor).
     strategy: Optional[str] = None
+    #: (workload) -> the settings the row runs with on that workload, compared with
+    #: ``==``; ``None``: not compared. Two rows whose settings are equal on a workload
+    #: are one run there, measured once (:func:`hvdx.bench.harness.same_settings`).
+    settings_on: Optional[Callable] = None
 
 
 def _call(name: str, options: Dict) -> str:
@@ -179,7 +183,24 @@ def topk_strategy(name: str, preset: Optional[str] = None) -> Strategy:
                     f"({adaptive:g} both ways under Adam's family)",
                     _topk_preset(preset), _counted_bytes, cost_model="topk",
                     cost_options=dict(ratio=up, downlink_ratio=down, **sharded),
-                    cost_options_of=_preset_options, script_env={"HVDX_COMPRESSION": preset})
+                    cost_options_of=_preset_options, script_env={"HVDX_COMPRESSION": preset},
+                    settings_on=_preset_settings(preset))
+
+
+def _preset_settings(preset: str) -> Callable:
+    """(workload) -> the TopK spec ``preset`` runs with under the workload's optimizer
+    (:func:`hvdx.strategies.topk.presets.for_optimizer`): under Adam's family both
+    presets send :data:`~hvdx.strategies.topk.presets.ADAPTIVE_RATIO` both ways, one
+    setting."""
+    def settings(workload):
+        import torch
+        from hvdx.strategies.topk.spec import topk
+
+        optimizer = workload.make_optimizer([torch.nn.Parameter(torch.zeros(1))], 1)
+        fitted, _ = topk_presets.for_optimizer(topk(preset=preset), type(optimizer).__name__,
+                                               optimizer.param_groups)
+        return fitted
+    return settings
 
 
 def _preset_options(optimizer) -> Dict:

@@ -105,6 +105,23 @@ def test_the_quick_run_times_each_priced_strategy_locally_once_and_nothing_again
     assert said[-1].startswith("done in ")
 
 
+def test_presets_with_one_setting_under_adamw_run_once_and_the_other_row_says_so(
+        monkeypatch, tmp_path):
+    # lm trains with AdamW, under which both presets send 20% both ways (one setting);
+    # digits_vgg trains with SGD, under which their downlinks differ (1% and 2%).
+    cluster, jobs, said, raw = fake_bench(monkeypatch)
+    harness.run_bench(ClusterSpec(), ["lm", "digits_vgg"], ["horovod", "fast", "safe"], 6, 3,
+                      str(tmp_path), say=said.append, floor=False, calibrate=False)
+    assert [(w, s) for kind, w, s in jobs] == [
+        ("lm", "horovod"), ("lm", "fast"),
+        ("digits_vgg", "horovod"), ("digits_vgg", "fast"), ("digits_vgg", "safe")]
+    assert any("the settings of fast here, run once" in line for line in said)
+    lines = harness.not_applicable(["lm", "digits_vgg"], ["horovod", "fast", "safe"])
+    assert len(lines) == 1 and lines[0].startswith("lm: safe is not run: its settings "
+                                                   "there are fast's (topk ratio=0.2 "
+                                                   "downlink=0.2 ")
+
+
 def test_each_priced_strategy_is_timed_locally_just_before_and_after_its_cluster_run(
         monkeypatch, tmp_path):
     cluster, jobs, said, raw = fake_bench(monkeypatch)
