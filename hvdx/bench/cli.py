@@ -49,9 +49,9 @@ SYNTHETIC_BENCHMARK = os.path.join("examples", "pytorch_synthetic_benchmark.py")
 #: step of the fast TopK preset adds 3-4 s of CPU time in its ``step()`` (25.6 M
 #: gradients), and every job broadcasts the 102 MB of parameters and as much of momentum
 #: over the 100 Mbit uplink, about 13 s each, before its first step. Warm-up 1 and two
-#: timed iterations of 1 batch should keep the six jobs (Horovod and the five strategies
-#: the environment switches a script to) near ten minutes on the default cluster (an
-#: estimate from these figures); Horovod's 224 x 224 images are kept.
+#: timed iterations of 1 batch: Horovod and the four default strategies took 9 minutes
+#: on the default cluster (docs/benchmarks.md), so the six jobs of ``--full`` about 11;
+#: Horovod's 224 x 224 images are kept.
 RESNET50_ARGS = ("--model resnet50 --batch-size 4 --num-warmup-batches 1 "
                  "--num-batches-per-iter 1 --num-iters 2")
 
