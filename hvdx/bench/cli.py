@@ -35,7 +35,7 @@ __all__ = ["FULL_WORKLOADS", "QUICK_WORKLOADS", "RESNET50_ARGS", "ScriptPlan",
            "add_arguments", "main", "resnet50_plan", "run"]
 
 #: A plain ``hvdx bench`` compares every strategy on the transformer, the workload users
-#: recognise and a communication-bound one (16 minutes on a 2-core machine with the
+#: recognise and a communication-bound one (13.5 minutes on a 2-core machine with the
 #: calibration, against the ten it aims at: docs/benchmarks.md); ``--full`` runs all
 #: four workloads, the compute-bound one included.
 QUICK_WORKLOADS = "lm"

@@ -181,7 +181,7 @@ LM_WIDTH = 192
 WORKLOADS: Dict[str, Workload] = {
     "lm": Workload(
         # Width 192 (1.84 M parameters) and 4 windows per rank: the main command's quick
-        # run of every strategy, each priced by a local run, takes 16 minutes, not the half
+        # run of every strategy, each priced by a local run, takes 13.5 minutes, not the half
         # hour of width 256 with 8 windows, and the exchange still outweighs the compute
         # (docs/benchmarks.md, "The workloads").
         "lm", lambda: ByteGPT(context=LM_CONTEXT, width=LM_WIDTH, depth=4, heads=4),
