@@ -14,13 +14,15 @@ name, this trains one workload of :mod:`hvdx.bench.workloads` under whatever
 2. ``--batch`` samples per rank per step (default: the workload's), in a permutation
    per epoch seeded by the rank, as the bench's runner;
 3. the quality on the whole test split, averaged over the ranks, every
-   ``--eval-every`` steps and at the last.
+   ``--eval-every`` steps and at the last, each also on rank 0's standard error as it
+   comes.
 """
 
 import argparse
 import dataclasses
 import json
 import os
+import sys
 import time
 
 import numpy as np
@@ -82,6 +84,9 @@ def main():
             model.train()
             quality = hvd.allreduce(torch.tensor(quality), name="quality").item()
             curve.append((step, round(quality, 4)))
+            if rank == 0:  # progress on a long run; the JSON line comes at the end
+                print(f"step {step}/{args.steps}: {quality:.4f} "
+                      f"({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
     if rank == 0:
         print(json.dumps({
             "workload": args.workload, "ranks": size, "batch": batch,
