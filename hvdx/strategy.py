@@ -33,13 +33,13 @@ from __future__ import annotations
 import abc
 import functools
 import inspect
-import math
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from hvdx.core.validation import check_integer
 from hvdx.keywords import unexpected_keyword
 from hvdx.strategies import catalogue
 
@@ -400,11 +400,3 @@ def validating(method):
 def global_due(step: int, every: int) -> bool:
     """Whether step ``step`` (0-based) averages over all ranks (``global_every``)."""
     return bool(every) and (step + 1) % every == 0
-
-
-def check_integer(name: str, value: object, low: int, high: float = math.inf) -> int:
-    """``value`` as an ``int`` in ``[low, high]``, else ``ValueError`` naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or \
-            not low <= value <= high:
-        raise ValueError(f"{name}={value!r} must be an integer of at least {low}")
-    return int(value)

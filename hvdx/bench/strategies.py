@@ -23,7 +23,6 @@ from typing import Callable, Dict, Iterable, List, Optional
 
 from hvdx.strategies.topk import presets as topk_presets
 from hvdx.bench.run_environment import bench_topology
-from hvdx.optimizer_surface import dssync_groups, mixing_strategy
 from hvdx.strategies import catalogue
 from hvdx.strategies.descriptor import load
 
@@ -242,14 +241,14 @@ _dssync_adaptive = _dssync_with(DSSYNC_ADAPTIVE_OPTIONS)
 
 def _rotation_options(optimizer) -> Dict:
     """The cost model's options for the rotation the run actually used."""
-    schedule = dssync_groups(optimizer).schedule
+    schedule = optimizer.hvdx_groups.schedule
     return {"intra_phases": schedule.intra_phases, "cross_ranks": schedule.cross_ranks}
 
 
 def _rotation_period(optimizer) -> int:
     """The rotation's period: ``intra_phases`` intra-rack steps and one crossing step
     (:class:`hvdx.strategies.dssync.core_schedule.RotationSchedule`)."""
-    return dssync_groups(optimizer).schedule.period
+    return optimizer.hvdx_groups.schedule.period
 
 
 def _dssync_bytes(optimizer, model, size, steps):
@@ -304,7 +303,7 @@ def decentralized_bytes(optimizer, model, size, steps):
     stats = optimizer.hvdx_stats
     sent = stats.total_bytes / steps
     graph = optimizer.hvdx_graph
-    sync = mixing_strategy(optimizer)
+    sync = optimizer.hvdx_strategy
     out_degree = in_degree = 0
     for t in range(steps):
         if sync.mixes_at(t):
@@ -334,7 +333,7 @@ def _decentralized_final_stats(optimizer, steps) -> Dict:
 def _graph_period(optimizer) -> int:
     """The graph's period (``ceil(log2 n)`` for a one-peer graph, else 1) times the
     steps between mixes."""
-    return optimizer.hvdx_graph.period * mixing_strategy(optimizer).mix_every
+    return optimizer.hvdx_graph.period * optimizer.hvdx_strategy.mix_every
 
 
 #: How the labels name the graphs and the orders.

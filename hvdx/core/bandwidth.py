@@ -35,6 +35,7 @@ from typing import Hashable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from hvdx.core.topology import Partition, Topology, groups_from_bandwidth, slow_links
+from hvdx.core.validation import check_integer
 from hvdx.strategies.dssync.core_schedule import RotationSchedule
 
 __all__ = [
@@ -68,9 +69,7 @@ def pair_rounds(n: int) -> Tuple[Tuple[Tuple[int, int], ...], ...]:
     turn one place per round; in round ``r`` rank ``(r + k) % m`` meets
     ``(r - k) % m``, ``m = n - 1`` (odd ``n``: ``m = n``, and the rank left over sits out).
     """
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n={n!r} must be an integer of at least 1")
-    n = int(n)
+    n = check_integer("n", n, 1)
     m = n - 1 if n % 2 == 0 else n
     rounds = []
     for r in range(m):

@@ -36,7 +36,11 @@ class MixingStats(Counters):
                "total_messages": 0, "global_steps": 0}
     __slots__ = tuple(INITIAL)
 
-    def _add(self, nbytes: float, messages: int, everyone: bool = False) -> None:
+    def record(self, nbytes: float, messages: int, everyone: bool = False) -> None:
+        """Count one step that sent ``nbytes`` bytes in ``messages`` messages: add to
+        ``steps``, ``total_bytes`` and ``total_messages``, set ``last_bytes`` and
+        ``last_messages``, and add one to ``global_steps`` if ``everyone`` (a step
+        averaged over all ranks)."""
         self.steps += 1
         self.last_bytes = float(nbytes)
         self.total_bytes += float(nbytes)
@@ -47,4 +51,4 @@ class MixingStats(Counters):
     def add_everyone(self, nbytes: float, n: int) -> None:
         """A step that averaged ``nbytes`` over all ``n`` ranks (``global_every``,
         ``synchronize_parameters``), counted as a ring allreduce: ``2 (n - 1) / n``."""
-        self._add(2.0 * (n - 1) / n * nbytes, 0, everyone=True)
+        self.record(2.0 * (n - 1) / n * nbytes, 0, everyone=True)

@@ -67,7 +67,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from hvdx.core.validation import integer as _integer
+from hvdx.core.validation import check_integer
 
 __all__ = ["Neighbors", "TOPOLOGIES", "check_mixing_matrix", "is_exact", "mix_index",
            "mixing_matrix", "neighbors", "period", "spectral_gap", "topology_name"]
@@ -114,7 +114,7 @@ def _torus_shape(n: int) -> Tuple[int, int]:
 
 
 def _check_n(n) -> int:
-    return _integer("n", n, 1)
+    return check_integer("n", n, 1)
 
 
 def _name(topology) -> Optional[str]:
@@ -149,7 +149,7 @@ def mix_index(step: int, mix_every: int = 1) -> int:
     Raises:
         ValueError: a negative ``step`` or a ``mix_every`` below 1.
     """
-    return _integer("step", step, 0) // _integer("mix_every", mix_every, 1)
+    return check_integer("step", step, 0) // check_integer("mix_every", mix_every, 1)
 
 
 def _sources(name: str, n: int, i, step: int) -> Tuple[List[np.ndarray], int]:
@@ -259,7 +259,7 @@ def mixing_matrix(topology, n: int, step: int = 0) -> np.ndarray:
             or a matrix :func:`check_mixing_matrix` refuses.
     """
     n = _check_n(n)
-    step = _integer("step", step, 0)
+    step = check_integer("step", step, 0)
     name = _name(topology)
     if name is None:
         return check_mixing_matrix(topology, n)
@@ -290,8 +290,8 @@ def neighbors(topology, n: int, rank: int, step: int = 0) -> Neighbors:
         ValueError: as :func:`mixing_matrix`, or a ``rank`` outside ``0 .. n-1``.
     """
     n = _check_n(n)
-    rank = _integer("rank", rank, 0, n - 1)
-    step = _integer("step", step, 0)
+    rank = check_integer("rank", rank, 0, n - 1)
+    step = check_integer("step", step, 0)
     name = _name(topology)
     if name is None:
         w = check_mixing_matrix(topology, n)

@@ -13,6 +13,8 @@ from typing import List, Tuple
 
 import numpy as np
 
+from hvdx.core.validation import check_integer
+
 __all__ = ["shard_bounds", "shard_k", "split_by_shard"]
 
 
@@ -22,8 +24,8 @@ def shard_bounds(size: int, n_shards: int) -> np.ndarray:
     ``bounds[s] = s * size // n_shards``: lengths differ by at most one, and a shard is
     empty only when ``size < n_shards``.
     """
-    _integer("size", size, 0)
-    _integer("n_shards", n_shards, 1)
+    check_integer("size", size, 0)
+    check_integer("n_shards", n_shards, 1)
     return np.arange(n_shards + 1, dtype=np.int64) * int(size) // int(n_shards)
 
 
@@ -46,7 +48,7 @@ def shard_k(k: int, bounds: np.ndarray) -> np.ndarray:
     """
     lengths = np.diff(np.asarray(bounds, dtype=np.int64))
     size = int(lengths.sum())
-    _integer("k", k, 0, size)
+    check_integer("k", k, 0, size)
     if size == 0:
         return np.zeros_like(lengths)
     base, remainder = np.divmod(int(k) * lengths, size)
@@ -55,11 +57,3 @@ def shard_k(k: int, bounds: np.ndarray) -> np.ndarray:
     order = np.lexsort((np.arange(lengths.size), -remainder))
     base[order[:leftover]] += 1
     return base
-
-
-def _integer(name: str, value: object, low: int, high: float = float("inf")) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or \
-            not low <= value <= high:
-        span = f"from {low} to {high}" if high < float("inf") else f"of at least {low}"
-        raise ValueError(f"{name}={value!r} must be an integer {span}")
-    return int(value)

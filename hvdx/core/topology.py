@@ -34,6 +34,8 @@ from typing import Hashable, Optional, Sequence, Tuple
 
 import numpy as np
 
+from hvdx.core.validation import check_integer
+
 __all__ = [
     "Partition",
     "Topology",
@@ -106,7 +108,7 @@ class Topology:
         """
         for name, value in (("racks", racks), ("hosts_per_rack", hosts_per_rack),
                             ("ranks_per_host", ranks_per_host)):
-            _integer(name, value, 1)
+            check_integer(name, value, 1)
         ranks = np.arange(racks * hosts_per_rack * ranks_per_host)
         return cls(tuple(int(h) for h in ranks // ranks_per_host),
                    tuple(int(r) for r in ranks // (ranks_per_host * hosts_per_rack)))
@@ -313,9 +315,3 @@ def _ratio(value: object) -> float:
             not 0 < value <= 1 or not math.isfinite(value):
         raise ValueError(f"threshold_ratio={value!r} must be in (0, 1]")
     return float(value)
-
-
-def _integer(name: str, value: object, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"{name}={value!r} must be an integer of at least {low}")
-    return int(value)

@@ -1,4 +1,5 @@
-"""Argument checks shared by the core: errors that name the argument and the value."""
+"""Argument checks shared by hvdx (the core, the specs): errors that name the argument
+and the value."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ import math
 
 import numpy as np
 
-__all__ = ["integer"]
+__all__ = ["check_integer"]
 
 
-def integer(name: str, value: object, low: int, high: float = math.inf) -> int:
+def check_integer(name: str, value: object, low: int, high: float = math.inf) -> int:
     """``value`` as an int from ``low`` to ``high``; ValueError naming ``name`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or \
             not low <= value <= high:

@@ -73,7 +73,7 @@ class Peers:
         recv = tuple(int(j) for j in np.flatnonzero(m[i]) if j != i)
         send = tuple(int(k) for k in np.flatnonzero(m[:, i]) if k != i)
         if not send and not recv:
-            self.stats._add(0, 0)
+            self.stats.record(0, 0)
             return [a.copy() for a in arrays]
         neighbours = mixing_graphs.Neighbors(send, recv, float(m[i, i]),
                                              tuple(float(m[i, j]) for j in recv))
@@ -81,7 +81,7 @@ class Peers:
         layout = exchange.layout_for((a.dtype.name, a.size) for a in arrays)
         layout.pack(arrays, out=exchange.buffers)
         exchange.start(neighbours.send_to, neighbours.recv_from)
-        self.stats._add(*exchange.finish(neighbours.self_weight, neighbours.recv_weights))
+        self.stats.record(*exchange.finish(neighbours.self_weight, neighbours.recv_weights))
         return layout.unpack(exchange.mixed, arrays)
 
     def _agreed(self, w) -> np.ndarray:

@@ -245,7 +245,9 @@ class StrategyDescriptor:
         (``"torch"`` or ``"tensorflow"``; ``"hvdx"``: the framework-neutral package
         itself): its TensorFlow state exports, the further exports, its trainer's class,
         and a synchronization strategy's constructors (``hvdx.DSSync``, ``hvd.DSSync``;
-        a compressor's are ``hvd.Compression``'s)."""
+        a compressor's are ``hvd.Compression``'s). hvdx/__init__.py,
+        hvdx/torch/__init__.py and hvdx/tensorflow/__init__.py write each of them out
+        (tests/unit/test_strategy_views.py checks that they are these)."""
         if framework == "torch":
             paths = self.torch_exports + (self.torch_trainer,)
         elif framework == "tensorflow":

@@ -52,12 +52,20 @@ from hvdx.tensorflow.runtime import init, shutdown, start_timeline, stop_timelin
 from hvdx.tensorflow.gradient_tape import DistributedGradientTape  # noqa: E402,F401
 from hvdx.tensorflow.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402,F401
 from hvdx.tensorflow.join_guard import join  # noqa: E402,F401
-from hvdx.strategies.catalogue import BUILT_IN as _BUILT_IN  # noqa: E402
 from hvdx.strategies.descriptor import load as _load  # noqa: E402
 
-# Each built-in strategy's own names (topk_state and TopKState, compression_state and
-# CompressionState, DSSync, dssync_state, dssync_process_sets, Decentralized,
-# decentralized_state, mixer_state and MixerState, Stanza), as the catalogue lists them
-# (StrategyDescriptor.exports).
-globals().update((_name, _load(_path)) for _entry in _BUILT_IN
-                 for _name, _path in _entry.exports("tensorflow"))
+# Each built-in strategy's own names, as the catalogue lists them
+# (StrategyDescriptor.exports("tensorflow")); a test checks that these names are the
+# catalogue's. The strategies' TensorFlow modules are loaded by path, not imported
+# here: they import hvdx.tensorflow themselves (tests/unit/test_no_import_cycles.py).
+topk_state = _load("hvdx.strategies.topk.tensorflow.adapters:topk_state")
+TopKState = _load("hvdx.strategies.topk.tensorflow.adapters:TopKState")
+from hvdx.tensorflow.user_compression import CompressionState, compression_state  # noqa: E402,F401,E501
+dssync_state = _load("hvdx.strategies.dssync.tensorflow.adapters:dssync_state")
+dssync_process_sets = _load("hvdx.strategies.dssync.tensorflow.adapters:dssync_process_sets")
+from hvdx.strategies.dssync.spec import DSSync  # noqa: E402,F401
+decentralized_state = _load(
+    "hvdx.strategies.decentralized.tensorflow.adapters:decentralized_state")
+from hvdx.strategies.decentralized.spec import Decentralized  # noqa: E402,F401
+from hvdx.tensorflow.user_mixer import MixerState, mixer_state  # noqa: E402,F401
+Stanza = _load("hvdx.strategies.stanza.tensorflow.trainer:Stanza")

@@ -40,10 +40,13 @@ from hvdx.torch.optimizer import DistributedOptimizer  # noqa: E402,F401
 from hvdx.torch.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402,F401
 from hvdx.torch.optimizer_state import broadcast_optimizer_state  # noqa: E402,F401
 from hvdx.torch.join import join  # noqa: E402,F401
-from hvdx.strategies.catalogue import BUILT_IN as _BUILT_IN  # noqa: E402
 from hvdx.strategies.descriptor import load as _load  # noqa: E402
 
-# Each built-in strategy's own names (DSSync, dssync_process_sets, Decentralized,
-# Stanza), as the catalogue lists them (StrategyDescriptor.exports).
-globals().update((_name, _load(_path)) for _entry in _BUILT_IN
-                 for _name, _path in _entry.exports("torch"))
+# Each built-in strategy's own names, as the catalogue lists them
+# (StrategyDescriptor.exports("torch")); a test checks that these names are the
+# catalogue's. The strategies' torch modules are loaded by path, not imported here: they
+# import hvdx.torch themselves (tests/unit/test_no_import_cycles.py).
+dssync_process_sets = _load("hvdx.strategies.dssync.torch.optimizer:dssync_process_sets")
+from hvdx.strategies.dssync.spec import DSSync  # noqa: E402,F401
+from hvdx.strategies.decentralized.spec import Decentralized  # noqa: E402,F401
+Stanza = _load("hvdx.strategies.stanza.torch.trainer:Stanza")

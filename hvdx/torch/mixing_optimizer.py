@@ -53,7 +53,6 @@ import horovod.torch as _hvd
 import torch
 
 from hvdx.core.group_averaging import running_mean
-from hvdx.optimizer_surface import mixing_strategy
 from hvdx.strategy import MixingStrategy
 from hvdx.torch.finite import first_nonfinite
 from hvdx.torch.wrapping import subclass_of
@@ -113,8 +112,9 @@ class _MixingOptimizer:
 
     # --- what it shows of its strategy (read-only) ----------------------------------
 
-    hvdx_strategy = property(mixing_strategy, doc="The spec this optimizer runs: the "
-                             "user's ``hvdx.DSSync`` or ``hvdx.Decentralized``.")
+    hvdx_strategy = property(lambda self: self._hvdx_sync,
+                             doc="The spec this optimizer runs: the user's ``hvdx.DSSync`` "
+                             "or ``hvdx.Decentralized``.")
 
     def finish_mixing(self) -> None:
         """Complete the mixing step still in flight, with no collective of its own:

@@ -57,7 +57,7 @@ def fake_optimizer(total_bytes, send, recv, mix_every=1):
     stats = types.SimpleNamespace(total_bytes=total_bytes)
     sync = types.SimpleNamespace(mixes_at=lambda t: (t + 1) % mix_every == 0)
     return types.SimpleNamespace(hvdx_stats=stats, hvdx_graph=FakeGraph(send, recv),
-                                 _hvdx_sync=sync)
+                                 hvdx_strategy=sync)
 
 
 def test_decentralized_bytes_are_hvdx_s_sent_count_and_as_many_received_on_a_regular_graph():

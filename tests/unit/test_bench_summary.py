@@ -89,7 +89,7 @@ def test_the_runner_records_the_rotations_and_the_graphs_period():
     def rotation(intra_phases):
         schedule = RotationSchedule(Topology.from_counts(2, 2), intra_phases=intra_phases,
                                     cross_ranks=1)
-        return SimpleNamespace(_hvdx_groups=SimpleNamespace(schedule=schedule))
+        return SimpleNamespace(hvdx_groups=SimpleNamespace(schedule=schedule))
 
     period = STRATEGIES["dssync"].period_of
     # Rack groups (one intra digit): intra_phases intra steps, then one crossing.
@@ -97,7 +97,7 @@ def test_the_runner_records_the_rotations_and_the_graphs_period():
 
     def graph(topology, n, mix_every=1):
         return SimpleNamespace(hvdx_graph=MixingGraph(topology, n, 0),
-                               _hvdx_sync=SimpleNamespace(mix_every=mix_every))
+                               hvdx_strategy=SimpleNamespace(mix_every=mix_every))
 
     period = STRATEGIES["decentralized"].period_of
     # One-peer exponential graph: distances 1, 2, 4, ... (log2 n of them), then again.

@@ -5,7 +5,11 @@ and the frameworks' exports. These lists are views of the strategy catalogue
 written by hand, so that reading them from the catalogue changed no byte."""
 
 import argparse
+import ast
+import importlib
+import pathlib
 import types
+from typing import Dict
 
 import pytest
 
@@ -15,6 +19,8 @@ from hvdx.bench import script, soak
 from hvdx.bench import strategies as bench
 from hvdx.core.cost_model import DEFAULT_STRATEGIES as PLAN_ENTRIES
 from hvdx.environment_variables import ACCEPTED
+from hvdx.strategies import catalogue
+from hvdx.strategies.descriptor import load
 from hvdx.strategies.topk.spec import topk
 
 
@@ -256,3 +262,50 @@ def test_the_frameworks_export_each_strategys_names():
         assert getattr(tf_hvd, name) is getattr(module, name), name
     assert torch_hvd.DSSync is tf_hvd.DSSync is hvdx.DSSync
     assert torch_hvd.Decentralized is tf_hvd.Decentralized is hvdx.Decentralized
+
+
+def _bindings(path: pathlib.Path) -> Dict[str, str]:
+    """The names a module binds at its top level by ``from m import n`` or by
+    ``n = _load("m:n")``, each with the lazy path ``"m:n"`` of what it binds."""
+    found = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                found[alias.asname or alias.name] = f"{node.module}:{alias.name}"
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                getattr(node.value.func, "id", None) == "_load":
+            for target in node.targets:
+                found[target.id] = ast.literal_eval(node.value.args[0])
+    return found
+
+
+@pytest.mark.parametrize("framework, init", [
+    ("hvdx", "__init__.py"), ("torch", "torch/__init__.py"),
+    ("tensorflow", "tensorflow/__init__.py")])
+def test_the_exported_names_are_the_catalogues_each_written_out(framework, init):
+    """hvdx/__init__.py, hvdx/torch/__init__.py and hvdx/tensorflow/__init__.py name each
+    strategy's exports one by one (found by grep and by IDEs): every name the catalogue
+    exports is bound there to the catalogue's path, and no strategy's module gives a
+    name that the catalogue does not list."""
+    exports = dict(e for entry in catalogue.BUILT_IN for e in entry.exports(framework))
+    bound = _bindings(pathlib.Path(hvdx.__file__).parent / init)
+    assert {name: bound.get(name) for name in exports} == exports
+    from_strategies = {name for name, path in bound.items()
+                       if path.startswith("hvdx.strategies.") and
+                       not path.startswith("hvdx.strategies.descriptor:")}
+    assert from_strategies <= set(exports)
+    if framework == "hvdx":
+        module = hvdx
+    else:
+        pytest.importorskip(f"horovod.{framework}")
+        module = importlib.import_module(f"hvdx.{framework}")
+    for name, path in exports.items():
+        assert getattr(module, name) is load(path), name
+
+
+def test_hvdx_all_is_its_own_names_and_the_catalogues_exports():
+    exports = {name for entry in catalogue.BUILT_IN for name, _ in entry.exports("hvdx")}
+    assert set(hvdx.__all__) == {"Mixer", "__version__", "mixer", "register_compressor",
+                                 "register_mixer"} | exports
+    for name in hvdx.__all__:
+        assert hasattr(hvdx, name), name

@@ -11,7 +11,7 @@ import numpy as np
 
 from hvdx.core.calibration import Calibration
 from hvdx.core.units import parse_quantity, parse_rate, parse_time
-from hvdx.core.validation import integer as _integer
+from hvdx.core.validation import check_integer
 
 Number = Union[int, float]
 
@@ -36,8 +36,8 @@ def host_order(placement: str, racks: int, hosts_per_rack: int) -> List[int]:
     """
     if placement not in PLACEMENTS:
         raise ValueError(f"placement={placement!r} must be one of {', '.join(PLACEMENTS)}")
-    racks = _integer("racks", racks, 1)
-    hosts_per_rack = _integer("hosts_per_rack", hosts_per_rack, 1)
+    racks = check_integer("racks", racks, 1)
+    hosts_per_rack = check_integer("hosts_per_rack", hosts_per_rack, 1)
     slots = range(racks * hosts_per_rack)
     if placement == "blocked":
         return list(slots)
@@ -95,7 +95,7 @@ class Cluster:
             raise ValueError(f"Cluster.calibration={self.calibration!r} must be a "
                              "hvdx.core.calibration.Calibration or None")
         for name in ("racks", "hosts_per_rack", "ranks_per_host"):
-            _integer(f"Cluster.{name}", getattr(self, name), 1)
+            check_integer(f"Cluster.{name}", getattr(self, name), 1)
         if self.placement not in PLACEMENTS:
             raise ValueError(f"Cluster.placement={self.placement!r} must be one of "
                              f"{', '.join(PLACEMENTS)}")
@@ -110,7 +110,7 @@ class Cluster:
                               **kwargs) -> "Cluster":
         """"8 racks x 32 hosts, 25gbit NICs, 4:1": uplink = hosts * nic / oversubscription."""
         ratio, nic_bps = _positive("oversubscription", oversubscription), parse_rate(nic, "nic")
-        hosts = _integer("Cluster.hosts_per_rack", hosts_per_rack, 1)
+        hosts = check_integer("Cluster.hosts_per_rack", hosts_per_rack, 1)
         return cls(racks=racks, hosts_per_rack=hosts, nic_bps=nic_bps,
                    uplink_bps=hosts * nic_bps / ratio, **kwargs)
 
@@ -165,9 +165,9 @@ class Workload:
 
     def __post_init__(self):
         for name in ("conv_params", "fc_params", "activation_size"):
-            _integer(f"Workload.{name}", getattr(self, name), 0)
+            check_integer(f"Workload.{name}", getattr(self, name), 0)
         for name in ("bytes_per_element", "batch_size"):
-            _integer(f"Workload.{name}", getattr(self, name), 1)
+            check_integer(f"Workload.{name}", getattr(self, name), 1)
         if self.params == 0:
             raise ValueError("Workload.conv_params=0 and fc_params=0: the model is empty")
         object.__setattr__(self, "compute_s", parse_time(self.compute_s, "Workload.compute_s"))

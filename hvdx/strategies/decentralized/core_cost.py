@@ -9,7 +9,7 @@ from typing import List, Tuple
 import numpy as np
 
 from hvdx.core.cost.types import Cluster, Flow, Workload, _Plan, _Traffic
-from hvdx.core.validation import integer as _integer
+from hvdx.core.validation import check_integer
 
 #: The graphs :func:`_decentralized` prices (those of ``hvdx.Decentralized``).
 DECENTRALIZED_TOPOLOGIES = ("one-peer-exp", "static-exp", "one-peer-hypercube", "ring",
@@ -59,7 +59,7 @@ def _decentralized(c: Cluster, w: Workload, topology: str = "one-peer-exp",
                          f"{', '.join(DECENTRALIZED_TOPOLOGIES)}")
     if order not in _ORDERS:
         raise ValueError(f"order={order!r} must be one of {', '.join(_ORDERS)}")
-    mix_every = _integer("mix_every", mix_every, 1)
+    mix_every = check_integer("mix_every", mix_every, 1)
     n = c.ranks
     label = f"decentralized {topology}" + (" cta" if order == _ORDERS[1] else "") + \
         (f" every {mix_every}" if mix_every > 1 else "")

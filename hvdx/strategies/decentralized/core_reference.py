@@ -44,7 +44,7 @@ import numpy as np
 
 from hvdx.core import mixing_graphs
 from hvdx.core.group_averaging import ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT
-from hvdx.core.validation import integer as _integer
+from hvdx.core.validation import check_integer
 
 __all__ = ["mix", "simulate_decentralized"]
 
@@ -130,9 +130,9 @@ def simulate_decentralized(initial, grads_fn: Callable[[np.ndarray, int], np.nda
     if order not in (ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT):
         raise ValueError(f"order={order!r} must be {ADAPT_THEN_COMBINE!r} or "
                          f"{COMBINE_THEN_ADAPT!r}")
-    steps = _integer("steps", steps, 0)
-    start = _integer("start", start, 0)
-    mix_every = _integer("mix_every", mix_every, 1)
+    steps = check_integer("steps", steps, 0)
+    start = check_integer("start", start, 0)
+    mix_every = check_integer("mix_every", mix_every, 1)
     lr = _real("lr", lr)
     momentum = _real("momentum", momentum)
     if momentum < 0:

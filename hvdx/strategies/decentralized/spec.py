@@ -49,7 +49,8 @@ from typing import Dict, List, Tuple
 from hvdx.core import mixing_graphs
 from hvdx.core.counters import MixingStats
 from hvdx.core.group_averaging import ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT
-from hvdx.strategy import Job, MixingStrategy, check_integer, validating
+from hvdx.core.validation import check_integer
+from hvdx.strategy import Job, MixingStrategy, validating
 
 __all__ = ["ORDERS", "Decentralized", "DecentralizedStats", "MixingGraph"]
 

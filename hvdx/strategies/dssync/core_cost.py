@@ -11,7 +11,7 @@ import numpy as np
 from hvdx.core.cost.collectives import (_allreduce, _allreduces, _as_measured, _grid,
                                         _group_kind, _set_negotiation)
 from hvdx.core.cost.types import Cluster, Workload, _Plan, _Traffic
-from hvdx.core.validation import integer as _integer
+from hvdx.core.validation import check_integer
 
 
 def _set_averages(name: str, groups: np.ndarray, nbytes: float, c: Cluster,
@@ -49,8 +49,8 @@ def _dssync(c: Cluster, w: Workload, intra_phases: int = 1,
     4. the period's time is spread evenly over its steps.
     """
     grid, width = _grid(c), c.ranks_per_rack
-    intra_phases = _integer("intra_phases", intra_phases, 0)
-    cross = width if cross_ranks is None else _integer("cross_ranks", cross_ranks, 1, width)
+    intra_phases = check_integer("intra_phases", intra_phases, 0)
+    cross = width if cross_ranks is None else check_integer("cross_ranks", cross_ranks, 1, width)
     # With one rack every phase is intra-rack; with one rank per rack every phase crosses.
     intra = (intra_phases if c.racks > 1 else 1) if width > 1 else 0
     crossing = 1 if c.racks > 1 else 0

@@ -41,7 +41,7 @@ import numpy as np
 from hvdx.core.cost_model import parse_rate
 from hvdx.core.sharding import shard_bounds
 from hvdx.core.topology import Partition, Topology, canonical, digit_groups
-from hvdx.core.validation import integer as _integer
+from hvdx.core.validation import check_integer
 
 __all__ = [
     "ListSchedule",
@@ -64,7 +64,7 @@ class _Schedule:
 
     def group(self, step: int, rank: int) -> Tuple[int, ...]:
         """The group ``rank`` averages with at ``step`` (itself included)."""
-        _integer("rank", rank, 0, self.n - 1)
+        check_integer("rank", rank, 0, self.n - 1)
         return next(g for g in self.partition(step) if rank in g)
 
     def settings(self) -> List[Setting]:
@@ -82,7 +82,7 @@ class _Cycle(_Schedule):
         return len(self._cycle)
 
     def partition(self, step: int) -> Partition:
-        return self._cycle[_integer("step", step, 0) % self.period]
+        return self._cycle[check_integer("step", step, 0) % self.period]
 
     def partitions(self) -> Tuple[Partition, ...]:
         """The distinct partitions of one period, in order of first use."""
@@ -147,9 +147,9 @@ class RotationSchedule(_Cycle):
         width = max(len(g) for g in topology.rack_groups())
         self.topology = topology
         self.n = topology.size
-        self.intra_phases = _integer("intra_phases", intra_phases, 1)
+        self.intra_phases = check_integer("intra_phases", intra_phases, 1)
         self.cross_ranks = width if cross_ranks is None else \
-            _integer("cross_ranks", cross_ranks, 1, width)
+            check_integer("cross_ranks", cross_ranks, 1, width)
         self.split_hosts = bool(split_hosts)
         self.places = topology.positions_in_rack() if places is None else \
             _validate_places(topology, places)
@@ -183,7 +183,7 @@ class RotationSchedule(_Cycle):
 
     def phase_kind(self, step: int) -> str:
         """``"intra"`` (no group spans racks) or ``"cross"`` (at most one rank per rack)."""
-        return self._kinds[_integer("step", step, 0) % self.period]
+        return self._kinds[check_integer("step", step, 0) % self.period]
 
     def settings(self) -> List[Setting]:
         return [("dssync.schedule", "rotation"), ("dssync.topology", self.topology.digest()),
@@ -215,12 +215,12 @@ class ShuffleSchedule(_Schedule):
     """
 
     def __init__(self, n: int, group_size: int, seed: int = 0):
-        self.n = _integer("n", n, 1)
-        self.group_size = _integer("group_size", group_size, 1, self.n)
-        self.seed = _integer("seed", seed, 0)
+        self.n = check_integer("n", n, 1)
+        self.group_size = check_integer("group_size", group_size, 1, self.n)
+        self.seed = check_integer("seed", seed, 0)
 
     def partition(self, step: int) -> Partition:
-        step = _integer("step", step, 0)
+        step = check_integer("step", step, 0)
         bits = np.random.PCG64(np.random.SeedSequence(self.seed, spawn_key=(step,)))
         order = np.argsort(bits.random_raw(self.n), kind="stable")
         bounds = shard_bounds(self.n, -(-self.n // self.group_size))
@@ -257,7 +257,7 @@ class ListSchedule(_Cycle):
             except TypeError:
                 raise ValueError(f"partitions[0]={partitions[0]!r} must be a sequence of "
                                  "groups of ranks") from None
-        self.n = _integer("n", n, 1)
+        self.n = check_integer("n", n, 1)
         self._cycle = tuple(validate_partition(p, self.n, name=f"partitions[{i}]")
                             for i, p in enumerate(partitions))
 
@@ -297,7 +297,7 @@ def validate_partition(partition, n: int, name: str = "partition") -> Partition:
         ValueError: naming ``name`` and what is wrong: an empty group, a value that is
             not a rank, a rank outside ``0..n-1``, a rank in two groups, a missing rank.
     """
-    n = _integer("n", n, 1)
+    n = check_integer("n", n, 1)
     try:
         groups = [list(g) for g in partition]
     except TypeError:
@@ -349,7 +349,7 @@ def default_rotation_parameters(topology: Topology, nic_bps, uplink_bps,
         max_intra_phases: the cap of step 2.
     """
     nic, uplink = parse_rate(nic_bps, "nic_bps"), parse_rate(uplink_bps, "uplink_bps")
-    cap = _integer("max_intra_phases", max_intra_phases, 1)
+    cap = check_integer("max_intra_phases", max_intra_phases, 1)
     racks = topology.rack_groups()
     n, r = topology.size, len(racks)
     w = max(len(g) for g in racks)

@@ -57,7 +57,10 @@ class DSSyncStats(Counters):
                "probe_seconds": 0.0}
     __slots__ = tuple(INITIAL)
 
-    def _add(self, group_size: int, model_bytes: int):
+    def record(self, group_size: int, model_bytes: int):
+        """Count one step averaged in a group of ``group_size`` ranks: add the ring
+        bytes of a ``model_bytes`` model to ``last_bytes`` and ``total_bytes``, one to
+        ``steps``, and set ``last_group_size``."""
         sent = 2.0 * (group_size - 1) / group_size * model_bytes
         self.steps += 1
         self.last_bytes = sent
@@ -135,7 +138,7 @@ class DSSyncGroups:
 
     def record(self, group: Sequence[int], model_bytes: int) -> None:
         """Count the bytes one average in ``group`` sends (zero for a group of one)."""
-        self.stats._add(len(group), model_bytes)
+        self.stats.record(len(group), model_bytes)
 
     def state(self) -> Dict[str, int]:
         """The checkpointed position: ``{"step": t}``, plus ``"swa_count"`` with SWA,

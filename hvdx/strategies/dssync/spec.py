@@ -27,12 +27,12 @@ from typing import Callable, List, NamedTuple, Optional, Tuple
 
 from hvdx.core.bandwidth import DEFAULT_PROBE_BYTES
 from hvdx.core.topology import Topology
+from hvdx.core.validation import check_integer
 from hvdx.strategies.dssync.core_link_rates import (LINK_RATES_VARIABLES,
                                                     link_rates_from_environment, parse_link_rates)
 from hvdx.strategies.dssync.core_schedule import (ListSchedule, RotationSchedule, ShuffleSchedule,
                                                   default_rotation_parameters)
 from hvdx.strategy import Job, MixingStrategy, validating
-from hvdx.strategy import check_integer as _integer
 
 __all__ = ["DSSync", "DSSyncPlan", "LINK_RATES_VARIABLES", "link_rates_from_environment",
            "parse_link_rates"]
@@ -131,7 +131,7 @@ class DSSync(MixingStrategy):
             raise ValueError(f"group_size={group_size!r} applies to schedule='shuffle' "
                              "only; the rotation's groups follow the topology, a list's "
                              "groups are given")
-        self.seed = _integer("seed", seed, 0)
+        self.seed = check_integer("seed", seed, 0)
         self.intra_phases = _optional_integer("intra_phases", intra_phases, 1)
         self.cross_ranks = _optional_integer("cross_ranks", cross_ranks, 1)
         if topology is not None and not isinstance(topology, Topology):
@@ -147,11 +147,11 @@ class DSSync(MixingStrategy):
         self._init_mixing(global_every=global_every, swa_start=swa_start,
                           swa_every=swa_every,
                           average_optimizer_state=average_optimizer_state)
-        self.probe_every = _integer("probe_every", probe_every, 0)
+        self.probe_every = check_integer("probe_every", probe_every, 0)
         if self.probe_every and self.kind != "rotation":
             raise ValueError(f"probe_every={probe_every!r} applies to schedule='rotation' "
                              "only: the other schedules do not follow the topology")
-        self.probe_bytes = _integer("probe_bytes", probe_bytes, 1)
+        self.probe_bytes = check_integer("probe_bytes", probe_bytes, 1)
         if probe is not None and not callable(probe):
             raise ValueError(f"probe={probe!r} must be None (measure) or a callable "
                              "step -> bandwidth matrix")
@@ -196,7 +196,7 @@ class DSSync(MixingStrategy):
             ValueError: ``group_size`` above ``n``, partitions of another number of
                 ranks, or a topology of another size.
         """
-        n = _integer("n", n, 1)
+        n = check_integer("n", n, 1)
         if self.kind == "shuffle":
             if self.group_size > n:
                 raise ValueError(f"group_size={self.group_size} must be an integer from 1 "
@@ -271,4 +271,4 @@ class DSSync(MixingStrategy):
 
 
 def _optional_integer(name: str, value: object, low: int) -> Optional[int]:
-    return None if value is None else _integer(name, value, low)
+    return None if value is None else check_integer(name, value, low)

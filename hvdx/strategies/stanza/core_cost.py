@@ -11,7 +11,7 @@ import numpy as np
 from hvdx.core.cost.collectives import _allreduces, _at_once
 from hvdx.core.cost.types import Cluster, Workload, _Plan, _Traffic
 from hvdx.strategies.stanza.core_roles import stanza_roles
-from hvdx.core.validation import integer as _integer
+from hvdx.core.validation import check_integer
 
 
 def _stanza_roles(c: Cluster, fc_workers: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -32,7 +32,7 @@ def _stanza(c: Cluster, w: Workload, fc_workers: int = 1) -> _Plan:
     3. conv workers allreduce the conv gradients (FC workers the FC ones, if F > 1).
     """
     # From 1 to ranks // 2, as the trainer allows (stanza_roles names the value if not).
-    fc_workers = _integer("fc_workers", fc_workers, 1, max(1, c.ranks // 2))
+    fc_workers = check_integer("fc_workers", fc_workers, 1, max(1, c.ranks // 2))
     conv, target, fc = _stanza_roles(c, fc_workers)
     activations = w.batch_size * w.activation_size * w.bytes_per_element
     # Conv and FC rings run at once on disjoint ranks; F = 1 gives no FC ring at all.

@@ -29,6 +29,8 @@ from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from hvdx.core.validation import check_integer
+
 __all__ = ["AUTO", "CONV", "FC", "StanzaRoles", "auto_fc_workers", "fc_samples",
            "loss_weights", "mean_loss", "median_probe", "probe_counts", "stanza_roles",
            "weighted_loss"]
@@ -96,9 +98,7 @@ def stanza_roles(size: int, fc_workers: int) -> StanzaRoles:
             ``fc_workers`` is an integer from 1 to ``size // 2`` (at least one FC
             worker, and at least as many conv workers as FC workers).
     """
-    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
-        raise ValueError(f"size={size!r} must be an integer of at least 1")
-    size = int(size)
+    size = check_integer("size", size, 1)
     limit = size // 2
     allowed = (f"must be an integer from 1 to {limit}" if limit >= 1 else
                "cannot be met: Stanza needs at least 2 ranks, one conv worker and one FC "

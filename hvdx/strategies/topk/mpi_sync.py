@@ -159,7 +159,10 @@ class TopKStats:
         self.last_sent = self.last_received = 0.0
         self.last_sparse_tensors = self.last_dense_tensors = 0
 
-    def _add(self, sent, received, phase):
+    def record(self, sent, received, phase):
+        """Add ``sent`` and ``received`` bytes to ``phase``'s counters in :attr:`phases`
+        (``"up"``, ``"down"``, ``"agree"`` or ``"dense"``), to this step's ``last_*``
+        and to the run's ``total_*``."""
         self.phases[phase][0] += sent
         self.phases[phase][1] += received
         self.last_sent += sent
@@ -644,7 +647,7 @@ class TopKSynchronizer:
         for position in positions:
             itemsize = 4 if itemsizes is None else itemsizes[position]
             nbytes = 2 * (self.size - 1) / self.size * sizes[position] * itemsize
-            self.stats._add(nbytes, nbytes, "dense")
+            self.stats.record(nbytes, nbytes, "dense")
 
     def _averaged_here(self, dense: Sequence[int], sparse: Sequence[int],
                        force_dense: Sequence[int] = ()) -> List[int]:
@@ -752,7 +755,7 @@ class TopKSynchronizer:
 
         began = timeline.now() if timeline.active else 0
         shares = agree_shares(compensated, ks, self.rank, allgather, allreduce)
-        self.stats._add(moved[0], moved[1], "agree")
+        self.stats.record(moved[0], moved[1], "agree")
         if began:
             timeline.record("HVDX_TOPK_AGREE", self._row(), began, moved[0], moved[1])
         return shares
@@ -795,7 +798,7 @@ class TopKSynchronizer:
         values = np.concatenate([v for _, v in ups])
         began = timeline.now() if timeline.active else 0
         gathered, sent, received = allgatherv_pairs(self.comm, indices, values)
-        self.stats._add(sent, received, "up")
+        self.stats.record(sent, received, "up")
         if began:
             timeline.record("HVDX_TOPK_ALLGATHER", self._row(), began, sent, received)
         cuts = [np.searchsorted(i, offsets) for i, _ in gathered]
@@ -833,7 +836,7 @@ class TopKSynchronizer:
                   for out in outgoing]
         began = timeline.now() if timeline.active else 0
         incoming, sent, received = alltoallv_pairs(self.comm, pieces)
-        self.stats._add(sent, received, "up")
+        self.stats.record(sent, received, "up")
         if began:
             timeline.record("HVDX_TOPK_ALLTOALL", self._row(), began, sent, received)
         cuts = [np.searchsorted(i, offsets) for i, _ in incoming]
@@ -866,7 +869,7 @@ class TopKSynchronizer:
         selected, sent, received = allgatherv_pairs(
             self.comm, np.concatenate([i for i, _ in chosen]),
             np.concatenate([v for _, v in chosen]))
-        self.stats._add(sent, received, "down")
+        self.stats.record(sent, received, "down")
         if began:
             timeline.record("HVDX_TOPK_SHARD_ALLGATHER", self._row(), began, sent, received)
         cuts = [np.searchsorted(i, offsets) for i, _ in selected]

@@ -119,7 +119,7 @@ class DecentralizedState(MixingState):
     def _mix_at(self, step: int, values: List[tf.Tensor]) -> List[tf.Tensor]:
         # (A global_every step never gets here: MixingState._mix_step decides it.)
         if not self._sync.mixes_at(step):
-            self.hvdx_stats._add(0, 0)
+            self.hvdx_stats.record(0, 0)
             return values
         arrays = [v.numpy() for v in values]
         # The layout is built at the first step, rebuilt if the variables change (slots
@@ -129,8 +129,8 @@ class DecentralizedState(MixingState):
         layout.pack(arrays, out=exchange.buffers)
         neighbours = self.graph.neighbors(step)
         exchange.start(neighbours.send_to, neighbours.recv_from)
-        self.hvdx_stats._add(*exchange.finish(neighbours.self_weight,
-                                              neighbours.recv_weights))
+        self.hvdx_stats.record(*exchange.finish(neighbours.self_weight,
+                                                neighbours.recv_weights))
         return [tf.convert_to_tensor(a) for a in layout.unpack(exchange.mixed, arrays)]
 
     def _average_all(self, values: List[tf.Tensor]) -> List[tf.Tensor]:

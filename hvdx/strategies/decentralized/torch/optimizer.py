@@ -229,8 +229,8 @@ class GraphMixer:
             self._hook.remove()
             self._hook = None
         # Combine-then-adapt: the change, added to tensors a forward pass may have moved.
-        self.stats._add(*self._exchange.finish(neighbours.self_weight,
-                                               neighbours.recv_weights, change=self._cta))
+        self.stats.record(*self._exchange.finish(neighbours.self_weight,
+                                                 neighbours.recv_weights, change=self._cta))
         self._received = True
 
     def _complete(self, apply: bool) -> None:

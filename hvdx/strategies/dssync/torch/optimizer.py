@@ -34,7 +34,6 @@ from typing import List, Sequence
 import horovod.torch as _hvd
 import torch
 
-from hvdx.optimizer_surface import dssync_groups
 from hvdx.strategies.dssync.mpi_groups import LOOKAHEAD, DSSyncGroups, DSSyncStats, static_groups
 from hvdx.strategies.dssync.spec import DSSync
 from hvdx.torch.mixing_optimizer import (MixerDefaults, average_over_all_ranks,
@@ -77,8 +76,10 @@ class _DSSyncMethods:
 
     _hvdx_groups = property(lambda self: self._hvdx_mixer.groups)
     _hvdx_schedule = property(lambda self: self._hvdx_mixer.groups.schedule)
-    hvdx_groups = property(dssync_groups, doc="The groups, their schedule and process sets "
-                           "(:class:`~hvdx.strategies.dssync.mpi_groups.DSSyncGroups`), read-only.")
+    hvdx_groups = property(lambda self: self._hvdx_mixer.groups,
+                           doc="The groups, their schedule and process sets "
+                           "(:class:`~hvdx.strategies.dssync.mpi_groups.DSSyncGroups`), "
+                           "read-only.")
 
 
 class GroupMixer(MixerDefaults):
