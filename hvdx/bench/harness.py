@@ -455,18 +455,19 @@ def not_applicable(workloads: Sequence[str], strategies: Sequence[str]) -> List[
     """One line per (workload, strategy) pair that does not run, and why."""
     return ([f"{w}: {s} does not apply: {WORKLOADS[w].does_not_apply[s]}"
              for w in workloads for s in strategies if s in WORKLOADS[w].does_not_apply] +
-            [f"{w}: {s} is not run: its settings there are {first}'s "
-             f"({STRATEGIES[s].settings_on(WORKLOADS[w])}); see {first}'s row"
-             for (w, s), first in same_settings(workloads, strategies).items()])
+            [f"{w}: {s} is not run: its settings there are {first}'s ({settings}); see "
+             f"{first}'s row"
+             for (w, s), (first, settings) in same_settings(workloads, strategies).items()])
 
 
 def same_settings(workloads: Sequence[str], strategies: Sequence[str]
-                  ) -> Dict[Tuple[str, str], str]:
-    """``(workload, strategy) -> the earlier strategy`` for each strategy whose settings on
-    the workload (:attr:`~hvdx.bench.strategies.Strategy.settings_on`) equal an earlier
-    one's in ``strategies``: both presets under an adaptive optimizer, for example. The
-    run would repeat the earlier one, so it is measured once."""
-    same: Dict[Tuple[str, str], str] = {}
+                  ) -> Dict[Tuple[str, str], Tuple[str, object]]:
+    """``(workload, strategy) -> (the earlier strategy, the settings both run)`` for each
+    strategy whose settings on the workload
+    (:attr:`~hvdx.bench.strategies.Strategy.settings_on`) equal an earlier one's in
+    ``strategies``: both presets under an adaptive optimizer, for example. The run would
+    repeat the earlier one, so it is measured once."""
+    same: Dict[Tuple[str, str], Tuple[str, object]] = {}
     for w in workloads:
         seen: List[Tuple[str, object]] = []
         for s in strategies:
@@ -478,7 +479,7 @@ def same_settings(workloads: Sequence[str], strategies: Sequence[str]
             if first is None:
                 seen.append((s, settings))
             else:
-                same[w, s] = first
+                same[w, s] = (first, settings)
     return same
 
 
@@ -547,7 +548,7 @@ def run_bench(spec, workloads: List[str], strategies: List[str], steps: Optional
                     continue
                 if (w, s) in repeated:
                     say(f"{w} with {STRATEGIES[s].label}: the settings of "
-                        f"{repeated[w, s]} here, run once (its row)")
+                        f"{repeated[w, s][0]} here, run once (its row)")
                     continue
                 where = f"{network}, {placement} placement" if cluster_used else network
                 say(f"[{len(raw) + 1}/{total}, {left.line()}] {w} with "
