@@ -29,7 +29,7 @@ After :func:`register_mixer`, ``sync=hvdx.mixer("<name>", *args, **kwargs)`` (to
 ``DistributedOptimizer``, TensorFlow's ``DistributedGradientTape`` and Keras'
 ``DistributedOptimizer``) and ``HVDX_SYNC=<name>(<literal arguments>)`` build a
 :class:`UserMixing` spec. It runs in the parameter-mixing strategies' shared wrappers
-(:mod:`hvdx.torch.mixing_optimizer`, :mod:`hvdx.tensorflow.mixing`), which decide
+(:mod:`hvdx.torch.mixing_optimizer`, :mod:`hvdx.tensorflow.mixing_state`), which decide
 everything a mixer does not: the local step, the step counter (saved in checkpoints),
 ``global_every``, the SWA merge, ``synchronize_parameters()``, the optimizer state.
 Those options are keywords of every registered mixer's spec
@@ -37,7 +37,8 @@ Those options are keywords of every registered mixer's spec
 :meth:`Mixer.settings` and those options, so a rank with another mixer or argument is
 refused on every rank before any exchange.
 
-The contract (:class:`Mixer`): ``matrix(step, size)``, this step's ``size x size``
+The contract (:class:`Mixer`, the protocol of every mixing strategy, built-in or
+registered: :mod:`hvdx.core.mixer_protocol`): ``matrix(step, size)``, this step's ``size x size``
 mixing matrix ``W`` (``x_i <- sum_j W[i, j] x_j``), the same on every rank; hvdx sends
 each rank's tensors in one fused buffer per dtype family to the ranks that need them
 (MPI point-to-point, :mod:`hvdx.mpi.user_mixer_exchange`). Or ``mix(step, arrays,
@@ -53,6 +54,7 @@ from typing import Any, Callable, ClassVar, Dict, List, MutableMapping, Optional
 
 import numpy as np
 
+from hvdx.core.mixer_protocol import Mixer, check_matrix, mixed_arrays
 from hvdx.keywords import unexpected_keyword
 from hvdx.strategies import catalogue
 from hvdx.strategies.catalogue import RegisteredClassSpec, qualified, settings_of
@@ -72,49 +74,6 @@ RESERVED = frozenset({"none", "fp16", "horovod", "user_mixer"}) | \
     frozenset(d.name for d in catalogue.BUILT_IN) | \
     frozenset(name for variable in VARIABLES.values()
               for name in catalogue.environment_constructors(variable, built_in_only=True))
-
-
-class Mixer:
-    """Subclass this, then ``hvdx.register_mixer("name", YourMixer)``.
-
-    Implement :meth:`matrix` (the common case) or :meth:`mix` (anything else). The
-    constructor takes the arguments of ``hvdx.mixer("name", ...)`` and of
-    ``HVDX_SYNC=name(...)``; raise ``ValueError`` naming a bad one. Every rank builds
-    its own instance: draw randomness from :meth:`settings` and ``step``, never from
-    the rank, so that every rank computes the same matrix.
-    """
-
-    def matrix(self, step: int, size: int):
-        """The mixing matrix of step ``step`` (0-based, saved in checkpoints): ``size x
-        size``, non-negative, every row summing to 1 (``x_i <- sum_j W[i, j] x_j``);
-        doubly stochastic keeps the ranks' mean. The same on every rank."""
-        raise NotImplementedError(f"{type(self).__qualname__}: implement matrix(step, "
-                                  "size) or mix(step, arrays, peers)")
-
-    def mix(self, step: int, arrays: List[np.ndarray], peers) -> List[np.ndarray]:
-        """This rank's mixed arrays at step ``step`` (collective: every rank calls it
-        with its arrays in the same order, shapes and dtypes). ``peers``:
-        :class:`hvdx.mpi.user_mixer_exchange.Peers`. The default mixes by
-        :meth:`matrix`; an exception of :meth:`matrix` is handed to ``by_matrix``,
-        which raises it on every rank (raised here, it would end this rank alone and
-        leave the others waiting for its messages)."""
-        try:
-            w = self.matrix(step, peers.size)
-        except Exception as error:  # noqa: BLE001 (the user's code: any exception)
-            w = error
-        return peers.by_matrix(w, arrays)
-
-    def settings(self) -> Dict[str, object]:
-        """Everything every rank must share (seeds, weights): compared across ranks
-        before the first step, as ``repr`` of the sorted items."""
-        return {}
-
-    def state(self) -> Dict[str, object]:
-        """The mixer's own state beyond the step (JSON-serialisable), for checkpoints."""
-        return {}
-
-    def load_state(self, state: Dict[str, object]) -> None:
-        """Restore :meth:`state`'s dictionary."""
 
 
 # Its entries are catalogue entries too (catalogue.ClassRegistry), built by _descriptor.
@@ -154,9 +113,11 @@ def register_mixer(name: str, mixer_class: type) -> None:
                          f"choose another name (taken: {sorted(RESERVED)})")
     if not (isinstance(mixer_class, type) and issubclass(mixer_class, Mixer)):
         raise TypeError(f"mixer_class={mixer_class!r} must be a subclass of hvdx.Mixer")
-    if mixer_class.matrix is Mixer.matrix and mixer_class.mix is Mixer.mix:
+    if mixer_class.matrix is Mixer.matrix and mixer_class.mix is Mixer.mix and \
+            mixer_class.exchange is Mixer.exchange:
         raise TypeError(f"mixer_class={qualified(mixer_class)} implements neither "
                         "matrix(step, size) nor mix(step, arrays, peers)")
+    _check_capabilities(mixer_class)
     try:
         taken = set(inspect.signature(mixer_class).parameters) & set(MIXING_OPTIONS)
     except (TypeError, ValueError):
@@ -173,6 +134,25 @@ def register_mixer(name: str, mixer_class: type) -> None:
         raise ValueError(f"name={name!r} is already a registered strategy (a compressor?); "
                          "choose another name")
     _REGISTRY[name] = mixer_class
+
+
+def _check_capabilities(mixer_class: type) -> None:
+    """Refuse (``TypeError``, naming the method) a capability the class declares but
+    does not implement (:mod:`hvdx.core.mixer_protocol`)."""
+    name = qualified(mixer_class)
+    if mixer_class.combines_first is not False and mixer_class.exchange is Mixer.exchange:
+        raise TypeError(f"mixer_class={name} declares combines_first but does not "
+                        "implement exchange(step, everyone): the drivers overlap only a "
+                        "Neighbours exchange, which exchange() returns")
+    if mixer_class.state_entry is not None and not (
+            isinstance(mixer_class.state_entry, str) and mixer_class.state_entry):
+        raise TypeError(f"mixer_class={name}: state_entry={mixer_class.state_entry!r} "
+                        "must be a key (str) or None")
+    views = mixer_class.views
+    if not isinstance(views, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in views.items()):
+        raise TypeError(f"mixer_class={name}: views={views!r} must map names to the "
+                        "mixer's attribute names (str to str)")
 
 
 def registered_mixers() -> Dict[str, type]:
@@ -261,6 +241,7 @@ class UserMixing(RegisteredClassSpec, MixingStrategy):
     """
 
     argument: ClassVar[str] = "sync"
+    state_key: ClassVar[str] = "hvdx_mixer"
 
     def __init__(self, registered_name: str, cls: type, args: tuple = (),
                  kwargs: Optional[dict] = None, global_every=0, swa_start=None,
@@ -303,47 +284,17 @@ class UserMixing(RegisteredClassSpec, MixingStrategy):
                          f"{qualified(self.cls)}.matrix(0, {job.size})")
         return None
 
+    def make_mixer(self, plan) -> Mixer:
+        """The user's mixer itself (one per spec: its state is the spec's)."""
+        return self.mixer
+
     def mixed(self, step: int, arrays: List[np.ndarray], peers) -> List[np.ndarray]:
-        """Step ``step``'s mixing of ``arrays`` by the user's mixer, for either
-        framework's adapter: a list of arrays of the shapes given, else ``ValueError``
-        naming the mixer and what it returned."""
-        what = f"{type(self.mixer).__qualname__}.mix(step={step})"
-        if peers is not None:
-            peers.step = step  # (for by_matrix's messages)
-        mixed = self.mixer.mix(step, arrays, peers)
-        if not isinstance(mixed, (list, tuple)) or len(mixed) != len(arrays):
-            raise ValueError(f"{what} returned {type(mixed).__name__}; return a list of "
-                             f"{len(arrays)} arrays, one per array given")
-        out = [np.asarray(value) for value in mixed]
-        for a, value in zip(arrays, out):
-            if value.shape != a.shape:
-                raise ValueError(f"{what} returned shape {value.shape} for an array of "
-                                 f"shape {a.shape}")
-        return out
+        """Step ``step``'s mixing of ``arrays`` by the user's mixer
+        (:func:`hvdx.core.mixer_protocol.mixed_arrays`)."""
+        return mixed_arrays(self.mixer, step, arrays, peers)
 
     def fingerprint_settings(self, job: Job, plan) -> List:
         return [("sync.class", qualified(self.cls)),
                 ("sync.settings", repr(self.settings)),
                 ("sync.size", job.size)] + \
             [(f"sync.{k}", getattr(self, k)) for k in MIXING_OPTIONS]
-
-
-def check_matrix(w, n: int, what: str) -> np.ndarray:
-    """``w`` as a float64 ``n x n`` array, non-negative, finite, rows summing to 1;
-    else ``ValueError`` naming ``what``."""
-    try:
-        m = np.array(w, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} returned {type(w).__name__}, not a matrix of "
-                         "numbers") from None
-    if m.shape != (n, n):
-        raise ValueError(f"{what} returned shape {m.shape}; the job has {n} ranks, so "
-                         f"return an {n}x{n} matrix")
-    if not np.all(np.isfinite(m)) or np.any(m < 0):
-        raise ValueError(f"{what}: every entry must be finite and non-negative")
-    sums = m.sum(axis=1)
-    bad = np.flatnonzero(np.abs(sums - 1.0) > 1e-9 * n)
-    if bad.size:
-        raise ValueError(f"{what}: row {int(bad[0])} sums to {float(sums[bad[0]])!r}; "
-                         "every row of a mixing matrix sums to 1")
-    return m

@@ -196,6 +196,19 @@ class MixingStrategy(Strategy):
     """
 
     argument: ClassVar[str] = "sync"
+    #: The key of the strategy's entry in torch's ``optimizer.state_dict()``, and the
+    #: attribute of its state on a TensorFlow tape or Keras optimizer.
+    state_key: ClassVar[str] = "hvdx_mixer"
+
+    def make_mixer(self, plan) -> Any:
+        """The :class:`hvdx.core.mixer_protocol.Mixer` this rank runs, for the plan
+        :meth:`prepare` returned (the drivers call it once per optimizer or tape
+        state)."""
+        raise NotImplementedError(f"{type(self).__name__}.make_mixer")
+
+    def check_tape(self) -> None:
+        """Refuse what ``DistributedGradientTape`` cannot run (it can only mix before the
+        update); called on every rank after the cross-rank check."""
 
     def _init_mixing(self, global_every=0, swa_start=None, swa_every=1,
                      average_optimizer_state=False) -> None:

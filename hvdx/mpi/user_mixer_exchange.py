@@ -31,7 +31,7 @@ import numpy as np
 
 from hvdx.core import mixing_graphs
 from hvdx.core.counters import MixingStats
-from hvdx.mixer_registry import check_matrix
+from hvdx.core.mixer_protocol import check_matrix
 from hvdx.mpi.neighbor_exchange import FusedExchange
 
 __all__ = ["Peers"]
@@ -85,7 +85,7 @@ class Peers:
         return layout.unpack(exchange.mixed, arrays)
 
     def _agreed(self, w) -> np.ndarray:
-        """``w`` checked (:func:`hvdx.mixer_registry.check_matrix`) and compared across
+        """``w`` checked (:func:`hvdx.core.mixer_protocol.check_matrix`) and compared across
         ranks; ``ValueError``, the same on every rank, unless every rank holds the same
         valid matrix."""
         from mpi4py import MPI

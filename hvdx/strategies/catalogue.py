@@ -44,13 +44,6 @@ _USER_COMPRESSION = dict(
     tensorflow_keras="hvdx.tensorflow.user_compression:keras_adapter",
     tensorflow_tape_counters="hvdx.tensorflow.user_compression:tape_counters")
 
-# The adapters every registered mixer runs with (one module per framework for them all);
-# each registered mixer is an entry of its own (hvdx.mixer_registry), named by the user.
-_USER_MIXER = dict(
-    torch_adapter="hvdx.torch.user_mixer:adapter",
-    tensorflow_tape="hvdx.tensorflow.user_mixer:tape_adapter",
-    tensorflow_keras="hvdx.tensorflow.user_mixer:keras_adapter",
-    tensorflow_tape_counters="hvdx.tensorflow.mixing:tape_counters")
 
 #: The built-in strategies, each once (each from its folder's descriptor.py).
 BUILT_IN: Tuple[StrategyDescriptor, ...] = (
@@ -69,9 +62,10 @@ BUILT_IN: Tuple[StrategyDescriptor, ...] = (
         name="user_mixer", kind="sync", title="a registered mixer",
         # No constructor of its own (each registered mixer is an entry named by its
         # user); it carries what hvdx.tensorflow exports for them all.
-        **_USER_MIXER,
-        state_exports=("hvdx.tensorflow.user_mixer:mixer_state",),
-        tensorflow_exports=("hvdx.tensorflow.user_mixer:MixerState",)),
+        # Its adapters are the shared mixing drivers', as every synchronization
+        # strategy's (hvdx.strategies.descriptor.MIXING_DRIVERS).
+        state_exports=("hvdx.tensorflow.mixing_state:mixer_state",),
+        tensorflow_exports=("hvdx.tensorflow.mixing_state:MixingState",)),
     STANZA,
 )
 

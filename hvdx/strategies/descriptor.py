@@ -132,6 +132,16 @@ class PlanOption:
         return self.flag.lstrip("-").replace("-", "_")
 
 
+#: The shared mixing drivers, every synchronization strategy's adapters (its mixer,
+#: :meth:`hvdx.strategy.MixingStrategy.make_mixer`, is all that differs).
+MIXING_DRIVERS = {
+    "torch_adapter": "hvdx.torch.mixing_optimizer:adapter",
+    "tensorflow_tape": "hvdx.tensorflow.mixing_tape:tape_adapter",
+    "tensorflow_keras": "hvdx.tensorflow.mixing_keras:keras_adapter",
+    "tensorflow_tape_counters": "hvdx.tensorflow.mixing_tape:tape_counters",
+}
+
+
 @dataclass(frozen=True)
 class StrategyDescriptor:
     """One strategy, as every part of hvdx that names strategies needs it.
@@ -216,6 +226,12 @@ class StrategyDescriptor:
     plan_options: Tuple[PlanOption, ...] = ()
 
     def __post_init__(self):
+        # A synchronization strategy is a mixer (hvdx.core.mixer_protocol), which the
+        # shared drivers run: its adapters are theirs unless it names its own.
+        if self.kind == "sync":
+            for field_name, path in MIXING_DRIVERS.items():
+                if getattr(self, field_name) is None:
+                    object.__setattr__(self, field_name, path)
         # Checked here, once, so that a malformed entry fails at import (or at
         # register()), not in the middle of a job.
         if self.kind not in KINDS:

@@ -14,15 +14,16 @@ unchanged, except:
   ``hvdx.register_compressor`` (:mod:`hvdx.tensorflow.user_compression`);
   :func:`compression_state` gives a tape's residuals;
 - ``sync=hvdx.mixer(name, ...)``: a mixer of your own, registered with
-  ``hvdx.register_mixer`` (:mod:`hvdx.tensorflow.user_mixer`); :func:`mixer_state`
-  gives the tapes' mixing state (checkpoint, ``synchronize_parameters``);
+  ``hvdx.register_mixer``; :func:`mixer_state` gives the tapes' mixing state
+  (:class:`MixingState`: checkpoint, ``synchronize_parameters``). Every mixing
+  strategy runs on the shared driver :mod:`hvdx.tensorflow.mixing_state`;
 - ``sync=hvdx.DSSync(...)`` replaces the gradient allreduce by DS-Sync group averaging
-  through Horovod process sets (:mod:`hvdx.strategies.dssync.tensorflow.adapters`);
+  through Horovod process sets (:mod:`hvdx.strategies.dssync.mixer`);
   :func:`dssync_state` gives the tape's DS-Sync state (checkpoint, ``synchronize_parameters``), and
   :func:`dssync_process_sets` the sets for a static ``hvd.init``;
 - ``sync=hvdx.Decentralized(..., order="combine_then_adapt")``: decentralized SGD over a
   graph, mixing with neighbours by MPI point-to-point
-  (:mod:`hvdx.strategies.decentralized.tensorflow.adapters`); :func:`decentralized_state` gives the
+  (:mod:`hvdx.strategies.decentralized.mixer`); :func:`decentralized_state` gives the
   tape's state (checkpoint, ``synchronize_parameters``, ``consensus_distance``);
 - :func:`save_checkpoint` / :func:`load_checkpoint`: every rank's
   ``tf.train.Checkpoint`` in one file on rank 0, written atomically
@@ -61,11 +62,11 @@ from hvdx.strategies.descriptor import load as _load  # noqa: E402
 topk_state = _load("hvdx.strategies.topk.tensorflow.adapters:topk_state")
 TopKState = _load("hvdx.strategies.topk.tensorflow.adapters:TopKState")
 from hvdx.tensorflow.user_compression import CompressionState, compression_state  # noqa: E402,F401,E501
-dssync_state = _load("hvdx.strategies.dssync.tensorflow.adapters:dssync_state")
-dssync_process_sets = _load("hvdx.strategies.dssync.tensorflow.adapters:dssync_process_sets")
+from hvdx.tensorflow.mixing_state import dssync_state  # noqa: E402,F401
+dssync_process_sets = _load("hvdx.strategies.dssync.mixer:dssync_process_sets")
 from hvdx.strategies.dssync.spec import DSSync  # noqa: E402,F401
-decentralized_state = _load(
-    "hvdx.strategies.decentralized.tensorflow.adapters:decentralized_state")
+from hvdx.tensorflow.mixing_state import decentralized_state  # noqa: E402,F401
 from hvdx.strategies.decentralized.spec import Decentralized  # noqa: E402,F401
-from hvdx.tensorflow.user_mixer import MixerState, mixer_state  # noqa: E402,F401
+from hvdx.tensorflow.mixing_state import mixer_state  # noqa: E402,F401
+from hvdx.tensorflow.mixing_state import MixingState  # noqa: E402,F401
 Stanza = _load("hvdx.strategies.stanza.tensorflow.trainer:Stanza")

@@ -29,9 +29,9 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     order) and settings, and raises the same ``ValueError`` on every rank otherwise.
 
     ``sync=hvdx.DSSync(...)``: ``gradient()`` returns the local gradients and replaces
-    the variables by their group average (see :mod:`hvdx.strategies.dssync.tensorflow.adapters`).
+    the variables by their group average (see :mod:`hvdx.strategies.dssync.mixer`).
     ``sync=hvdx.Decentralized(..., order="combine_then_adapt")``: likewise, with the
-    graph's neighbours (see :mod:`hvdx.strategies.decentralized.tensorflow.adapters`);
+    graph's neighbours (see :mod:`hvdx.strategies.decentralized.mixer`);
     ``HVDX_SYNC="Decentralized(...)"`` without an ``order`` runs that order here.
     ``non_trainable_variables=model.non_trainable_variables`` (hvdx's; a list or a
     callable returning one): with ``sync=``, also mix these (BatchNorm moving

@@ -21,7 +21,7 @@ which
    PyTorch's entry point calls its adapters with ``(optimizer, strategy, plan,
    arguments)``. ``horovod()`` builds Horovod's own tape or optimizer from the user's
    arguments: a compression strategy installs itself on that object; a synchronization
-   strategy (:mod:`hvdx.tensorflow.mixing`) replaces it and checks its variables across
+   strategy (:mod:`hvdx.tensorflow.mixing_state`) replaces it and checks its variables across
    ranks itself, when it first sees them.
 """
 

@@ -46,7 +46,7 @@ from hvdx.strategies.descriptor import load as _load  # noqa: E402
 # (StrategyDescriptor.exports("torch")); a test checks that these names are the
 # catalogue's. The strategies' torch modules are loaded by path, not imported here: they
 # import hvdx.torch themselves (tests/unit/test_no_import_cycles.py).
-dssync_process_sets = _load("hvdx.strategies.dssync.torch.optimizer:dssync_process_sets")
+dssync_process_sets = _load("hvdx.strategies.dssync.mixer:dssync_process_sets")
 from hvdx.strategies.dssync.spec import DSSync  # noqa: E402,F401
 from hvdx.strategies.decentralized.spec import Decentralized  # noqa: E402,F401
 Stanza = _load("hvdx.strategies.stanza.torch.trainer:Stanza")

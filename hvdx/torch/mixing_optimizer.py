@@ -21,27 +21,9 @@ optimizers. What every mixing strategy shares lives here, once:
 5. ``t += 1``; ``state_dict()`` holds ``t``, the SWA mean and the mixer's state under
    the strategy's key, so a resumed run continues the same schedule.
 
-A mixer implements (DS-Sync's ``GroupMixer`` in
-:mod:`hvdx.strategies.dssync.torch.optimizer`, the graph's ``GraphMixer`` in
-:mod:`hvdx.strategies.decentralized.torch.optimizer`; :class:`MixerDefaults` gives
-``before_step``, ``after_step``, ``finish`` and ``discard`` to a mixer that completes its
-mixing within ``mix``):
-
-- ``step``, ``swa_count``: the schedule's position and the SWA samples (checkpointed);
-  ``stats``: byte counters;
-- ``before_step(tensors_of, t, everyone) -> bool``: a combine-then-adapt mixer
-  completes step ``t``'s mixing here, before the local step, on ``tensors_of()`` (built
-  only if needed: with ``average_optimizer_state`` that may agree across ranks), and
-  says ``True``;
-- ``mix(tensors, t, everyone)``: an adapt-then-combine mixer starts step ``t``'s mixing
-  (``everyone``: average over all ranks); it may leave it in flight;
-- ``after_step(tensors)``: start what the next step needs (combine-then-adapt sends
-  the new parameters here, so the exchange overlaps the next forward and backward);
-- ``finish()``: complete what must be visible before the parameters are read (the
-  adapt-then-combine exchange in flight; idempotent); ``discard()``: complete anything
-  in flight without applying it;
-- ``count_everyone(tensors)``: count an average over all ranks in the stats;
-- ``state()`` / ``load_state(state)``.
+The mixer is framework-neutral (:class:`hvdx.core.mixer_protocol.Mixer`: DS-Sync's,
+the graphs', a user's); :class:`hvdx.torch.mixing_driver.MixingDriver` runs the
+exchanges it asks for on the tensors and keeps the step counter and the SWA count.
 """
 
 from __future__ import annotations
@@ -55,43 +37,37 @@ import torch
 from hvdx.core.group_averaging import running_mean
 from hvdx.strategy import MixingStrategy
 from hvdx.torch.finite import first_nonfinite
+from hvdx.torch.mixing_driver import MixingDriver, average_over_all_ranks
 from hvdx.torch.wrapping import subclass_of
 
-__all__ = ["MixerDefaults", "average_over_all_ranks", "make_mixing_optimizer",
-           "mixed_tensors", "tensor_bytes"]
+__all__ = ["adapter", "make_mixing_optimizer", "mixed_tensors"]
 
 
-class MixerDefaults:
-    """The protocol's methods for a mixer that mixes after the local step and completes
-    its mixing within ``mix`` (DS-Sync's groups, a user's mixer): nothing before the
-    step, nothing to start after it, nothing left in flight to finish or discard."""
-
-    def before_step(self, tensors_of, step: int, everyone: bool) -> bool:
-        return False
-
-    def after_step(self, tensors) -> None:
-        pass
-
-    def finish(self) -> None:
-        pass
-
-    def discard(self) -> None:
-        pass
+def adapter(optimizer, sync: MixingStrategy, plan, args):
+    """Every mixing strategy's adapter in :mod:`hvdx.torch.registry` (the catalogue
+    names it): the shared optimizer with the spec's own mixer
+    (:meth:`hvdx.strategy.MixingStrategy.make_mixer`). Collective where the mixer
+    registers process sets."""
+    return make_mixing_optimizer(optimizer, args.named_parameters, sync,
+                                 sync.make_mixer(plan), args.named_buffers)
 
 
 def make_mixing_optimizer(optimizer, named_parameters, sync: MixingStrategy, mixer,
-                          named_buffers, state_key: str, methods: type = None):
-    """An instance of a class made at run time from ``optimizer``'s class.
+                          named_buffers):
+    """An instance of a class made at run time from ``optimizer``'s class, mixing with
+    ``mixer`` (:class:`hvdx.core.mixer_protocol.Mixer`) after each local step.
 
-    ``isinstance(result, type(optimizer))`` holds. ``methods`` may add members of a
-    strategy's own (``consensus_distance``) to the shared ones.
+    ``isinstance(result, type(optimizer))`` holds. The class also shows the mixer's
+    :attr:`~hvdx.core.mixer_protocol.Mixer.views` (``hvdx_graph``, ``hvdx_groups``).
     """
     namespace = dict(_MixingOptimizer.__dict__)
-    if methods is not None:
-        namespace.update({k: v for k, v in methods.__dict__.items()
-                          if not k.startswith("__")})
+    for name, attribute in type(mixer).views.items():
+        namespace[name] = property(
+            lambda self, a=attribute: getattr(self._hvdx_mixer.mixer, a),
+            doc=f"The mixer's ``{attribute}`` (read-only).")
     cls = subclass_of(optimizer, type("_Methods", (), namespace))
-    return cls(optimizer.param_groups, sync, mixer, named_buffers, state_key)
+    driver = MixingDriver(sync, mixer)
+    return cls(optimizer.param_groups, sync, driver, named_buffers, sync.state_key)
 
 
 class _MixingOptimizer:
@@ -121,6 +97,12 @@ class _MixingOptimizer:
         adapt-then-combine applies it, combine-then-adapt receives it (the next
         ``step()`` combines it). Idempotent; nothing to do for DS-Sync."""
         self._hvdx_mixer.finish()
+
+    def consensus_distance(self) -> float:
+        """``sqrt(mean_i ||x_i - mean_j x_j||^2)`` over the parameters (collective): how
+        far the ranks' models are apart (0 after ``synchronize_parameters()``)."""
+        self._hvdx_mixer.finish()
+        return self._hvdx_mixer.consensus_distance(self._hvdx_params())
 
     # --- the public surface of Horovod's optimizer -----------------------------------
 
@@ -314,23 +296,3 @@ def _state_tensors(p: torch.Tensor, state) -> List[torch.Tensor]:
     return [state[key] for key in sorted(state)
             if key != "step" and torch.is_tensor(state[key]) and
             state[key].is_floating_point() and state[key].shape == p.shape]
-
-
-def average_over_all_ranks(tensors: Sequence[torch.Tensor], name: str,
-                           process_set=None) -> None:
-    """Replace every tensor by its average over ``process_set`` (default all ranks):
-    one Horovod grouped allreduce per dtype, in the given order."""
-    process_set = process_set if process_set is not None else _hvd.global_process_set
-    by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
-    for t in tensors:
-        by_dtype.setdefault(t.dtype, []).append(t)
-    with torch.no_grad():
-        for dtype, same in by_dtype.items():
-            _hvd.grouped_allreduce_(same, op=_hvd.Average,
-                                    name=f"{name}.{str(dtype).replace('torch.', '')}",
-                                    process_set=process_set)
-
-
-def tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
-    """Bytes of ``tensors`` in their own dtypes (what one copy of them weighs)."""
-    return sum(t.numel() * t.element_size() for t in tensors)

@@ -35,9 +35,9 @@ def DistributedOptimizer(optimizer, named_parameters=None,
     Args:
         sync: an hvdx synchronization strategy, or ``None`` for Horovod's gradient
             allreduce. ``hvdx.DSSync(...)`` (group averaging, see
-            :mod:`hvdx.strategies.dssync.torch.optimizer`) and ``hvdx.Decentralized(...)``
+            :mod:`hvdx.strategies.dssync.mixer`) and ``hvdx.Decentralized(...)``
             (neighbour averaging over a graph, see
-            :mod:`hvdx.strategies.decentralized.torch.optimizer`) average parameters after a local
+            :mod:`hvdx.strategies.decentralized.mixer`) average parameters after a local
             step instead of averaging gradients: ``compression`` must then be
             ``Compression.none`` and ``process_set`` the global set, and the other
             gradient arguments are unused.

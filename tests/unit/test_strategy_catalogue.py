@@ -326,7 +326,7 @@ def test_a_fifth_built_in_strategy_is_one_catalogue_entry(monkeypatch):
         constructors=(Constructor("Fifth", "hvdx.strategies.dssync.spec:DSSync"),),
         examples=("Fifth(level=2)",), cost_model="fifth", cost_layout=_fifth_layout,
         cost_compared=({}, {"fifth_level": 2}),
-        torch_exports=("hvdx.strategies.dssync.torch.optimizer:dssync_process_sets",),
+        torch_exports=("hvdx.strategies.dssync.mixer:dssync_process_sets",),
         bench=(BenchVariant("fifth", _fifth_row),
                BenchVariant("fifth_high", _fifth_row, {"level": 9}, default=False,
                             aliases=("high",))),
@@ -341,7 +341,7 @@ def test_a_fifth_built_in_strategy_is_one_catalogue_entry(monkeypatch):
     assert ("Fifth", "hvdx.strategies.dssync.spec:DSSync") in fifth.exports("torch")
     assert fifth.exports("hvdx") == (("Fifth", "hvdx.strategies.dssync.spec:DSSync"),)
     assert ("dssync_process_sets",
-            "hvdx.strategies.dssync.torch.optimizer:dssync_process_sets") in \
+            "hvdx.strategies.dssync.mixer:dssync_process_sets") in \
         fifth.exports("torch")
 
     rows = bench._rows()
@@ -399,7 +399,7 @@ def test_a_fifth_built_in_compressor_is_an_attribute_of_both_frameworks_compress
 
 @pytest.mark.parametrize("shared, torch_adapter, exported", [
     ("user_compression", "hvdx.torch.user_compression:adapter", "compression_state"),
-    ("user_mixer", "hvdx.torch.user_mixer:adapter", "mixer_state")])
+    ("user_mixer", "hvdx.torch.mixing_optimizer:adapter", "mixer_state")])
 def test_a_registered_class_runs_with_its_built_in_entrys_adapters(shared, torch_adapter,
                                                                     exported):
     """Registered compressors and mixers are entries named by their users; the one

@@ -244,20 +244,20 @@ def test_the_frameworks_export_each_strategys_names():
     pytest.importorskip("horovod.torch")
     import hvdx.tensorflow as tf_hvd
     import hvdx.torch as torch_hvd
-    from hvdx.strategies.decentralized.tensorflow import adapters as tf_decentralized
-    from hvdx.strategies.dssync.tensorflow import adapters as tf_dssync
+    from hvdx.strategies.dssync import mixer as tf_dssync
+    from hvdx.tensorflow import mixing_state as tf_mixing
     from hvdx.strategies.stanza.tensorflow import trainer as tf_stanza
     from hvdx.strategies.topk.tensorflow import adapters as tf_topk
     from hvdx.tensorflow import user_compression as tf_user
-    from hvdx.strategies.dssync.torch import optimizer as dssync_optimizer
+    from hvdx.strategies.dssync import mixer as dssync_optimizer
     from hvdx.strategies.stanza.torch import trainer as torch_stanza
 
     assert torch_hvd.dssync_process_sets is dssync_optimizer.dssync_process_sets
     assert torch_hvd.Stanza is torch_stanza.Stanza
     for name, module in [("TopKState", tf_topk), ("topk_state", tf_topk),
                          ("CompressionState", tf_user), ("compression_state", tf_user),
-                         ("dssync_process_sets", tf_dssync), ("dssync_state", tf_dssync),
-                         ("decentralized_state", tf_decentralized),
+                         ("dssync_process_sets", tf_dssync), ("dssync_state", tf_mixing),
+                         ("decentralized_state", tf_mixing),
                          ("Stanza", tf_stanza)]:
         assert getattr(tf_hvd, name) is getattr(module, name), name
     assert torch_hvd.DSSync is tf_hvd.DSSync is hvdx.DSSync

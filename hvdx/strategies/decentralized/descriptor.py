@@ -1,7 +1,8 @@
 """Decentralized SGD's entry in the strategy catalogue (:data:`hvdx.strategies.catalogue.BUILT_IN`).
 
-Its adapters are lazy paths ``"module:attribute"`` (:mod:`hvdx.strategies.descriptor`):
-importing this module imports no framework.
+Its mixer is :class:`hvdx.strategies.decentralized.mixer.GraphMixer` (the spec's
+``make_mixer``), which the shared mixing drivers run; its lazy paths ``"module:attribute"``
+(:mod:`hvdx.strategies.descriptor`) import no framework.
 """
 
 from hvdx.strategies.descriptor import BenchVariant, Constructor, PlanOption, StrategyDescriptor
@@ -12,17 +13,13 @@ DECENTRALIZED = StrategyDescriptor(
     name="decentralized", kind="sync", title="decentralized SGD",
     constructors=(Constructor("Decentralized",
                               "hvdx.strategies.decentralized.spec:Decentralized"),),
-    torch_adapter="hvdx.strategies.decentralized.torch.optimizer:adapter",
-    tensorflow_tape="hvdx.strategies.decentralized.tensorflow.adapters:tape_adapter",
-    tensorflow_keras="hvdx.strategies.decentralized.tensorflow.adapters:keras_adapter",
-    tensorflow_tape_counters="hvdx.tensorflow.mixing:tape_counters",
-    tensorflow_tape_fit="hvdx.strategies.decentralized.tensorflow.adapters:tape_fit",
+    tensorflow_tape_fit="hvdx.strategies.decentralized.tape_fit:tape_fit",
     cost_model="decentralized",
     cost_layout="hvdx.strategies.decentralized.core_cost:_decentralized",
     # The exponential graphs: static, one-peer, and one-peer overlapped with the compute.
     cost_compared=({"topology": "static-exp"}, {"topology": "one-peer-exp"},
                    {"topology": "one-peer-exp", "order": "combine_then_adapt"}),
-    state_exports=("hvdx.strategies.decentralized.tensorflow.adapters:decentralized_state",),
+    state_exports=("hvdx.tensorflow.mixing_state:decentralized_state",),
     examples=("Decentralized(topology='one-peer-exp')",),
     bench=tuple(BenchVariant(name, "hvdx.bench.strategies:decentralized_strategy", kwargs,
                              default=not kwargs) for name, kwargs in (

@@ -80,6 +80,7 @@ class Decentralized(MixingStrategy):
     """
 
     name = "decentralized"
+    state_key = "hvdx_decentralized"
 
     @validating
     def __init__(self, topology="one-peer-exp", order: str = ADAPT_THEN_COMBINE,
@@ -130,6 +131,35 @@ class Decentralized(MixingStrategy):
                 ("decentralized.swa_start", self.swa_start),
                 ("decentralized.swa_every", self.swa_every),
                 ("decentralized.average_optimizer_state", self.average_optimizer_state)]
+
+    def make_mixer(self, graph: "MixingGraph"):
+        """The graph's mixer (:class:`hvdx.strategies.decentralized.mixer.GraphMixer`)."""
+        from hvdx.strategies.decentralized.mixer import GraphMixer
+
+        return GraphMixer(self, graph)
+
+    def check_tape(self) -> None:
+        """``DistributedGradientTape`` returns the gradients before the optimizer applies
+        them, so it mixes before the update only: adapt-then-combine is refused (every
+        rank gets here, after the cross-rank check of the order)."""
+        if self.order == ADAPT_THEN_COMBINE and self.environment is not None:
+            # HVDX_SYNC named the order (left out, the tape runs the other: tape_fit):
+            # the fix is the variable's value, which hvdx's hook prints without a
+            # traceback, once (a VariableError).
+            from hvdx.environment_variables import refused
+            from hvdx.strategies.decentralized.tape_fit import with_order
+
+            raise refused(*self.environment, (
+                "DistributedGradientTape can only mix before the update, so it runs "
+                "order='combine_then_adapt' only; leave order out, or set "
+                f"{self.environment[0]}=\"{with_order(self, COMBINE_THEN_ADAPT)}\""))
+        if self.order == ADAPT_THEN_COMBINE:
+            raise ValueError(
+                "order='adapt_then_combine': DistributedGradientTape returns the "
+                "gradients before the optimizer applies them, so it can only mix before "
+                "the update; pass hvdx.Decentralized(..., order='combine_then_adapt') to "
+                "the tape, or use hvdx.tensorflow.keras.DistributedOptimizer, which runs "
+                "both orders")
 
     def mixes_at(self, step: int) -> bool:
         """Whether step ``step`` (0-based) mixes (``mix_every``)."""

@@ -1,7 +1,8 @@
 """DS-Sync's entry in the strategy catalogue (:data:`hvdx.strategies.catalogue.BUILT_IN`).
 
-Its adapters are lazy paths ``"module:attribute"`` (:mod:`hvdx.strategies.descriptor`):
-importing this module imports no framework.
+Its mixer is :class:`hvdx.strategies.dssync.mixer.GroupMixer` (the spec's
+``make_mixer``), which the shared mixing drivers run; its lazy paths ``"module:attribute"``
+(:mod:`hvdx.strategies.descriptor`) import no framework.
 """
 
 from hvdx.strategies.descriptor import BenchVariant, Constructor, PlanOption, StrategyDescriptor
@@ -11,16 +12,12 @@ __all__ = ["DSSYNC"]
 DSSYNC = StrategyDescriptor(
     name="dssync", kind="sync", title="DS-Sync",
     constructors=(Constructor("DSSync", "hvdx.strategies.dssync.spec:DSSync"),),
-    torch_adapter="hvdx.strategies.dssync.torch.optimizer:adapter",
-    tensorflow_tape="hvdx.strategies.dssync.tensorflow.adapters:tape_adapter",
-    tensorflow_keras="hvdx.strategies.dssync.tensorflow.adapters:keras_adapter",
-    tensorflow_tape_counters="hvdx.tensorflow.mixing:tape_counters",
     cost_model="dssync", cost_layout="hvdx.strategies.dssync.core_cost:_dssync",
-    state_exports=("hvdx.strategies.dssync.tensorflow.adapters:dssync_state",),
+    state_exports=("hvdx.tensorflow.mixing_state:dssync_state",),
     dynamic_process_sets=True,
     examples=("DSSync(intra_phases=4)",),
-    torch_exports=("hvdx.strategies.dssync.torch.optimizer:dssync_process_sets",),
-    tensorflow_exports=("hvdx.strategies.dssync.tensorflow.adapters:dssync_process_sets",),
+    torch_exports=("hvdx.strategies.dssync.mixer:dssync_process_sets",),
+    tensorflow_exports=("hvdx.strategies.dssync.mixer:dssync_process_sets",),
     bench=(BenchVariant("dssync", "hvdx.bench.strategies:dssync_strategy"),
            BenchVariant("dssync_adaptive", "hvdx.bench.strategies:dssync_strategy",
                         {"adaptive": True}, default=False)),

@@ -3,7 +3,7 @@
 DS-Sync (Wang et al., "Divide-and-Shuffle Synchronization for Distributed Machine
 Learning", arXiv 2007.03298) averages every rank's parameters inside its group of the
 step's partition. What does not depend on the framework lives here; the adapters
-(:mod:`hvdx.strategies.dssync.torch.optimizer`, :mod:`hvdx.strategies.dssync.tensorflow.adapters`)
+(:mod:`hvdx.strategies.dssync.mixer`, run by the shared mixing drivers)
 only gather their tensors and call Horovod's ``grouped_allreduce`` on
 :meth:`DSSyncGroups.process_set`. At step ``t`` an adapter does:
 

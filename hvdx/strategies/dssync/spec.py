@@ -158,6 +158,7 @@ class DSSync(MixingStrategy):
         self.probe = probe
 
     name = "dssync"
+    state_key = "hvdx_dssync"
 
     # --- the strategy contract (hvdx.strategy) ---------------------------------------
 
@@ -175,6 +176,12 @@ class DSSync(MixingStrategy):
 
     def fingerprint_settings(self, job: Job, plan: DSSyncPlan) -> List[Tuple[str, object]]:
         return self.settings(job.size, plan.topology, plan.link_rates)
+
+    def make_mixer(self, plan: DSSyncPlan):
+        """DS-Sync's mixer (:class:`hvdx.strategies.dssync.mixer.GroupMixer`)."""
+        from hvdx.strategies.dssync.mixer import GroupMixer
+
+        return GroupMixer(self, plan.schedule)
 
     @property
     def needs_topology(self) -> bool:

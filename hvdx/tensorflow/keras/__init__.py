@@ -25,7 +25,7 @@ from hvdx.tensorflow.compression import Compression  # noqa: E402,F401
 from hvdx.tensorflow.runtime import init, shutdown, start_timeline, stop_timeline  # noqa: E402,F401,E501
 from hvdx.tensorflow.keras.optimizer import DistributedOptimizer  # noqa: E402,F401
 from hvdx.tensorflow.keras.loading import load_model  # noqa: E402,F401
-from hvdx.strategies.dssync.tensorflow.adapters import dssync_process_sets  # noqa: E402,F401
+from hvdx.strategies.dssync.mixer import dssync_process_sets  # noqa: E402,F401
 from hvdx.tensorflow.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402,F401
 from hvdx.strategies.decentralized.spec import Decentralized  # noqa: E402,F401
 from hvdx.strategies.dssync.spec import DSSync  # noqa: E402,F401

@@ -29,15 +29,15 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
 
     ``sync=hvdx.DSSync(...)``: ``apply_gradients`` applies the local gradients, then
     averages the variables in the step's group (see
-    :mod:`hvdx.strategies.dssync.tensorflow.adapters`); ``compression`` and ``process_set`` must
+    :mod:`hvdx.strategies.dssync.mixer`); ``compression`` and ``process_set`` must
     keep their defaults; ``op``, ``gradient_predivide_factor``, ``groups`` and the devices are
     unused (no gradient is sent). ``sync=hvdx.Decentralized(...)``: the local step and the mix with
     the graph's neighbours, in either order (see
-    :mod:`hvdx.strategies.decentralized.tensorflow.adapters`). Both keep Horovod's Keras optimizer
+    :mod:`hvdx.strategies.decentralized.mixer`). Both keep Horovod's Keras optimizer
     API: ``backward_passes_per_step=N`` sums N passes' gradients locally
     (``average_aggregated_gradients``, ``sparse_as_dense`` as in Horovod), then takes one local step
     and one mix; ``register_local_var(v)`` keeps ``v`` out of the mix, its gradient scaled as
-    Horovod scales it (``scale_local_gradients``); see :class:`hvdx.tensorflow.mixing._KerasMixing`.
+    Horovod scales it (``scale_local_gradients``); see :class:`hvdx.tensorflow.mixing_keras._KerasMixing`.
     ``non_trainable_variables=model.non_trainable_variables`` (hvdx's; a list or a
     callable returning one): with ``sync=``, also mix these (BatchNorm moving
     statistics). Ignored otherwise.

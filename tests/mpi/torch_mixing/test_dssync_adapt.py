@@ -14,7 +14,9 @@ import torch.nn as nn
 import hvdx
 import hvdx.torch as hvd
 from hvdx.core.topology import Topology
-from hvdx.strategies.dssync.torch.optimizer import STATE_KEY
+from hvdx.strategies.dssync.spec import DSSync
+
+STATE_KEY = DSSync.state_key
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from spec_errors import refused  # noqa: E402

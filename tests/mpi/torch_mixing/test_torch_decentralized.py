@@ -19,7 +19,9 @@ import torch.nn as nn
 
 import hvdx
 import hvdx.torch as hvd
-from hvdx.strategies.decentralized.torch.optimizer import STATE_KEY
+from hvdx.strategies.decentralized.spec import Decentralized
+
+STATE_KEY = Decentralized.state_key
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from spec_errors import refused  # noqa: E402

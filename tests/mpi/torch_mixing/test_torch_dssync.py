@@ -20,7 +20,10 @@ import hvdx.torch as hvd
 from hvdx.core.group_averaging import simulate_dssync
 from hvdx.core.topology import Topology
 from hvdx.strategies.dssync.core_schedule import ShuffleSchedule
-from hvdx.strategies.dssync.torch.optimizer import STATE_KEY, dssync_process_sets
+from hvdx.strategies.dssync.mixer import dssync_process_sets
+from hvdx.strategies.dssync.spec import DSSync
+
+STATE_KEY = DSSync.state_key
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from spec_errors import refused  # noqa: E402

@@ -15,7 +15,7 @@ import torch.nn as nn
 
 import hvdx
 import hvdx.torch as hvd
-from hvdx.strategies.dssync.torch.optimizer import dssync_process_sets
+from hvdx.strategies.dssync.mixer import dssync_process_sets
 from mpi4py import MPI
 
 # What this module proves does not depend on the size of the job; at 4 ranks on the
