@@ -51,7 +51,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from hvdx.strategies.stanza.core_roles import mean_loss
-from hvdx.strategies.stanza.core_checks import Samples, agreed_samples, samples_error
+from hvdx.strategies.stanza.core_checks import Samples, agreed_samples, samples_error, samples_in
 from hvdx.strategies.stanza.mpi_exchange import StanzaExchange
 
 __all__ = ["StanzaStep", "byte_slices"]
@@ -106,7 +106,7 @@ class StanzaStep:
         else:
             self._check(samples)
         ex = self.exchange
-        counts = [adapter.count(y) for _, y in chunks]
+        counts = [samples_in(y) for _, y in chunks]
         if self.micro_batches > 1:
             ex.send_batch_size(sum(counts))
         # Every forward pass and send first, so that the FC workers run the head on
