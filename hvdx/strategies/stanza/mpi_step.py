@@ -3,9 +3,13 @@
 Stanza (Wu, Xu, Li, Xiong, arXiv 1812.10624): conv workers train the feature
 extractor, FC workers the head (roles: :mod:`hvdx.strategies.stanza.core_roles`; messages:
 :mod:`hvdx.strategies.stanza.mpi_exchange`). :class:`StanzaStep` runs steps 1-5 of
-:mod:`hvdx.strategies.stanza.torch.trainer`'s module docstring; a framework adapter (an object with
-the methods named below) runs the framework's parts: the forward and backward passes, the
-head and the loss, and the role's gradient sum.
+:mod:`hvdx.strategies.stanza.torch.trainer`'s module docstring for the framework-neutral
+trainer (:mod:`hvdx.strategies.stanza.mpi_trainer`); a framework adapter (an object with
+the methods named below: :class:`hvdx.strategies.stanza.torch.passes.TorchPasses`,
+:class:`hvdx.strategies.stanza.tensorflow.passes.TapePasses`) runs the framework's parts:
+the forward and backward passes, the head and the loss, and the role's gradient sum. A
+micro-batch's samples are its labels' first dimension
+(:func:`hvdx.strategies.stanza.core_checks.samples_in`).
 
 Conv worker (:meth:`StanzaStep.conv`), its batch split into ``m`` micro-batches:
 
