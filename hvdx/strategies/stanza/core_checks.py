@@ -22,7 +22,11 @@ Stanza (Wu, Xu, Li, Xiong, arXiv 1812.10624) runs the same checks in PyTorch
    naming the shapes (:func:`head_error`);
 7. a checkpoint saved in another layout is refused, naming both
    (:func:`layout_error`); ``full_model(rank)`` needs one rank of the job,
-   the same on every rank (:func:`target_error`).
+   the same on every rank (:func:`target_error`);
+8. the arguments' form: one ``Sequential`` with ``split=`` or two parts
+   (:func:`check_parts`); a conv worker's batch, its activations and labels, and the
+   loss (:func:`batch_error`, :func:`activations_error`, :func:`labels_error`,
+   :func:`loss_error`), and its split into micro-batches (:func:`split_batch`).
 
 Every function is pure: given the same gathered values, every rank says the same, so
 that an error raised after an agreement is raised on every rank.
@@ -37,10 +41,10 @@ from hvdx.strategies.stanza.core_roles import AUTO, StanzaRoles, stanza_roles
 
 import numpy as np
 
-__all__ = ["Samples", "agreed_samples", "check_micro_batches", "check_settings",
-           "describe_layout", "head_error",
-           "micro_batch_bounds", "samples_error", "star", "layout_error", "target_error",
-           "timed"]
+__all__ = ["Samples", "activations_error", "agreed_samples", "batch_error",
+           "check_micro_batches", "check_parts", "check_settings", "describe_layout",
+           "head_error", "labels_error", "layout_error", "loss_error", "micro_batch_bounds",
+           "samples_error", "samples_in", "split_batch", "star", "target_error", "timed"]
 
 
 class Samples(NamedTuple):
@@ -147,6 +151,82 @@ def micro_batch_bounds(samples: int, count: int) -> List[Tuple[int, int]]:
         bounds.append((lo, hi))
         lo = hi
     return bounds
+
+
+def samples_in(batch) -> int:
+    """The samples of a batch: its first dimension (a tensor or array), else its length."""
+    return int(batch.shape[0]) if hasattr(batch, "shape") else len(batch)
+
+
+def split_batch(x, y, count: int,
+                lengths: Callable[[object, object], Optional[Tuple[int, object, object]]]
+                ) -> List[Tuple[object, object]]:
+    """``count`` consecutive parts ``(x[lo:hi], y[lo:hi])`` of a conv worker's batch
+    (:func:`micro_batch_bounds`). ``lengths(x, y)``: ``(samples, x, y)`` for two
+    batches of the same length (``y`` as the framework slices it), else ``None``:
+    anything else stays whole, for the first step's check."""
+    if count == 1:
+        return [(x, y)]
+    found = lengths(x, y)
+    if found is None:
+        return [(x, y)]
+    samples, x, y = found
+    return [(x[lo:hi], y[lo:hi]) for lo, hi in micro_batch_bounds(samples, count)]
+
+
+def check_parts(split, layers: Optional[int], parts_ok: bool, kinds: Tuple[str, str],
+                features: str, head: str) -> Optional[int]:
+    """Step 8: ``split`` as an ``int`` (``None`` without one) if the arguments have one
+    of the two forms: two parts (``parts_ok``), or one ``Sequential`` of ``layers``
+    layers (``None``: not a ``Sequential``) with ``head=None`` (``head == "None"``).
+
+    Args:
+        kinds: the framework's names of a part and of a ``Sequential``
+            (``("torch.nn.Module", "nn.Sequential")``), for the messages;
+        features, head: the arguments in words.
+
+    Raises:
+        TypeError: for arguments of neither form; ``ValueError`` for a ``split`` that
+            is not an integer from 1 to ``layers - 1``.
+    """
+    part, sequential = kinds
+    if split is None:
+        if not parts_ok:
+            raise TypeError(f"Stanza: features and head must be {part}, got "
+                            f"features={features}, head={head} (or pass one "
+                            f"{sequential} and split=)")
+        return None
+    if layers is None or head != "None":
+        raise TypeError(f"Stanza: split={split!r} takes one {sequential} and head=None, "
+                        f"got {features} and head={head}")
+    if isinstance(split, bool) or not isinstance(split, (int, np.integer)) or \
+            not 1 <= split < layers:
+        raise ValueError(f"split={split!r} must be an integer from 1 to {layers - 1} "
+                         f"for a Sequential of {layers} layers")
+    return int(split)
+
+
+def batch_error(rank: int, x: str, y: str) -> str:
+    """Step 8: a conv worker called without a batch and its labels (in words)."""
+    return (f"Stanza.step: rank {rank} is a conv worker and needs a batch and its labels, "
+            f"got x={x}, y={y}")
+
+
+def activations_error(rank: int, activations: str) -> str:
+    """Step 8: the features returned no batch (``activations`` in words)."""
+    return (f"Stanza.step: rank {rank}'s features returned {activations}, not a batch of "
+            "activations")
+
+
+def labels_error(rank: int, samples: int, labels_shape: Tuple[int, ...]) -> str:
+    """Step 8: labels of another number of samples than the activations."""
+    return (f"Stanza.step: rank {rank} has {samples} samples of activations but labels "
+            f"of shape {labels_shape}")
+
+
+def loss_error(loss: str) -> str:
+    """Step 8: ``loss_fn`` returned no scalar (``loss`` in words)."""
+    return f"loss_fn returned {loss}, not a scalar tensor (the mean over the samples)"
 
 
 def agreed_samples(everyone: Sequence[Tuple[Optional[Samples], Optional[str], object]]

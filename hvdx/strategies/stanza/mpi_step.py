@@ -3,9 +3,13 @@
 Stanza (Wu, Xu, Li, Xiong, arXiv 1812.10624): conv workers train the feature
 extractor, FC workers the head (roles: :mod:`hvdx.strategies.stanza.core_roles`; messages:
 :mod:`hvdx.strategies.stanza.mpi_exchange`). :class:`StanzaStep` runs steps 1-5 of
-:mod:`hvdx.strategies.stanza.torch.trainer`'s module docstring; a framework adapter (an object with
-the methods named below) runs the framework's parts: the forward and backward passes, the
-head and the loss, and the role's gradient sum.
+:mod:`hvdx.strategies.stanza.torch.trainer`'s module docstring for the framework-neutral
+trainer (:mod:`hvdx.strategies.stanza.mpi_trainer`); a framework adapter (an object with
+the methods named below: :class:`hvdx.strategies.stanza.torch.passes.TorchPasses`,
+:class:`hvdx.strategies.stanza.tensorflow.passes.TapePasses`) runs the framework's parts:
+the forward and backward passes, the head and the loss, and the role's gradient sum. A
+micro-batch's samples are its labels' first dimension
+(:func:`hvdx.strategies.stanza.core_checks.samples_in`).
 
 Conv worker (:meth:`StanzaStep.conv`), its batch split into ``m`` micro-batches:
 
@@ -51,7 +55,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from hvdx.strategies.stanza.core_roles import mean_loss
-from hvdx.strategies.stanza.core_checks import Samples, agreed_samples, samples_error
+from hvdx.strategies.stanza.core_checks import Samples, agreed_samples, samples_error, samples_in
 from hvdx.strategies.stanza.mpi_exchange import StanzaExchange
 
 __all__ = ["StanzaStep", "byte_slices"]
@@ -106,7 +110,7 @@ class StanzaStep:
         else:
             self._check(samples)
         ex = self.exchange
-        counts = [adapter.count(y) for _, y in chunks]
+        counts = [samples_in(y) for _, y in chunks]
         if self.micro_batches > 1:
             ex.send_batch_size(sum(counts))
         # Every forward pass and send first, so that the FC workers run the head on

@@ -6,8 +6,11 @@ most compute in the feature extractor, so most ranks (the ``S`` *conv workers*) 
 only the features and a few (the ``F`` *FC workers*, the last ``F`` ranks) only the
 head; head parameters and gradients never travel to a conv worker. Roles and scaling:
 :mod:`hvdx.strategies.stanza.core_roles`; messages: :mod:`hvdx.strategies.stanza.mpi_exchange`;
-the step's protocol, the same in TensorFlow: :mod:`hvdx.strategies.stanza.mpi_step` (this
-module runs PyTorch's part of it). One :meth:`Stanza.step`, called on every rank:
+the step's protocol, the same in TensorFlow: :mod:`hvdx.strategies.stanza.mpi_step`; the
+trainer's life (construction, step, whole model): :mod:`hvdx.strategies.stanza.mpi_trainer`.
+This module holds PyTorch's hooks for the modules, the optimizer and the checkpoint;
+:mod:`hvdx.strategies.stanza.torch.passes` the passes on tensors. One
+:meth:`Stanza.step`, called on every rank:
 
 1. conv worker ``i``: ``a_i = features(x_i)`` on its ``b_i`` samples; ``a_i`` and the
    labels go (host memory, non-blocking) to its FC worker;
@@ -74,7 +77,7 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Union
 
 import horovod.torch as _hvd
 import numpy as np
@@ -82,15 +85,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from hvdx.strategies.stanza.core_roles import AUTO, CONV, FC, weighted_loss
 from hvdx.mpi import communicator_for
-from hvdx.strategies.stanza.core_checks import (Samples, check_settings, head_error, layout_error,
-                                                micro_batch_bounds)
-from hvdx.strategies.stanza.mpi_exchange import StanzaExchange, StanzaStats, role_communicators
-from hvdx.strategies.stanza.mpi_gradients import RoleGradientSum
-from hvdx.strategies.stanza.mpi_setup import agree_on_arguments, probe_roles
-from hvdx.strategies.stanza.mpi_step import StanzaStep
-from hvdx.torch.host_buffers import family_dtype, pack, unpack
+from hvdx.strategies.stanza.core_checks import check_parts, layout_error
+from hvdx.strategies.stanza.core_roles import CONV, FC
+from hvdx.strategies.stanza.mpi_exchange import StanzaStats
+from hvdx.strategies.stanza.mpi_trainer import StanzaTrainer
+from hvdx.strategies.stanza.torch.passes import TorchPasses, trainable, what
 
 __all__ = ["FORMAT", "Stanza", "StanzaStats"]
 
@@ -98,7 +98,7 @@ __all__ = ["FORMAT", "Stanza", "StanzaStats"]
 FORMAT = "hvdx-stanza-1"
 
 
-class Stanza:
+class Stanza(StanzaTrainer):
     """Layer-separated training (module docstring). Collective: build it on every rank.
 
     Args:
@@ -134,6 +134,7 @@ class Stanza:
         stats: :class:`~hvdx.strategies.stanza.mpi_exchange.StanzaStats`, bytes by kind.
         probe: with ``fc_workers="auto"``, ``{"conv_s", "head_s", "fc_workers"}``: the
             agreed times (median over ranks) and the choice; ``None`` otherwise.
+        steps: steps taken (restored from a checkpoint).
 
     Raises:
         ValueError: on every rank, for a bad argument or a model that differs between
@@ -145,47 +146,21 @@ class Stanza:
                  loss_fn=F.cross_entropy, fc_workers: Union[int, str] = 1, *,
                  split: Optional[int] = None, example: Optional[torch.Tensor] = None,
                  micro_batches: int = 1):
-        comm = communicator_for(_hvd.global_process_set, _hvd.global_process_set,
-                                _hvd.size())
-        size, rank = comm.Get_size(), comm.Get_rank()
-        error: Optional[Exception] = None
-        roles = None
-        auto = isinstance(fc_workers, str) and fc_workers == AUTO
-        try:
-            # In the order of the arguments: the model, then fc_workers.
-            features, head, keep_names = _parts(features, head, split)
-            _check_training(features, head, optimizer, loss_fn)
-            roles = check_settings(size, fc_workers, micro_batches, _is_batch(example),
-                                   _what(example), "loader")
-        except (TypeError, ValueError) as exc:
-            error = exc
-        agree_on_arguments(comm, _entries(features, head) if error is None else (),
-                           [("fc_workers", fc_workers), ("split", split),
-                            ("micro_batches", micro_batches)], error)
-        #: fc_workers="auto": the agreed probe ``{"conv_s", "head_s", "fc_workers"}``.
-        self.probe: Optional[Dict[str, object]] = None
-        if example is not None:
-            error = comm.allgather(_fit_error(features, head, example, rank))
-            error = next((e for e in error if e is not None), None)
-            if error is not None:
-                raise ValueError(error)
-        if auto:
-            roles, self.probe = probe_roles(comm, len(example), _what(example),
-                                            lambda: _probe(features, head, example))
+        self.optimizer, self.loss_fn = optimizer, loss_fn
+        self._keep_names = False
+        self._start(communicator_for(_hvd.global_process_set, _hvd.global_process_set,
+                                     _hvd.size()),
+                    features, head, split, fc_workers, micro_batches, example)
 
-        self.features, self.head, self.optimizer, self.loss_fn = features, head, optimizer, loss_fn
-        self.micro_batches = int(micro_batches)
-        self.roles = roles
-        self.rank = rank
-        self.role = roles.role(rank)
-        self.stats = StanzaStats()
-        self._keep_names = keep_names
-        self._steps = 0
-        world, role_comm = role_communicators(comm, roles)
-        self._exchange = StanzaExchange(world, role_comm, roles, self.stats)
-        self._protocol = StanzaStep(self._exchange, rank, micro_batches)
-        self._adapter = _Adapter(self)
-        self._broadcast_initial()
+    @property
+    def features(self) -> nn.Module:
+        """The feature extractor (trained by the conv workers)."""
+        return self._parts[CONV]
+
+    @property
+    def head(self) -> nn.Module:
+        """The head (trained by the FC workers)."""
+        return self._parts[FC]
 
     # --- training ---------------------------------------------------------------------
 
@@ -201,21 +176,7 @@ class Stanza:
             conv worker: the mean loss over its samples; FC worker: the mean loss over
             the samples it received (with one FC worker, the global batch).
         """
-        self.stats.begin_step()
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.role == CONV:
-            loss = self._protocol.conv(_micro_batches(x, y, self.micro_batches),
-                                      self._adapter)
-        else:
-            loss = self._protocol.fc(self._adapter)
-        self.optimizer.step()
-        self._steps += 1
-        self.stats.steps += 1
-        return loss
-
-    @property
-    def _samples(self) -> Optional[Samples]:
-        return self._protocol.samples
+        return super().step(x, y)
 
     # --- the whole model, checkpoints ---------------------------------------------------
 
@@ -231,34 +192,16 @@ class Stanza:
             ValueError: on every rank, if ``rank`` is not a rank of the job or the ranks
                 asked for different ones.
         """
-        target = self._exchange.agree_on_target(rank)
-        copies = {}
-
-        def part(name, module, role):
-            def received(buffer):
-                copies[name] = copy.deepcopy(module)
-                _load_state_bytes(copies[name], buffer)
-            return (role, lambda: copies.__setitem__(name, copy.deepcopy(module)),
-                    lambda: _state_bytes(module), lambda: _state_size(module), received)
-
-        self._exchange.assemble(target, [part("features", self.features, CONV),
-                                         part("head", self.head, FC)])
-        if self.rank != target:
-            return None
-        if self._keep_names:
-            return nn.Sequential(OrderedDict(list(copies["features"].named_children()) +
-                                             list(copies["head"].named_children())))
-        return nn.Sequential(copies["features"], copies["head"])
+        return super().full_model(rank)
 
     def state_dict(self) -> Dict[str, Any]:
         """This rank's state: its role's module, the optimizer, the step and the role
         layout (``hvdx.torch.save_checkpoint(path, trainer)`` keeps every rank's)."""
-        module = self.features if self.role == CONV else self.head
         return {"format": FORMAT,
-                "layout": dict(self.roles.layout(), rank=self.rank, role=self.role),
-                "module": module.state_dict(),
+                "layout": self._layout_of_rank(),
+                "module": self._mine.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
-                "step": self._steps}
+                "step": self.steps}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Load :meth:`state_dict` (collective).
@@ -268,165 +211,179 @@ class Stanza:
                 Stanza state, or was saved in another layout (world size,
                 ``fc_workers``, this rank's role) or for another module.
         """
-        module = self.features if self.role == CONV else self.head
-        expected = dict(self.roles.layout(), rank=self.rank, role=self.role)
+        module = self._mine
         if not isinstance(state, dict) or state.get("format") != FORMAT:
-            error = (f"Stanza.load_state_dict: rank {self.rank} got {_what(state)}, not a "
+            error = (f"Stanza.load_state_dict: rank {self.rank} got {what(state)}, not a "
                      "Stanza.state_dict()")
         else:
             error = layout_error("Stanza.load_state_dict", self.rank, state.get("layout"),
-                                 expected) or _module_mismatch(module, state.get("module"),
-                                                               self.rank)
-        error = self._exchange.first_error(error)
-        if error is not None:
-            raise ValueError(error)
+                                 self._layout_of_rank()) or \
+                _module_mismatch(module, state.get("module"), self.rank)
+        self._agree_on_state(error)
         module.load_state_dict(state["module"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self._steps = int(state["step"])
+        self.steps = int(state["step"])
 
-    # --- internals --------------------------------------------------------------------
+    # --- hooks of StanzaTrainer ---------------------------------------------------------
 
-    def _broadcast_initial(self) -> None:
-        """The conv workers take rank 0's features, the FC workers rank 0's head."""
-        parts = {CONV: self.features, FC: self.head}
-        self._exchange.share_initial(lambda role: _state_bytes(parts[role]),
-                                     lambda role: _state_size(parts[role]),
-                                     lambda role, buffer: _load_state_bytes(parts[role], buffer))
+    _fit_on_example = True
 
-
-# --- helpers -----------------------------------------------------------------------------
-
-
-class _Adapter:
-    """PyTorch's part of a step (:mod:`hvdx.strategies.stanza.mpi_step` calls it): the passes
-    forward and backward, the head and its loss, the role's sum (step 5)."""
-
-    def __init__(self, trainer: Stanza):
-        self.t = trainer
-        # Step 5, in host buffers (one per dtype family) of this role's gradients.
-        self._sum = RoleGradientSum(
-            trainer._exchange, "conv_allreduce" if trainer.role == CONV else "fc_allreduce",
-            lambda family, count: torch.empty(count, dtype=family_dtype(family)),
-            lambda buffer: buffer.numpy())
-        self._fc = None  # the FC worker's inputs, labels and outputs of the part in hand
-
-    def forward(self, x, y):
-        """Conv worker, step 1: ``(activations, samples)``; checks the batch."""
-        if not torch.is_tensor(x) or not torch.is_tensor(y):
-            raise ValueError(f"Stanza.step: rank {self.t.rank} is a conv worker and needs a "
-                             f"batch and its labels, got x={_what(x)}, y={_what(y)}")
-        activations = self.t.features(x)
-        if not torch.is_tensor(activations) or activations.dim() < 1:
-            raise ValueError(f"Stanza.step: rank {self.t.rank}'s features returned "
-                             f"{_what(activations)}, not a batch of activations")
-        if y.dim() < 1 or y.shape[0] != activations.shape[0]:
-            raise ValueError(f"Stanza.step: rank {self.t.rank} has {activations.shape[0]} "
-                             f"samples of activations but labels of shape {tuple(y.shape)}")
-        return activations, Samples(tuple(activations.shape[1:]), str(activations.dtype),
-                                    tuple(y.shape[1:]), str(y.dtype))
+    def _take_parts(self, features, head, split, example):
+        """``(features, head)`` from the two forms of the arguments, checked with the
+        optimizer and the loss."""
+        layers = len(features) if isinstance(features, nn.Sequential) else None
+        parts_ok = isinstance(features, nn.Module) and isinstance(head, nn.Module)
+        split = check_parts(split, layers, parts_ok, ("torch.nn.Module", "nn.Sequential"),
+                            what(features), what(head))
+        if split is not None:
+            features, head = features[:split], features[split:]
+            self._keep_names = True
+        _check_training(features, head, self.optimizer, self.loss_fn)
+        return features, head
 
     @staticmethod
-    def count(y) -> int:
-        return len(y)
+    def _entries(features, head):
+        """Fingerprint entries: every parameter and buffer of both parts, in order."""
+        for part, module in (("features", features), ("head", head)):
+            for name, t in module.state_dict(keep_vars=True).items():
+                yield f"{part}.{name}", str(t.dtype).replace("torch.", ""), tuple(t.shape)
 
-    def host(self, activations, y, count: int):
-        """Conv worker: the host buffers of one micro-batch (an empty one: no
-        activations), and the buffer its activation gradient comes back in."""
-        if activations is None:
-            samples = self.t._samples
-            sent = self.empty((count,) + samples.activation_shape, samples.activation_dtype)[0]
-        else:
-            sent = activations.detach().to("cpu").contiguous()
-        labels = y.detach().to("cpu").contiguous()
-        gradient = torch.empty(sent.shape, dtype=sent.dtype)  # host: MPI's buffer
-        return _bytes(sent), _bytes(labels), _bytes(gradient), gradient
+    def _fit_error(self, example) -> Optional[str]:
+        """Why ``head(features(example))`` fails on this rank, naming the shapes, or
+        ``None``. Without gradients and in eval mode (the training flags are restored),
+        so that no parameter, gradient or BatchNorm statistic changes."""
+        features, head = self.features, self.head
+        modes = [(m, m.training) for part in (features, head) for m in part.modules()]
+        activations = None
+        try:
+            features.eval()
+            head.eval()
+            with torch.no_grad():
+                activations = features(example)
+                head(activations)
+            return None
+        except Exception as exc:  # whatever the user's model raises on the example
+            if activations is None:
+                return (f"Stanza: rank {self.rank}'s example ({what(example)}) does not go "
+                        f"through the features: {type(exc).__name__}: {exc}")
+            return self._head_error(activations, None, None, exc)
+        finally:
+            for module, training in modes:
+                module.training = training
 
-    @staticmethod
-    def backward(activations, gradient) -> None:
-        """Conv worker, step 4: the features' gradients add up over micro-batches."""
-        if activations is not None and activations.requires_grad:
-            activations.backward(gradient.to(activations.device))
-
-    @staticmethod
-    def itemsize(dtype: str) -> int:
-        return torch.empty(0, dtype=_dtype(dtype)).element_size()
-
-    @staticmethod
-    def empty(shape, dtype: str):
-        """FC worker: a host tensor to receive into, and its byte view."""
-        tensor = torch.empty(shape, dtype=_dtype(dtype))
-        return tensor, _bytes(tensor)
-
-    def run_head(self, activations, labels, sizes, bounds, global_batch):
-        """FC worker, step 3 on one (micro-)batch: ``(objective, losses)``."""
-        device = _device(self.t.head)
-        inputs = activations.to(device).requires_grad_(True)
-        self._fc = [inputs, labels.to(device), None]
-        outputs = self._fc[2] = self.t.head(inputs) if len(inputs) else None
-
-        def loss_of(lo, hi):
-            part = self.t.loss_fn(outputs[lo:hi], self._fc[1][lo:hi])
-            if not torch.is_tensor(part) or part.dim() != 0:
-                raise ValueError(f"loss_fn returned {_what(part)}, not a scalar "
-                                 "tensor (the mean over the samples)")
-            return part, part.item()
-
-        return weighted_loss(sizes, bounds, global_batch, loss_of,
-                             lambda part, weight: part * weight)
-
-    def head_error(self, exc: Exception) -> str:
-        return _head_error(self.t.head, self.t.rank, *self._fc, exc)
-
-    def head_backward(self, objective) -> np.ndarray:
-        """FC worker: the head's gradients accumulate; the activation gradient's bytes."""
-        inputs = self._fc[0]
-        if objective is not None:
-            objective.backward()
-        gradient = inputs.grad if inputs.grad is not None else torch.zeros_like(inputs)
-        return _bytes(gradient.detach().to("cpu").contiguous())
-
-    def sum_gradients(self) -> None:
-        """Step 5 (:class:`~hvdx.strategies.stanza.mpi_gradients.RoleGradientSum`): each
-        parameter's ``grad`` is the role's sum, ``None`` where no rank had one."""
-        params = _trainable(self.t.features if self.t.role == CONV else self.t.head)
+    def _probe(self, example):
+        """fc_workers="auto"'s timed runs (:func:`hvdx.strategies.stanza.mpi_setup.probe_roles`):
+        features and head forward + backward on copies, so that the model's parameters,
+        gradients and BatchNorm statistics stay as they are."""
+        features, head = copy.deepcopy(self.features), copy.deepcopy(self.head)
         with torch.no_grad():
-            summed = self._sum([p.grad for p in params], lambda i: torch.zeros_like(params[i]),
-                               lambda g: (str(g.dtype), g.numel()), _pack, _unpack)
-            for p, grad in zip(params, summed):
-                p.grad = grad
+            activations = features(example)
+        activations = activations.detach()
+
+        def conv():
+            features(example).sum().backward()
+
+        def fc(count):
+            index = torch.arange(count, device=activations.device) % len(example)
+            inputs = activations[index].requires_grad_(True)
+            return lambda: head(inputs).sum().backward()
+
+        return conv, fc
+
+    def _new_adapter(self) -> TorchPasses:
+        return TorchPasses(self)
+
+    @staticmethod
+    def _part_bytes(module: nn.Module) -> np.ndarray:
+        """Every parameter and buffer of ``module``, back to back, as host bytes."""
+        with torch.no_grad():
+            parts = [t.detach().contiguous().reshape(-1).view(torch.uint8).cpu()
+                     for t in _state(module)]
+        return torch.cat(parts).numpy() if parts else np.empty(0, np.uint8)
+
+    @staticmethod
+    def _part_size(module: nn.Module) -> int:
+        return sum(t.numel() * t.element_size() for t in _state(module))
+
+    @staticmethod
+    def _load_part(module: nn.Module, buffer: np.ndarray) -> None:
+        """Inverse of :meth:`_part_bytes`, into ``module``'s own tensors (on their
+        devices)."""
+        source = torch.from_numpy(buffer)
+        offset = 0
+        with torch.no_grad():
+            for t in _state(module):
+                count = t.numel() * t.element_size()
+                # clone(): an aligned copy, so that the bytes can be viewed as t's dtype.
+                value = source[offset:offset + count].clone().view(t.dtype).view(t.shape)
+                t.copy_(value.to(t.device))
+                offset += count
+
+    def _zero_gradients(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _apply_gradients(self) -> None:
+        self.optimizer.step()
+
+    @staticmethod
+    def _lengths(x, y):
+        """Two tensors of the same number of samples split; anything else stays whole."""
+        if not torch.is_tensor(x) or not torch.is_tensor(y) or x.dim() < 1 or \
+                y.dim() < 1 or len(x) != len(y):
+            return None
+        return len(x), x, y
+
+    @staticmethod
+    def _model_shell() -> Dict[str, nn.Module]:
+        return {}
+
+    def _copy_part(self, shell, role: str, buffer: Optional[np.ndarray]) -> None:
+        shell[role] = copy.deepcopy(self._parts[role])
+        if buffer is not None:
+            self._load_part(shell[role], buffer)
+
+    def _whole_model(self, shell) -> nn.Module:
+        if self._keep_names:
+            return nn.Sequential(OrderedDict(list(shell[CONV].named_children()) +
+                                             list(shell[FC].named_children())))
+        return nn.Sequential(shell[CONV], shell[FC])
+
+    @staticmethod
+    def _is_batch(example) -> bool:
+        return torch.is_tensor(example) and example.dim() >= 1 and len(example) >= 1
+
+    _is_tensor = staticmethod(torch.is_tensor)
+    _what = staticmethod(what)
+
+    @staticmethod
+    def _shape_dtype(tensor):
+        return tensor.shape, tensor.dtype
+
+    @staticmethod
+    def _takes(head: nn.Module) -> str:
+        """What the head's first layer takes, in words, or ``""``."""
+        first = next((m for m in head.modules()
+                      if hasattr(m, "in_features") or hasattr(m, "in_channels")), None)
+        if first is None:
+            return ""
+        attribute = "in_features" if hasattr(first, "in_features") else "in_channels"
+        return (f"; the head's first layer, {type(first).__name__}, takes "
+                f"{attribute}={getattr(first, attribute)}")
 
 
 # --- helpers -----------------------------------------------------------------------------
-
-def _parts(features, head, split):
-    """``(features, head, layer names or None)`` from the two forms of the arguments."""
-    if split is None:
-        if not isinstance(features, nn.Module) or not isinstance(head, nn.Module):
-            raise TypeError(f"Stanza: features and head must be torch.nn.Module, got "
-                            f"features={_what(features)}, head={_what(head)} (or pass one "
-                            "nn.Sequential and split=)")
-        return features, head, False
-    if not isinstance(features, nn.Sequential) or head is not None:
-        raise TypeError(f"Stanza: split={split!r} takes one nn.Sequential and head=None, got "
-                        f"{_what(features)} and head={_what(head)}")
-    if isinstance(split, bool) or not isinstance(split, (int, np.integer)) or \
-            not 1 <= split < len(features):
-        raise ValueError(f"split={split!r} must be an integer from 1 to {len(features) - 1} "
-                         f"for a Sequential of {len(features)} layers")
-    return features[:int(split)], features[int(split):], True
-
 
 def _check_training(features, head, optimizer, loss_fn) -> None:
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"Stanza: optimizer must be a torch.optim.Optimizer, got "
-                        f"{_what(optimizer)}")
+                        f"{what(optimizer)}")
     if not callable(loss_fn):
-        raise TypeError(f"Stanza: loss_fn must be callable, got {_what(loss_fn)}")
-    if not _trainable(head):
+        raise TypeError(f"Stanza: loss_fn must be callable, got {what(loss_fn)}")
+    if not trainable(head):
         raise ValueError(f"Stanza: the head ({type(head).__name__}) has no parameters to "
                          "train: the FC workers would have nothing to do; move the "
                          "parameterised layers that take the features' output into the head")
-    shared = {id(p) for p in _trainable(features)} & {id(p) for p in _trainable(head)}
+    shared = {id(p) for p in trainable(features)} & {id(p) for p in trainable(head)}
     if shared:
         raise ValueError("Stanza: features and head share parameters; the two roles train "
                          "them apart, so they cannot be tied")
@@ -438,126 +395,8 @@ def _check_training(features, head, optimizer, loss_fn) -> None:
                                  "it over the parameters of both parts")
 
 
-def _micro_batches(x, y, count: int) -> List[Tuple[Any, Any]]:
-    """``count`` consecutive parts of a conv worker's batch, sizes differing by at most
-    one, the larger first (:func:`hvdx.strategies.stanza.core_checks.micro_batch_bounds`; some
-    are empty if the batch has fewer samples). Anything but two tensors stays whole,
-    for the first step's check."""
-    if count == 1 or not torch.is_tensor(x) or not torch.is_tensor(y) or x.dim() < 1 \
-            or y.dim() < 1 or len(x) != len(y):
-        return [(x, y)]
-    return [(x[lo:hi], y[lo:hi]) for lo, hi in micro_batch_bounds(len(x), count)]
-
-
-def _is_batch(example) -> bool:
-    return torch.is_tensor(example) and example.dim() >= 1 and len(example) >= 1
-
-
-def _fit_error(features: nn.Module, head: nn.Module, example, rank: int) -> Optional[str]:
-    """Why ``head(features(example))`` fails on this rank, naming the shapes, or
-    ``None``. Without gradients and in eval mode (the training flags are restored), so
-    that no parameter, gradient or BatchNorm statistic changes."""
-    modes = [(m, m.training) for part in (features, head) for m in part.modules()]
-    activations = None
-    try:
-        features.eval()
-        head.eval()
-        with torch.no_grad():
-            activations = features(example)
-            head(activations)
-        return None
-    except Exception as exc:  # whatever the user's model raises on the example
-        if activations is None:
-            return (f"Stanza: rank {rank}'s example ({_what(example)}) does not go through "
-                    f"the features: {type(exc).__name__}: {exc}")
-        return _head_error(head, rank, activations, None, None, exc)
-    finally:
-        for module, training in modes:
-            module.training = training
-
-
-def _probe(features: nn.Module, head: nn.Module, example: torch.Tensor):
-    """fc_workers="auto"'s timed runs (:func:`hvdx.strategies.stanza.mpi_setup.probe_roles`):
-    features and head forward + backward on copies, so that the model's parameters,
-    gradients and BatchNorm statistics stay as they are."""
-    features, head = copy.deepcopy(features), copy.deepcopy(head)
-    with torch.no_grad():
-        activations = features(example)
-    activations = activations.detach()
-
-    def conv():
-        features(example).sum().backward()
-
-    def fc(count):
-        index = torch.arange(count, device=activations.device) % len(example)
-        inputs = activations[index].requires_grad_(True)
-        return lambda: head(inputs).sum().backward()
-
-    return conv, fc
-
-
-def _entries(features, head):
-    """Fingerprint entries: every parameter and buffer of both parts, in order."""
-    for part, module in (("features", features), ("head", head)):
-        for name, t in module.state_dict(keep_vars=True).items():
-            yield f"{part}.{name}", str(t.dtype).replace("torch.", ""), tuple(t.shape)
-
-
-def _trainable(module: nn.Module) -> List[torch.Tensor]:
-    return [p for p in module.parameters() if p.requires_grad]
-
-
-def _device(module: nn.Module) -> torch.device:
-    return next(iter(module.parameters())).device
-
-
-def _dtype(name: str) -> torch.dtype:
-    return getattr(torch, name.rsplit(".", 1)[-1])
-
-
-def _bytes(tensor: torch.Tensor) -> np.ndarray:
-    """A host, C-contiguous tensor's bytes as a numpy view (any dtype, bfloat16 too)."""
-    return tensor.reshape(-1).view(torch.uint8).numpy()
-
-
-def _pack(layout, buffers, grads) -> None:
-    for family, slots in layout.slots.items():
-        pack([grads[s.index] for s in slots], buffers[family][:layout.ends[family]])
-
-
-def _unpack(layout, buffers, grads) -> List[torch.Tensor]:
-    for family, slots in layout.slots.items():
-        unpack(buffers[family], grads, slots)
-    return grads
-
-
 def _state(module: nn.Module) -> List[torch.Tensor]:
     return list(module.state_dict(keep_vars=True).values())
-
-
-def _state_size(module: nn.Module) -> int:
-    return sum(t.numel() * t.element_size() for t in _state(module))
-
-
-def _state_bytes(module: nn.Module) -> np.ndarray:
-    """Every parameter and buffer of ``module``, back to back, as host bytes."""
-    with torch.no_grad():
-        parts = [t.detach().contiguous().reshape(-1).view(torch.uint8).cpu()
-                 for t in _state(module)]
-    return torch.cat(parts).numpy() if parts else np.empty(0, np.uint8)
-
-
-def _load_state_bytes(module: nn.Module, buffer: np.ndarray) -> None:
-    """Inverse of :func:`_state_bytes`, into ``module``'s own tensors (on their devices)."""
-    source = torch.from_numpy(buffer)
-    offset = 0
-    with torch.no_grad():
-        for t in _state(module):
-            count = t.numel() * t.element_size()
-            # clone(): an aligned copy, so that the bytes can be viewed as t's dtype.
-            value = source[offset:offset + count].clone().view(t.dtype).view(t.shape)
-            t.copy_(value.to(t.device))
-            offset += count
 
 
 def _module_mismatch(module: nn.Module, state, rank: int) -> Optional[str]:
@@ -573,32 +412,6 @@ def _module_mismatch(module: nn.Module, state, rank: int) -> Optional[str]:
         other = state[key]
         if not torch.is_tensor(other) or other.shape != value.shape or \
                 other.dtype != value.dtype:
-            return (f"Stanza.load_state_dict: rank {rank}'s {key} is {_what(other)}, its "
+            return (f"Stanza.load_state_dict: rank {rank}'s {key} is {what(other)}, its "
                     f"module's is {value.dtype} {tuple(value.shape)}")
     return None
-
-
-def _head_error(head, rank, inputs, targets, outputs, exc) -> str:
-    """The message for a head (or loss) that cannot take the activations
-    (:func:`hvdx.strategies.stanza.core_checks.head_error`); ``targets=None``: on ``example=``."""
-    if outputs is not None:
-        outputs = tuple(outputs.shape) if torch.is_tensor(outputs) else _what(outputs)
-    labels = None if targets is None else (targets.shape, targets.dtype)
-    return head_error(rank, exc, (inputs.shape, inputs.dtype), labels, outputs, _takes(head))
-
-
-def _takes(head) -> str:
-    """What the head's first layer takes, in words, or ``""``."""
-    first = next((m for m in head.modules()
-                  if hasattr(m, "in_features") or hasattr(m, "in_channels")), None)
-    if first is None:
-        return ""
-    attribute = "in_features" if hasattr(first, "in_features") else "in_channels"
-    return (f"; the head's first layer, {type(first).__name__}, takes "
-            f"{attribute}={getattr(first, attribute)}")
-
-
-def _what(value) -> str:
-    if torch.is_tensor(value):
-        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
-    return "None" if value is None else type(value).__name__
