@@ -164,10 +164,11 @@ def plan_figures(*argv):
     import argparse
 
     from hvdx import plan
+    from hvdx.planning import figures
 
     parser = argparse.ArgumentParser()
     plan.add_arguments(parser)
-    return plan.report(parser.parse_args(list(argv)))
+    return figures.report(parser.parse_args(list(argv)))
 
 
 def test_plan_prices_from_the_calibration_file_and_says_where_it_was_measured(tmp_path):
