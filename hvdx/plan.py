@@ -173,7 +173,8 @@ def _run_calibration(path: str) -> int:
     """``--calibrate FILE``: every rank of the MPI job measures; rank 0 writes FILE."""
     from mpi4py import MPI
 
-    from hvdx.mpi.calibrate import calibrate, with_set_averages
+    from hvdx.mpi.calibrate import calibrate
+    from hvdx.mpi.calibration_set_averages import with_set_averages
 
     world = MPI.COMM_WORLD
     say = (lambda s: print(s, flush=True)) if world.Get_rank() == 0 else None  # noqa: E731
