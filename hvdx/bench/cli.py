@@ -150,8 +150,9 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the measurement the parsed flags ask for; 0 on success."""
-    from hvdx.bench.harness import (check_placements, fastest_lines, not_applicable,
-                                    render_table, run_bench)
+    from hvdx.bench.harness import run_bench
+    from hvdx.bench.results import fastest_lines, render_table
+    from hvdx.bench.run_list import check_placements, not_applicable
     from hvdx.bench.strategies import strategy_names
     from hvdx.bench.workloads import check_workloads
     from hvdx.cluster import ClusterSpec
@@ -308,7 +309,7 @@ def _note_no_floor(args: argparse.Namespace, notes: List[str]) -> None:
 
 def _script(args: argparse.Namespace) -> int:
     """``--script``: the user's Horovod script under Horovod and each strategy."""
-    from hvdx.bench.harness import check_placements
+    from hvdx.bench.run_list import check_placements
     from hvdx.bench.script import script_strategies, split_items
     from hvdx.bench.script_run import prepare, render_table, run_script_bench
     from hvdx.bench.strategies import DEFAULT_STRATEGIES

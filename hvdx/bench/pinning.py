@@ -10,9 +10,10 @@ a 1 Gbit link, then took 92 ms). With every rank bound to one core, rank ``r`` t
 core ``r mod cores``, the same three Horovod runs read 40, 48 and 52 ms and DS-Sync
 kept 45-46 ms in both runs (2026-12-07).
 
-1. the harness (:mod:`hvdx.bench.harness`) starts every rank of its jobs (the runs,
-   a ``--script``'s, the calibration) through this module, with :data:`PIN_ENV` set
-   to the cores it may use itself (:func:`cores_value`);
+1. the harness (:mod:`hvdx.bench.strategy_run`, :mod:`hvdx.bench.calibration_jobs`)
+   starts every rank of its jobs (the runs, a ``--script``'s, the calibration) through
+   this module, with :data:`PIN_ENV` set to the cores it may use itself
+   (:func:`cores_value`);
 2. the rank binds itself (:func:`pin_rank`): its rank from the MPI launcher's
    variables (:data:`RANK_VARIABLES`), its core the ``rank mod len(cores)``-th;
 3. it then becomes the command (``exec``), before MPI or Horovod start a thread: theirs

@@ -1,6 +1,6 @@
 """The variables the harness sets for every rank of a benchmark run, and what they say.
 
-:mod:`hvdx.bench.harness` sets them in the launch; :mod:`hvdx.bench.runner` and the
+:mod:`hvdx.bench.strategy_run` sets them in the launch; :mod:`hvdx.bench.runner` and the
 strategies' builders (:mod:`hvdx.bench.strategies`) read them on each rank.
 """
 

@@ -1,6 +1,6 @@
 """One rank of one benchmark run: train a workload under a strategy, record everything.
 
-Launched by :mod:`hvdx.bench.harness` under ``mpirun`` (on the emulated hosts or on
+Launched by :mod:`hvdx.bench.strategy_run` under ``mpirun`` (on the emulated hosts or on
 localhost)::
 
     python -m hvdx.bench.runner --workload digits_vgg --strategy horovod --steps 100 \

@@ -192,12 +192,12 @@ def run_one(cluster, script: str, source: str, script_args: List[str], strategy:
             out_dir: str, ranks: int, ranks_per_host: int, timeout: float,
             say: Callable[[str], None], placement: str = "blocked") -> Dict:
     """Run the switched script once under ``strategy`` as an MPI job."""
-    from hvdx.bench.harness import _launch_command, _run_name, placement_hosts
+    from hvdx.bench.strategy_run import launch_command, placement_hosts, run_name
 
     stem = os.path.splitext(os.path.basename(script))[0]
     # A variable's value (HVDX_COMPRESSION=sign(0.5)) is no file name as it is.
-    name = _run_name(stem, re.sub(r"[^A-Za-z0-9_.-]+", "_", strategy).strip("_"),
-                     placement if cluster is not None else None)
+    name = run_name(stem, re.sub(r"[^A-Za-z0-9_.-]+", "_", strategy).strip("_"),
+                    placement if cluster is not None else None)
     copy = os.path.join(out_dir, f"{name}.py")  # the script, its imports switched
     with open(copy, "w", encoding="utf-8") as f:
         f.write(source)
@@ -210,9 +210,9 @@ def run_one(cluster, script: str, source: str, script_args: List[str], strategy:
     here = os.path.dirname(os.path.abspath(script))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH"))
                                         if p)
-    command, extra_env = _launch_command(cluster, ranks_per_host,
-                                         [sys.executable, os.path.abspath(copy)] +
-                                         script_args, ranks, env, placement)
+    command, extra_env = launch_command(cluster, ranks_per_host,
+                                        [sys.executable, os.path.abspath(copy)] +
+                                        script_args, ranks, env, placement)
     hosts = [] if cluster is None else \
         [cluster.host(i) for i in placement_hosts(cluster.spec, placement)]
     out_log, err_log = (os.path.join(out_dir, f"{name}.{ext}") for ext in ("out", "log"))
@@ -265,7 +265,8 @@ def run_script_bench(spec, script: str, script_args: List[str], strategies: List
                      placements: Optional[List[str]] = None,
                      notes: Optional[List[str]] = None) -> List[ScriptSummary]:
     """Run ``script`` under each strategy (Horovod first); write and return the rows."""
-    from hvdx.bench.harness import _runs, _start_cluster, check_placements
+    from hvdx.bench.run_list import check_placements, ordered_runs
+    from hvdx.bench.strategy_run import start_cluster
 
     source, changes = prepare(script)
     for name in strategies:
@@ -276,12 +277,12 @@ def run_script_bench(spec, script: str, script_args: List[str], strategies: List
     for note in notes:
         say(f"note: {note}")
     os.makedirs(out_dir, exist_ok=True)
-    cluster, network = _start_cluster(spec, say)
+    cluster, network = start_cluster(spec, say)
     if cluster is None and len(placements) > 1:
         say(f"localhost: one host, so placements {', '.join(placements[1:])} are the same "
             "run; running one")
         placements = placements[:1]
-    runs = _runs(strategies, placements, floor=False)
+    runs = ordered_runs(strategies, placements, floor=False)
     ranks = localhost_ranks if cluster is None else len(cluster.hosts) * ranks_per_host
     rows, raw = [], []
     try:

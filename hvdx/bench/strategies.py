@@ -89,7 +89,7 @@ class Strategy:
     strategy: Optional[str] = None
     #: (workload) -> the settings the row runs with on that workload, compared with
     #: ``==``; ``None``: not compared. Two rows whose settings are equal on a workload
-    #: are one run there, measured once (:func:`hvdx.bench.harness.same_settings`).
+    #: are one run there, measured once (:func:`hvdx.bench.run_list.same_settings`).
     settings_on: Optional[Callable] = None
 
 

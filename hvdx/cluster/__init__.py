@@ -34,15 +34,14 @@ Example::
         run_mpi(cluster, [sys.executable, "train.py"], ppn=1, timeout=600)
 """
 
+from hvdx.cluster.iproute import ClusterUnavailable
 from hvdx.cluster.launch import MPI_ENV, launcher_script, mpiexec_command, run_mpi
 from hvdx.cluster.netns import (
     CONTROL_IFACE,
     DATA_IFACE,
-    ClusterUnavailable,
     ContentionTimer,
     EmulatedCluster,
     Host,
-    cleanup_stale,
 )
 from hvdx.cluster.probe import measure, measure_bandwidth
 from hvdx.cluster.spec import (
@@ -54,6 +53,7 @@ from hvdx.cluster.spec import (
     parse_rate,
     parse_time,
 )
+from hvdx.cluster.teardown import cleanup_stale
 
 __all__ = [
     "CONTROL_IFACE",

@@ -6,36 +6,34 @@ namespace it is called from. Each veth is created directly inside its namespaces
 caller's namespace even for an instant, and deleting the namespaces removes them all.
 
 Namespace names carry the creating process id (``hvdx<pid>c<n>-h0``) so that
-:func:`cleanup_stale` can remove what a crashed or killed run left behind.
+:func:`~hvdx.cluster.teardown.cleanup_stale` can remove what a crashed or killed run
+left behind.
+
+This module builds the cluster, runs it (:class:`EmulatedCluster`) and changes its
+rates over time (:class:`ContentionTimer`); the ``ip`` and ``tc`` commands are run
+through :mod:`hvdx.cluster.iproute`, a link is shaped by :mod:`hvdx.cluster.shaping`, and
+clusters are torn down at exit, on signals and after a killed run by
+:mod:`hvdx.cluster.teardown`.
 """
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Tuple, Union
 
+from hvdx.cluster.iproute import ClusterUnavailable, require_support, run
+from hvdx.cluster.shaping import Link
 from hvdx.cluster.spec import ClusterSpec, ContentionEvent, parse_rate
+from hvdx.cluster.teardown import kill_netns_processes, register, unregister
 
-__all__ = [
-    "CONTROL_IFACE",
-    "ClusterUnavailable",
-    "ContentionTimer",
-    "DATA_IFACE",
-    "EmulatedCluster",
-    "Host",
-    "cleanup_stale",
-]
+__all__ = ["CONTROL_IFACE", "ContentionTimer", "DATA_IFACE", "EmulatedCluster", "Host"]
 
 DATA_IFACE = "data0"
 CONTROL_IFACE = "ctl0"
@@ -44,17 +42,8 @@ _UPLINK = "up0"
 _DATA_NET = "10.77.0.{}/16"
 _CONTROL_NET = "10.78.0.{}/24"
 _CONTROL_ADDR = "10.78.0.254"
-# tbf's queue, as the time a full queue takes to drain: enough for TCP to keep a
-# near-zero-RTT link busy, small enough not to bloat round trips beyond a few ms.
-_TBF_QUEUE = "20ms"
-_NAME_RE = r"^{prefix}(\d+)c(\d+)-"
 
 HostKey = Union[int, str, "Host"]
-
-
-class ClusterUnavailable(RuntimeError):
-    """This machine or user cannot build an emulated cluster (callers fall back to
-    running every rank on localhost)."""
 
 
 @dataclass(frozen=True)
@@ -77,46 +66,6 @@ class Host:
     data_addr: str
     control_addr: str
 
-
-def _run(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(list(argv), capture_output=True, text=True)
-    if check and proc.returncode != 0:
-        raise RuntimeError(f"hvdx.cluster: `{' '.join(argv)}` failed "
-                           f"(exit {proc.returncode}): {proc.stderr.strip()}")
-    return proc
-
-
-def _tbf_args(rate: int) -> List[str]:
-    # The bucket holds 4 ms of traffic (at least two full frames). Too small a bucket
-    # loses tokens whenever the dequeue timer runs late: on a 2-core machine a 0.1 ms
-    # bucket at 1gbit carried only 675 Mbit/s, while 1 ms and 4 ms gave the full rate.
-    burst = max(rate // 8 * 4 // 1000, 3200)
-    return ["tbf", "rate", f"{rate}bit", "burst", str(burst), "latency", _TBF_QUEUE]
-
-
-class _Link:
-    """One direction of a link: the egress qdisc of ``dev`` inside ``netns``."""
-
-    def __init__(self, netns: str, dev: str, delay: Optional[float]):
-        self.netns, self.dev, self.delay = netns, dev, delay
-
-    def tc(self, *args: str) -> List[str]:
-        return ["tc", "-n", self.netns, "qdisc", *args, "dev", self.dev]
-
-    def shape(self, rate: int) -> None:
-        if self.delay:
-            # netem at the root, tbf below it: the bottleneck queue is then tbf's
-            # (bounded in time), while netem only holds packets still "on the wire".
-            limit = max(1000, int(2 * rate * self.delay / (8 * 1500)))
-            _run(self.tc("add") + ["root", "handle", "1:", "netem", "delay",
-                                   f"{self.delay * 1e6:.0f}us", "limit", str(limit)])
-            _run(self.tc("add") + ["parent", "1:1", "handle", "10:"] + _tbf_args(rate))
-        else:
-            _run(self.tc("add") + ["root", "handle", "10:"] + _tbf_args(rate))
-
-    def set_rate(self, rate: int) -> None:
-        where = ["parent", "1:1"] if self.delay else ["root"]
-        _run(self.tc("change") + where + ["handle", "10:"] + _tbf_args(rate))
 
 
 class EmulatedCluster:
@@ -144,7 +93,8 @@ class EmulatedCluster:
 
     Teardown (deleting every namespace made, after killing what still runs inside)
     happens on ``__exit__``, on an exception during set-up, on SIGINT/SIGTERM and at
-    interpreter exit. A run killed with SIGKILL is cleaned by :func:`cleanup_stale`.
+    interpreter exit. A run killed with SIGKILL is cleaned by
+    :func:`~hvdx.cluster.teardown.cleanup_stale`.
     """
 
     _count = 0
@@ -183,7 +133,7 @@ class EmulatedCluster:
             for i in range(spec.num_hosts)]
         self.workdir: Optional[str] = None
         self._created: List[str] = []
-        self._links: Dict[str, List[_Link]] = {}
+        self._links: Dict[str, List[Link]] = {}
         self._rates: Dict[str, int] = {}
         self._lock = threading.RLock()
         self._timers: List["ContentionTimer"] = []
@@ -212,8 +162,8 @@ class EmulatedCluster:
         """
         if self._created or self._closed:
             raise RuntimeError("an EmulatedCluster can be started once")
-        _require_support()
-        _register(self)
+        require_support()
+        register(self)
         try:
             self.workdir = tempfile.mkdtemp(prefix=f"{self.run_id}-")
             self._add_netns(self.control_netns, probe=True)
@@ -246,12 +196,12 @@ class EmulatedCluster:
                 timer.stop()
             created, self._created = self._created, []
         for ns in reversed(created):
-            _kill_netns_processes(ns)
-            _run(["ip", "netns", "del", ns], check=False)
+            kill_netns_processes(ns)
+            run(["ip", "netns", "del", ns], check=False)
         if self.workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
-        _unregister(self)
+        unregister(self)
 
     @property
     def namespaces(self) -> List[str]:
@@ -266,7 +216,7 @@ class EmulatedCluster:
                 raise RuntimeError("the cluster was closed while it was being built")
             # Recorded before it exists, so that a signal arriving mid-way removes it.
             self._created.append(name)
-        proc = _run(["ip", "netns", "add", name], check=False)
+        proc = run(["ip", "netns", "add", name], check=False)
         if proc.returncode != 0:
             with self._lock:
                 if name in self._created:
@@ -280,39 +230,39 @@ class EmulatedCluster:
                                f"{proc.stderr.strip()}")
         # No IPv6: its router solicitations and DAD would add stray bytes to the interface
         # counters that tests and benchmarks read. A kernel without IPv6 needs nothing.
-        _run(["ip", "netns", "exec", name, "sysctl", "-q", "-w",
-              "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"],
-             check=False)
-        _run(["ip", "-n", name, "link", "set", "lo", "up"])
+        run(["ip", "netns", "exec", name, "sysctl", "-q", "-w",
+             "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"],
+            check=False)
+        run(["ip", "-n", name, "link", "set", "lo", "up"])
 
     def _require_netem(self) -> None:
         # Some kernels (minimal VM kernels) are built without netem; say so up front
         # rather than failing half-way through shaping.
         probe = ["tc", "-n", self.control_netns, "qdisc", "add", "dev", "lo", "root",
                  "netem", "delay", "1ms"]
-        proc = _run(probe, check=False)
+        proc = run(probe, check=False)
         if proc.returncode != 0:
             raise ClusterUnavailable(
                 f"latency={self.spec.latency!r}, uplink_latency={self.spec.uplink_latency!r}"
                 " need tc's netem qdisc, which this kernel lacks (CONFIG_NET_SCH_NETEM): "
                 f"{proc.stderr.strip()}; leave latency unset on this machine")
-        _run(["tc", "-n", self.control_netns, "qdisc", "del", "dev", "lo", "root"])
+        run(["tc", "-n", self.control_netns, "qdisc", "del", "dev", "lo", "root"])
 
     def _bridge(self, ns: str, addr: Optional[str] = None) -> None:
-        _run(["ip", "-n", ns, "link", "add", _BRIDGE, "type", "bridge", "forward_delay", "0"])
+        run(["ip", "-n", ns, "link", "add", _BRIDGE, "type", "bridge", "forward_delay", "0"])
         if addr:
-            _run(["ip", "-n", ns, "addr", "add", addr, "dev", _BRIDGE])
-        _run(["ip", "-n", ns, "link", "set", _BRIDGE, "up"])
+            run(["ip", "-n", ns, "addr", "add", addr, "dev", _BRIDGE])
+        run(["ip", "-n", ns, "link", "set", _BRIDGE, "up"])
 
     def _veth(self, ns: str, name: str, peer_ns: str, peer: str, bridge_peer: bool,
               addr: Optional[str] = None, bridge_self: bool = False) -> None:
-        _run(["ip", "-n", ns, "link", "add", name, "type", "veth", "peer", "name", peer,
-              "netns", peer_ns])
+        run(["ip", "-n", ns, "link", "add", name, "type", "veth", "peer", "name", peer,
+             "netns", peer_ns])
         if addr:
-            _run(["ip", "-n", ns, "addr", "add", addr, "dev", name])
+            run(["ip", "-n", ns, "addr", "add", addr, "dev", name])
         up = ["master", _BRIDGE, "up"]
-        _run(["ip", "-n", ns, "link", "set", name] + (up if bridge_self else ["up"]))
-        _run(["ip", "-n", peer_ns, "link", "set", peer] + (up if bridge_peer else ["up"]))
+        run(["ip", "-n", ns, "link", "set", name] + (up if bridge_self else ["up"]))
+        run(["ip", "-n", peer_ns, "link", "set", peer] + (up if bridge_peer else ["up"]))
 
     def _build_switches(self) -> None:
         self._bridge(self.control_netns, f"{_CONTROL_ADDR}/24")
@@ -332,13 +282,13 @@ class EmulatedCluster:
     def _shape(self) -> None:
         spec = self.spec
         for host in self.hosts:
-            links = [_Link(host.netns, DATA_IFACE, spec.latency),
-                     _Link(self.rack_netns[host.rack], host.name, None)]
+            links = [Link(host.netns, DATA_IFACE, spec.latency),
+                     Link(self.rack_netns[host.rack], host.name, None)]
             self._links[host.name] = links
             self._rates[host.name] = spec.nic
         for j, ns in enumerate(self.rack_netns):
-            links = [_Link(ns, _UPLINK, spec.uplink_latency),
-                     _Link(self.core_netns, f"r{j}", None)]
+            links = [Link(ns, _UPLINK, spec.uplink_latency),
+                     Link(self.core_netns, f"r{j}", None)]
             self._links[f"uplink{j}"] = links
             self._rates[f"uplink{j}"] = spec.uplink
         for name, links in self._links.items():
@@ -370,8 +320,8 @@ class EmulatedCluster:
         them: frames with their headers (one set per GSO super-frame, so within a rack
         the count is close to the payload), and TX includes TCP retransmissions, which
         a full uplink queue causes. RX at the receiver counts what was delivered."""
-        out = _run(["ip", "-n", self.host(host).netns, "-s", "-j", "link", "show", "dev",
-                    iface]).stdout
+        out = run(["ip", "-n", self.host(host).netns, "-s", "-j", "link", "show", "dev",
+                   iface]).stdout
         stats = json.loads(out)[0]["stats64"]
         return int(stats["tx"]["bytes"]), int(stats["rx"]["bytes"])
 
@@ -474,131 +424,4 @@ class ContentionTimer(threading.Thread):
         """Stops before the next change (a change in progress completes)."""
         self._stop_event.set()
 
-
-# -- support checks, teardown on signals, stale clean-up -----------------------------------
-
-def _require_support() -> None:
-    if sys.platform != "linux":
-        raise ClusterUnavailable("hvdx.cluster needs Linux network namespaces; run on "
-                                 "localhost instead")
-    if os.geteuid() != 0:
-        raise ClusterUnavailable("hvdx.cluster needs root (CAP_NET_ADMIN) to create "
-                                 "network namespaces; run as root or on localhost instead")
-    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
-    if missing:
-        raise ClusterUnavailable(f"hvdx.cluster needs {' and '.join(missing)} (Debian "
-                                 "package iproute2); install it or run on localhost")
-
-
-# Strong references: a started cluster that its caller dropped must still be torn down.
-_live: "set[EmulatedCluster]" = set()
-_previous_handlers: Dict[int, object] = {}
-# Reentrant: a signal handler that tears clusters down may interrupt _register.
-_hooks_lock = threading.RLock()
-_atexit_registered = False
-
-
-def _register(cluster: EmulatedCluster) -> None:
-    global _atexit_registered
-    with _hooks_lock:
-        _live.add(cluster)
-        if not _atexit_registered:
-            atexit.register(_close_all)
-            _atexit_registered = True
-        # Signal handlers can only be set from the main thread; elsewhere, teardown still
-        # happens through __exit__ and atexit.
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                if signum not in _previous_handlers:
-                    _previous_handlers[signum] = signal.signal(signum, _on_signal)
-
-
-def _unregister(cluster: EmulatedCluster) -> None:
-    with _hooks_lock:
-        _live.discard(cluster)
-
-
-def _close_all() -> None:
-    for cluster in list(_live):
-        cluster.close()
-
-
-def _on_signal(signum, frame) -> None:
-    _close_all()
-    previous = _previous_handlers.get(signum)
-    if callable(previous):
-        previous(signum, frame)  # e.g. Python's SIGINT handler raises KeyboardInterrupt
-    elif previous != signal.SIG_IGN:
-        # Die of the same signal, as the process would have without us.
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-
-
-def _kill_netns_processes(ns: str) -> None:
-    # Deleting a namespace that still has processes only unlinks its name: its veths
-    # live on until they exit. These are processes started inside our own namespace.
-    pids = [int(p) for p in _run(["ip", "netns", "pids", ns], check=False).stdout.split()
-            if p.isdigit() and int(p) != os.getpid()]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        alive = []
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-                alive.append(pid)
-            except (ProcessLookupError, PermissionError):
-                pass
-        deadline = time.monotonic() + 1.0
-        while alive and time.monotonic() < deadline:
-            alive = [pid for pid in alive if _pid_alive(pid)]
-            time.sleep(0.02)
-        pids = alive
-        if not pids:
-            return
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        # A zombie (dead, not yet reaped by its parent) counts as dead.
-        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def cleanup_stale(prefix: str = "hvdx") -> List[str]:
-    """Removes namespaces (and work directories) of runs whose process is gone.
-
-    Only names of this module's form, ``<prefix><pid>c<n>-...``, are considered, and
-    only those whose ``pid`` no longer runs; a live run's namespaces are never touched.
-
-    Args:
-        prefix: the prefix the runs were created with.
-
-    Returns:
-        The namespaces removed.
-    """
-    if shutil.which("ip") is None:
-        return []
-    pattern = re.compile(_NAME_RE.format(prefix=re.escape(prefix)))
-    listing = _run(["ip", "-j", "netns", "list"], check=False).stdout.strip()
-    names = [entry["name"] for entry in json.loads(listing or "[]")]
-    removed = []
-    for name in names:
-        match = pattern.match(name)
-        if match and not _pid_alive(int(match.group(1))):
-            _kill_netns_processes(name)
-            if _run(["ip", "netns", "del", name], check=False).returncode == 0:
-                removed.append(name)
-    tmp = tempfile.gettempdir()
-    for entry in os.listdir(tmp):
-        match = pattern.match(entry)
-        if match and not _pid_alive(int(match.group(1))):
-            shutil.rmtree(os.path.join(tmp, entry), ignore_errors=True)
-    return removed
 

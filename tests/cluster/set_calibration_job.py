@@ -3,7 +3,8 @@ rack's process set (hvdx.mpi.calibrate, module step 9), on the emulated racks.
 
 Rank 0 prints one JSON line with
 
-- ``times``: what :func:`~hvdx.mpi.calibrate.set_allreduce_times` returned on rank 0;
+- ``times``: what :func:`~hvdx.mpi.calibration_set_averages.set_allreduce_times`
+  returned on rank 0;
 - ``same``: whether every rank returned the same groups and sizes;
 - ``left``: the process sets still registered afterwards (those it added are removed).
 """
@@ -15,7 +16,7 @@ import torch
 from mpi4py import MPI
 
 from hvdx.mpi.abort import install_abort_on_error
-from hvdx.mpi.calibrate import set_allreduce_times
+from hvdx.mpi.calibration_set_averages import set_allreduce_times
 from hvdx.mpi.finalize import finalize
 from hvdx.mpi.topology import rack_labels
 from hvdx.strategies.dssync.mpi_groups import registered_sets

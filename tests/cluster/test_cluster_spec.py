@@ -19,7 +19,7 @@ from hvdx.cluster import (
     parse_rate,
     parse_time,
 )
-from hvdx.cluster import netns as netns_module
+from hvdx.cluster import iproute
 from hvdx.cluster.netns_exec import build_argv, split_args
 
 from cluster_helpers import child_env
@@ -142,7 +142,8 @@ def test_cluster_flags_join_a_programs_parser():
 
 
 def test_without_root_the_error_says_so(monkeypatch):
-    monkeypatch.setattr(netns_module.os, "geteuid", lambda: 1000)
+    # The check that needs root is iproute.require_support's.
+    monkeypatch.setattr(iproute.os, "geteuid", lambda: 1000)
     with pytest.raises(ClusterUnavailable, match=r"needs root .* localhost"):
         EmulatedCluster(ClusterSpec()).start()
 

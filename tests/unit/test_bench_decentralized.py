@@ -5,18 +5,11 @@ import types
 
 import pytest
 
-from hvdx.bench import harness
-from hvdx.bench.harness import (
-    Summary,
-    _add_predictions,
-    _launch_command,
-    _run_name,
-    _runs,
-    check_placements,
-    placement_hosts,
-    render_table,
-    summarize,
-)
+from hvdx.bench.pricing import add_predictions
+from hvdx.bench.results import render_table
+from hvdx.bench.run_list import check_placements, ordered_runs
+from hvdx.bench.strategy_run import launch_command, placement_hosts, run_name, start_cluster
+from hvdx.bench.summary import Summary, summarize
 from hvdx.bench.strategies import DEFAULT_STRATEGIES, STRATEGIES, decentralized_bytes
 from hvdx.cluster import ClusterSpec
 from hvdx.core.cost_model import STRATEGIES as PRICED, Cluster, Prediction, Workload, predict
@@ -94,7 +87,7 @@ def test_the_launch_hands_the_placement_s_host_order_to_mpiexec(monkeypatch):
 
     monkeypatch.setattr(hvdx.cluster, "mpiexec_command", mpiexec_command)
     cluster = types.SimpleNamespace(spec=ClusterSpec(racks=2, hosts_per_rack=2))
-    command, env = _launch_command(cluster, 1, ["prog"], 4, {"HOROVOD_CYCLE_TIME": "50"},
+    command, env = launch_command(cluster, 1, ["prog"], 4, {"HOROVOD_CYCLE_TIME": "50"},
                                    "interleaved")
     assert command == ["mpiexec"] + pinning.command(["prog"]) and env == {}
     assert seen["hosts"] == [0, 2, 1, 3]
@@ -103,13 +96,13 @@ def test_the_launch_hands_the_placement_s_host_order_to_mpiexec(monkeypatch):
 
 
 def test_horovod_runs_once_under_the_first_placement_and_the_others_under_each():
-    assert _runs(["horovod", "decentralized", "dssync"], ["blocked", "interleaved"]) == [
+    assert ordered_runs(["horovod", "decentralized", "dssync"], ["blocked", "interleaved"]) == [
         ("horovod", "blocked"), ("floor", "blocked"), ("decentralized", "blocked"),
         ("dssync", "blocked"), ("decentralized", "interleaved"), ("dssync", "interleaved")]
-    assert _runs(["decentralized"], ["interleaved"], floor=False) == [
+    assert ordered_runs(["decentralized"], ["interleaved"], floor=False) == [
         ("horovod", "interleaved"), ("decentralized", "interleaved")]
-    assert _run_name("w", "decentralized", "interleaved") == "w-decentralized-interleaved"
-    assert _run_name("w", "horovod", "blocked") == _run_name("w", "horovod", None) == \
+    assert run_name("w", "decentralized", "interleaved") == "w-decentralized-interleaved"
+    assert run_name("w", "horovod", "blocked") == run_name("w", "horovod", None) == \
         "w-horovod"
 
 
@@ -152,7 +145,7 @@ def test_predictions_price_each_run_under_its_own_placement(monkeypatch):
     raw = [result("horovod", "blocked"), result("decentralized", "blocked"),
            result("decentralized", "interleaved")]
     rows = [summarize(r, 0.95, "net") for r in raw]
-    _add_predictions(rows, raw, spec)
+    add_predictions(rows, raw, spec)
     options = STRATEGIES["decentralized"].cost_options
     assert asked == [("horovod", "blocked", {}), ("decentralized", "blocked", options),
                      ("decentralized", "interleaved", options)]
@@ -189,10 +182,10 @@ def test_a_flat_cluster_is_named_as_such(monkeypatch):
     import hvdx.cluster
 
     monkeypatch.setattr(hvdx.cluster, "EmulatedCluster", FakeCluster)
-    _, network = harness._start_cluster(ClusterSpec(racks=1, hosts_per_rack=8, nic="100mbit"),
-                                        print)
+    _, network = start_cluster(ClusterSpec(racks=1, hosts_per_rack=8, nic="100mbit"),
+                               print)
     assert network == "emulated flat 8 hosts (1 rack), NIC 100mbit"
-    _, network = harness._start_cluster(ClusterSpec(racks=2, hosts_per_rack=4), print)
+    _, network = start_cluster(ClusterSpec(racks=2, hosts_per_rack=4), print)
     assert network == "emulated 2x4, NIC 1gbit, uplink 100mbit"
 
 

@@ -2,8 +2,10 @@
 table shows each step as a multiple of the floor's, and a run that could not build the
 emulated cluster says so first and in every row (no MPI job here)."""
 
-from hvdx.bench import harness
-from hvdx.bench.harness import FLOOR, _add_floor, _runs, render_table, summarize
+from hvdx.bench.results import render_table
+from hvdx.bench.run_list import ordered_runs
+from hvdx.bench.strategy_run import start_cluster
+from hvdx.bench.summary import FLOOR, add_floor, summarize
 from hvdx.bench.strategies import STRATEGIES
 from hvdx.cluster import ClusterSpec, ClusterUnavailable
 
@@ -16,10 +18,10 @@ def run(strategy, step_s, workload="digits_vgg"):
 
 
 def test_the_floor_runs_after_horovod_once_per_workload_under_the_first_placement():
-    assert _runs(["horovod", "topk"], ["blocked", "interleaved"]) == [
+    assert ordered_runs(["horovod", "topk"], ["blocked", "interleaved"]) == [
         ("horovod", "blocked"), (FLOOR, "blocked"), ("topk", "blocked"),
         ("topk", "interleaved")]
-    assert _runs(["horovod", "topk"], ["blocked"], floor=False) == [
+    assert ordered_runs(["horovod", "topk"], ["blocked"], floor=False) == [
         ("horovod", "blocked"), ("topk", "blocked")]
 
 
@@ -35,7 +37,7 @@ def test_each_step_is_shown_as_a_multiple_of_the_floor_of_its_own_workload():
     rows = [summarize(run("horovod", 0.9), 0.95, "net"), summarize(run(FLOOR, 0.3), 0.95, "net"),
             summarize(run("stanza", 0.45), 0.95, "net"),
             summarize(run("horovod", 0.2, "digits_cnn"), 0.9, "net")]
-    _add_floor(rows)
+    add_floor(rows)
     assert [r.floor_multiple for r in rows] == [3.0, 1.0, 1.5, None]
     table = render_table(rows)
     assert "x floor" in table.splitlines()[1] and "3.00" in table
@@ -53,7 +55,7 @@ def test_without_an_emulated_cluster_the_bench_says_so_first_and_in_every_row(mo
 
     monkeypatch.setattr(hvdx.cluster, "EmulatedCluster", Refusing)
     said = []
-    cluster, network = harness._start_cluster(ClusterSpec(), said.append)
+    cluster, network = start_cluster(ClusterSpec(), said.append)
     assert cluster is None
     assert said[0].startswith("WARNING: no emulated cluster (no NET_ADMIN in this container)")
     assert "FALLING BACK TO PLAIN LOCALHOST" in said[0]
@@ -64,6 +66,6 @@ def test_without_an_emulated_cluster_the_bench_says_so_first_and_in_every_row(mo
 
 def test_an_explicit_localhost_run_is_labelled_without_alarm():
     said = []
-    assert harness._start_cluster(None, said.append) == (
+    assert start_cluster(None, said.append) == (
         None, "localhost (no emulated bottleneck)")
     assert said == []

@@ -2,13 +2,13 @@
 
 import sys
 
-from hvdx.bench.harness import _launch_command
+from hvdx.bench.strategy_run import launch_command
 from hvdx.bench.pinning import PIN_ENV, cores_value
 from hvdx.bench.strategies import STRATEGIES, TOPK_DGC_OPTIONS, TOPK_MASKED_OPTIONS
 
 
 def test_on_localhost_a_strategys_environment_is_given_to_mpirun():
-    command, env = _launch_command(None, 1, ["prog"], 2, {"HOROVOD_CYCLE_TIME": "50"})
+    command, env = launch_command(None, 1, ["prog"], 2, {"HOROVOD_CYCLE_TIME": "50"})
     # Each rank starts through the pinning module, which binds it to one core.
     assert command == ["mpirun", "-n", "2", sys.executable, "-m", "hvdx.bench.pinning", "prog"]
     assert env == {"OMP_NUM_THREADS": "1", PIN_ENV: cores_value(), "HOROVOD_CYCLE_TIME": "50"}

@@ -7,8 +7,10 @@ import re
 
 import pytest
 
-from hvdx.bench import harness
-from hvdx.bench.harness import FLOOR, LOCAL_STEPS, WARMUP_STEPS
+from hvdx.bench import (calibration_jobs, harness, local_run, pricing, results,
+                        run_list, strategy_run)
+from hvdx.bench.local_run import LOCAL_STEPS
+from hvdx.bench.summary import FLOOR, WARMUP_STEPS
 from hvdx.bench.runner import TOPOLOGY_ENV
 from hvdx.cluster import ClusterSpec
 
@@ -37,8 +39,8 @@ def fake_bench(monkeypatch, local_fails=(), calibration=None, set_averages=(),
     local_waits = iter(local_waits or ())
     jobs, said, raw_out, envs = [], [], [], []
     cluster = FakeCluster()
-    monkeypatch.setattr(harness, "_start_cluster", lambda spec, say: (cluster, "net"))
-    monkeypatch.setattr(harness, "_calibrate", lambda *args: calibration)
+    monkeypatch.setattr(strategy_run, "start_cluster", lambda spec, say: (cluster, "net"))
+    monkeypatch.setattr(calibration_jobs, "calibrate", lambda *args: calibration)
     timings, sharded_timings = iter(set_averages), iter(sharded)
 
     def set_averages_again(*args):
@@ -51,12 +53,12 @@ def fake_bench(monkeypatch, local_fails=(), calibration=None, set_averages=(),
         fake_bench.sharded_args.append(args[5:])
         return next(sharded_timings)
 
-    monkeypatch.setattr(harness, "_set_averages_again", set_averages_again)
-    monkeypatch.setattr(harness, "_sharded_topk_again", sharded_topk_again)
-    monkeypatch.setattr(harness, "usable_cores", lambda: 2)
-    monkeypatch.setattr(harness, "_add_predictions",
+    monkeypatch.setattr(calibration_jobs, "set_averages_again", set_averages_again)
+    monkeypatch.setattr(calibration_jobs, "sharded_topk_again", sharded_topk_again)
+    monkeypatch.setattr(local_run, "usable_cores", lambda: 2)
+    monkeypatch.setattr(pricing, "add_predictions",
                         lambda rows, raw, spec, calibration: raw_out.extend(raw))
-    monkeypatch.setattr(harness, "_write", lambda rows, raw, out_dir: None)
+    monkeypatch.setattr(results, "write", lambda rows, raw, out_dir: None)
 
     def run_one(where, workload, strategy, steps, *args, env=None, **kwargs):
         local = where is None
@@ -81,7 +83,7 @@ def fake_bench(monkeypatch, local_fails=(), calibration=None, set_averages=(),
                                                 "quality": 0.9}],
                 "hvdx_bytes_per_rank_per_step": 0.0, "ranks_detail": detail}
 
-    monkeypatch.setattr(harness, "run_one", run_one)
+    monkeypatch.setattr(strategy_run, "run_one", run_one)
     fake_bench.envs = envs
     fake_bench.set_average_args = []
     fake_bench.sharded_args = []
@@ -116,7 +118,7 @@ def test_presets_with_one_setting_under_adamw_run_once_and_the_other_row_says_so
         ("lm", "horovod"), ("lm", "fast"),
         ("digits_vgg", "horovod"), ("digits_vgg", "fast"), ("digits_vgg", "safe")]
     assert any("the settings of fast here, run once" in line for line in said)
-    lines = harness.not_applicable(["lm", "digits_vgg"], ["horovod", "fast", "safe"])
+    lines = run_list.not_applicable(["lm", "digits_vgg"], ["horovod", "fast", "safe"])
     assert len(lines) == 1 and lines[0].startswith("lm: safe is not run: its settings "
                                                    "there are fast's (topk ratio=0.2 "
                                                    "downlink=0.2 ")
@@ -243,7 +245,8 @@ def test_a_failed_timing_of_the_averages_leaves_the_other_and_two_leave_the_cali
 
 
 def test_the_plan_of_a_run_takes_the_averages_timed_around_it():
-    from hvdx.bench.harness import _add_predictions, summarize
+    from hvdx.bench.pricing import add_predictions
+    from hvdx.bench.summary import summarize
     from hvdx.core.calibration import Calibration
 
     spec = ClusterSpec(racks=2, hosts_per_rack=2, nic="1gbit", uplink="100mbit")
@@ -261,7 +264,7 @@ def test_the_plan_of_a_run_takes_the_averages_timed_around_it():
         retimed = dict(run, set_allreduce_times={"rack": [[0, rack_average_s],
                                                           [1e7, rack_average_s]]})
         rows = [summarize(retimed, 0.95, "net")]
-        _add_predictions(rows, [retimed], spec, calibration)
+        add_predictions(rows, [retimed], spec, calibration)
         plans.append(rows[0].predicted_step_s)
     # Ten of every eleven steps average on the racks: 10/11 of the 0.2 s between them.
     assert plans[1] - plans[0] == pytest.approx(10 / 11 * 0.2)
@@ -320,7 +323,8 @@ def test_without_a_timed_sharded_step_topk_runs_without_timing_it_again(
 
 
 def test_the_plan_of_a_topk_run_takes_the_sharded_step_timed_around_it():
-    from hvdx.bench.harness import _add_predictions, summarize
+    from hvdx.bench.pricing import add_predictions
+    from hvdx.bench.summary import summarize
     from hvdx.core.calibration import Calibration
 
     spec, run = TWO_RACKS, dict(TOPK_DGC_RUN)
@@ -330,7 +334,7 @@ def test_the_plan_of_a_topk_run_takes_the_sharded_step_timed_around_it():
     for step_s in (0.1, 0.25):
         retimed = dict(run, sharded_topk_times={repr(1.0): [[DIGITS_UP, step_s]]})
         rows = [summarize(retimed, 0.95, "net")]
-        _add_predictions(rows, [retimed], spec, calibration)
+        add_predictions(rows, [retimed], spec, calibration)
         plans.append(rows[0].predicted_step_s)
     # The local step, then the sharded step as timed at the run's own size.
     assert plans == [pytest.approx(0.08 + 0.1), pytest.approx(0.08 + 0.25)]
@@ -347,11 +351,11 @@ def test_timing_again_runs_the_jobs_mode_on_the_benchs_calibration(monkeypatch, 
                            sharded_topk_times={1.5: [(2048, 0.25)]},
                            set_allreduce_times={"rack": [(1e6, 0.5)]})
 
-    monkeypatch.setattr(harness, "_calibration_job", calibration_job)
+    monkeypatch.setattr(calibration_jobs, "calibration_job", calibration_job)
     base = str(tmp_path / "calibration.json")
-    assert harness._sharded_topk_again(None, 1, str(tmp_path), 900, None, 2048, 1.5) == \
+    assert calibration_jobs.sharded_topk_again(None, 1, str(tmp_path), 900, None, 2048, 1.5) == \
         {"1.5": [[2048, 0.25]]}
-    assert harness._set_averages_again(None, 1, str(tmp_path), 900, None, 4000) == \
+    assert calibration_jobs.set_averages_again(None, 1, str(tmp_path), 900, None, 4000) == \
         {"rack": [[1e6, 0.5]]}
     assert jobs == [
         (str(tmp_path / "sharded_topk.json"), ["--sharded-topk-of", base,
@@ -391,7 +395,7 @@ def test_a_local_run_without_waits_leaves_the_plan_without_one(monkeypatch, tmp_
 
 
 def test_the_local_wait_is_the_least_ranks_mean_over_the_counted_steps():
-    from hvdx.bench.harness import local_wait
+    from hvdx.bench.summary import local_wait
 
     warm = [5.0] * WARMUP_STEPS
     result = {"schedule_period": 2, "ranks_detail": [
@@ -403,7 +407,7 @@ def test_the_local_wait_is_the_least_ranks_mean_over_the_counted_steps():
 
 
 def test_a_runs_row_carries_its_wait_for_hvdx_plan():
-    from hvdx.bench.harness import summarize
+    from hvdx.bench.summary import summarize
 
     run = {"workload": "digits_vgg", "strategy": "topk", "ranks": 2, "steps": 4,
            "step_times": [0.2] * 4, "curve": [{"step": 4, "time": 0.8, "quality": 0.9}],
@@ -416,7 +420,8 @@ def test_a_runs_row_carries_its_wait_for_hvdx_plan():
 
 
 def test_the_plan_adds_the_wire_beyond_what_the_earlier_waves_send_during_the_wait():
-    from hvdx.bench.harness import _add_predictions, summarize
+    from hvdx.bench.pricing import add_predictions
+    from hvdx.bench.summary import summarize
     from hvdx.core.calibration import Calibration
 
     spec = TWO_RACKS
@@ -427,7 +432,7 @@ def test_the_plan_adds_the_wire_beyond_what_the_earlier_waves_send_during_the_wa
                           (0.07, 4)):
         priced = run if wait_s is None else dict(run, local_wait_s=wait_s, local_cores=cores)
         rows = [summarize(priced, 0.95, "net")]
-        _add_predictions(rows, [priced], spec, calibration)
+        add_predictions(rows, [priced], spec, calibration)
         plans.append(rows[0].predicted_step_s)
     # 80 ms of local step and 100 ms of sharded step. Four ranks on two cores: the
     # first wave's half of the wire (50 ms) runs in the wait, as far as the wait goes;

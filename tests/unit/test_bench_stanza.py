@@ -6,7 +6,8 @@ import types
 import pytest
 import torch
 
-from hvdx.bench.harness import _add_predictions, summarize
+from hvdx.bench.pricing import add_predictions
+from hvdx.bench.summary import summarize
 from hvdx.bench.strategies import DEFAULT_STRATEGIES, STRATEGIES, stanza_bytes
 from hvdx.bench.workloads import WORKLOADS
 from hvdx.cluster import ClusterSpec
@@ -94,7 +95,7 @@ def test_the_prediction_uses_the_layout_the_run_used_and_the_measured_split(reco
     spec = ClusterSpec(racks=2, hosts_per_rack=2, nic="1gbit", uplink="100mbit")
     run = stanza_run("stanza_auto", 2)
     rows = [summarize(run, 0.95, "net")]
-    _add_predictions(rows, [run], spec)
+    add_predictions(rows, [run], spec)
     (call,) = recorded.calls
     assert call["strategy"] == "stanza" and call["options"] == {"fc_workers": 2}
     c, w = call["cluster"], call["workload"]
@@ -115,7 +116,7 @@ def test_a_calibrated_prediction_prices_the_runs_local_step_on_the_calibrated_li
     run = stanza_run("stanza", 1)
     local = dict(run, local_step_s=0.04)
     rows = [summarize(run, 0.95, "net"), summarize(local, 0.95, "net")]
-    _add_predictions(rows, [run, local], spec, calibration)
+    add_predictions(rows, [run, local], spec, calibration)
     # Per run: first on the configured rates, then on the calibrated links.
     plain, calibrated, plain_local, calibrated_local = recorded.calls
     assert plain["cluster"].calibration is None and plain["local_step_s"] is None

@@ -1,6 +1,7 @@
 """The benchmark's table: speedups are ratios to the Horovod run of the same workload."""
 
-from hvdx.bench.harness import _add_speedups, mean_step, render_table, summarize
+from hvdx.bench.results import render_table
+from hvdx.bench.summary import add_speedups, mean_step, summarize
 
 
 def result(strategy, step_s, curve, rx=None, ranks=4, steps=10):
@@ -42,7 +43,7 @@ def test_interface_bytes_are_per_rank_per_step_and_compared_with_hvdx_count():
 def test_speedups_divide_horovods_times_by_the_strategys():
     rows = [summarize(result("horovod", 0.4, CURVE), 0.9, "net"),
             summarize(result("other", 0.1, [dict(CURVE[1], time=0.5)]), 0.9, "net")]
-    _add_speedups(rows)
+    add_speedups(rows)
     assert rows[0].step_speedup == 1.0 and rows[1].step_speedup == 4.0
     assert rows[1].target_speedup == 4.0
     table = render_table(rows)
@@ -114,7 +115,7 @@ def priced(strategy, mean_s, plan_s, data_ranks=4):
 
 
 def test_the_verdict_ranks_by_time_per_batch_and_says_when_the_plan_named_another():
-    from hvdx.bench.harness import fastest_lines
+    from hvdx.bench.results import fastest_lines
 
     # Stanza trains 3 batches a step: 90 ms is 30 ms a batch, slower than b's 100 / 4.
     rows = [priced("horovod", 1.0, 1.1), priced("b", 0.100, 0.110),
@@ -151,7 +152,7 @@ def test_the_verdict_ranks_by_time_per_batch_and_says_when_the_plan_named_anothe
 
 
 def test_the_verdict_shows_a_batch_as_the_step_it_divides_by_the_data_ranks():
-    from hvdx.bench.harness import fastest_lines
+    from hvdx.bench.results import fastest_lines
 
     # Stanza's 60 ms step trains 3 batches (3 data ranks): 20 ms a batch, beating b.
     rows = [priced("b", 0.100, 0.110), priced("stanza", 0.060, 0.060, data_ranks=3)]

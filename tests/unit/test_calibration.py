@@ -1,6 +1,6 @@
 """The calibrated cost model: measured round times, MPICH's allreduce round by round, and
 the calibration job's pairs (hvdx.core.calibration, hvdx.core.cost_model,
-hvdx.mpi.calibrate.pair_sets). Expected values are written out here, not computed by the
+hvdx.mpi.calibration_pairs.pair_sets). Expected values are written out here, not computed by the
 code under test."""
 
 import json
@@ -141,7 +141,7 @@ def test_a_calibrated_ring_calibration_keeps_the_ring():
 # --- the calibration job's pairs -------------------------------------------------------
 
 def test_two_racks_of_two_hosts_pair_across_with_one_and_two_flows_and_inside_each_rack():
-    from hvdx.mpi.calibrate import pair_sets
+    from hvdx.mpi.calibration_pairs import pair_sets
 
     sets = pair_sets([0, 1, 2, 3], ["a", "a", "b", "b"])
     assert sets == [("uplink", 1, [(0, 2)]), ("uplink", 2, [(0, 2), (1, 3)]),
@@ -149,7 +149,7 @@ def test_two_racks_of_two_hosts_pair_across_with_one_and_two_flows_and_inside_ea
 
 
 def test_a_flat_cluster_measures_nics_only_and_two_ranks_per_host_add_shared_nics():
-    from hvdx.mpi.calibrate import pair_sets
+    from hvdx.mpi.calibration_pairs import pair_sets
 
     assert pair_sets([0, 1, 2, 3], ["r"] * 4) == [("nic", 1, [(0, 1), (2, 3)])]
     # Ranks 0,1 on host 0 and 2,3 on host 2 (host labels are first ranks).
@@ -164,10 +164,11 @@ def plan_figures(*argv):
     import argparse
 
     from hvdx import plan
+    from hvdx.planning import figures
 
     parser = argparse.ArgumentParser()
     plan.add_arguments(parser)
-    return plan.report(parser.parse_args(list(argv)))
+    return figures.report(parser.parse_args(list(argv)))
 
 
 def test_plan_prices_from_the_calibration_file_and_says_where_it_was_measured(tmp_path):
@@ -362,7 +363,7 @@ def test_timed_allreduces_round_trip_and_bad_groups_are_refused(tmp_path):
 # --- shifts --------------------------------------------------------------------------------
 
 def test_shift_rings_alternate_racks_over_the_uplink_and_go_round_each_racks_hosts():
-    from hvdx.mpi.calibrate import shift_sets
+    from hvdx.mpi.calibration_pairs import shift_sets
 
     assert shift_sets([0, 1, 2, 3], ["a", "a", "b", "b"]) == [
         ("uplink", 2, [(0, 2), (2, 1), (1, 3), (3, 0)])]
@@ -464,7 +465,7 @@ ONE_WAY = {"uplink": {1: [(0, 0.001), (1e6, 0.011)], 2: [(0, 0.001), (1e6, 0.021
 
 
 def test_one_way_pairs_send_from_the_first_rank_of_each_swap_pair_and_skip_intra_host():
-    from hvdx.mpi.calibrate import oneway_sets
+    from hvdx.mpi.calibration_pairs import oneway_sets
 
     assert oneway_sets([0, 1, 2, 3], ["a", "a", "b", "b"]) == [
         ("uplink", 1, [(0, 2)]), ("uplink", 2, [(0, 2), (1, 3)]),
@@ -657,7 +658,7 @@ def test_small_sizes_are_timed_in_three_times_as_many_batches(monkeypatch):
     # tenfold: with 3 batches, 128 KiB across a NIC once read 19 ms where it takes 2.
     # 9 batches at 16 KiB (8 rounds each) and 3 at 1 MiB (2 rounds each), each after
     # one warm-up round; the median is kept.
-    import hvdx.mpi.calibrate as calibrate
+    import hvdx.mpi.calibration_timing as timing
 
     batches = []
     noisy = iter([0.0, 0.002, 0.002, 0.019, 0.002, 0.020, 0.002, 0.002, 0.002, 0.002,
@@ -667,9 +668,9 @@ def test_small_sizes_are_timed_in_three_times_as_many_batches(monkeypatch):
         batches.append((one_round, count))
         return next(noisy)
 
-    monkeypatch.setattr(calibrate, "_batch_s", batch_s)
-    points = calibrate._points(None, [16 * 1024, 1 << 20], repeats=3, max_round_s=1.0,
-                               round_of=lambda nbytes: nbytes)
+    monkeypatch.setattr(timing, "batch_s", batch_s)
+    points = timing.timed_points(None, [16 * 1024, 1 << 20], repeats=3, max_round_s=1.0,
+                                 round_of=lambda nbytes: nbytes)
     assert batches == [(16 * 1024, 1)] + [(16 * 1024, 8)] * 9 + [(1 << 20, 1)] + \
         [(1 << 20, 2)] * 3
     assert points == [(16384.0, 0.002), (1048576.0, 0.011)]
@@ -714,13 +715,13 @@ def test_the_calibration_job_refuses_a_timing_it_cannot_do_by_name(argv, message
 def test_sizes_stop_after_a_slow_round_but_not_before_the_size_asked_through(monkeypatch):
     # Past 4 MiB a round over max_round_s ends the sizes (the slope is known), but the
     # model's own size, asked for with through=, is timed however long it takes.
-    import hvdx.mpi.calibrate as calibrate
+    import hvdx.mpi.calibration_timing as timing
 
-    monkeypatch.setattr(calibrate, "_batch_s", lambda comm, count, one_round: 2.0)
+    monkeypatch.setattr(timing, "batch_s", lambda comm, count, one_round: 2.0)
     sizes = [1 << 20, 4 << 20, 5 << 20, 8 << 20]
-    stopped = calibrate._points(None, sizes, repeats=1, max_round_s=1.0,
-                                round_of=lambda nbytes: nbytes)
-    through = calibrate._points(None, sizes, repeats=1, max_round_s=1.0,
-                                round_of=lambda nbytes: nbytes, through=5 << 20)
+    stopped = timing.timed_points(None, sizes, repeats=1, max_round_s=1.0,
+                                  round_of=lambda nbytes: nbytes)
+    through = timing.timed_points(None, sizes, repeats=1, max_round_s=1.0,
+                                  round_of=lambda nbytes: nbytes, through=5 << 20)
     assert [b for b, _ in stopped] == [1 << 20, 4 << 20]
     assert [b for b, _ in through] == [1 << 20, 4 << 20, 5 << 20]

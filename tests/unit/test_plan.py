@@ -9,6 +9,8 @@ import sys
 import pytest
 
 from hvdx import plan
+from hvdx.planning import flags
+from hvdx.planning.run_lines import MODEL_ONLY
 from hvdx.core.cost_model import STRATEGIES
 
 
@@ -24,7 +26,7 @@ def parse(*argv):
     return parser.parse_args(list(argv))
 
 
-@pytest.mark.parametrize("preset", sorted(plan.PRESETS))
+@pytest.mark.parametrize("preset", sorted(flags.PRESETS))
 def test_every_preset_prints_every_strategy_and_a_winner(capsys, preset):
     code, out, _ = run(capsys, "--preset", preset)
     assert code == 0
@@ -37,23 +39,23 @@ def test_every_preset_prints_every_strategy_and_a_winner(capsys, preset):
 
 
 def test_presets_are_the_documented_clusters():
-    emulated = plan.build_cluster(parse("--preset", "emulated"))
+    emulated = flags.build_cluster(parse("--preset", "emulated"))
     assert (emulated.racks, emulated.hosts_per_rack, emulated.nic_bps, emulated.uplink_bps) \
         == (2, 2, 1e9, 1e8)
-    datacenter = plan.build_cluster(parse("--preset", "datacenter"))
+    datacenter = flags.build_cluster(parse("--preset", "datacenter"))
     assert (datacenter.racks, datacenter.hosts_per_rack, datacenter.nic_bps) == (8, 32, 25e9)
     assert datacenter.oversubscription == pytest.approx(4)
 
 
 def test_flags_override_the_preset():
-    c = plan.build_cluster(parse("--preset", "datacenter", "--racks", "4", "--uplink", "10gbit"))
+    c = flags.build_cluster(parse("--preset", "datacenter", "--racks", "4", "--uplink", "10gbit"))
     assert (c.racks, c.hosts_per_rack, c.uplink_bps) == (4, 32, 10e9)
-    c = plan.build_cluster(parse("--preset", "emulated", "--oversubscription", "4"))
+    c = flags.build_cluster(parse("--preset", "emulated", "--oversubscription", "4"))
     assert c.uplink_bps == pytest.approx(2 * 1e9 / 4)
 
 
 def test_the_workload_flags_build_the_workload():
-    w = plan.build_workload(parse("--params", "138e6", "--fc-fraction", "0.9",
+    w = flags.build_workload(parse("--params", "138e6", "--fc-fraction", "0.9",
                                   "--compute-ms", "100"))
     assert w.params == 138_000_000 and w.fc_params == 124_200_000 and w.compute_s == 0.1
 
@@ -115,7 +117,7 @@ def test_an_integer_flag_below_its_least_value_is_refused_by_the_flags_name(
     ("0.005s", 5e-3, "latency 5ms"), ("2e-5", 2e-5, "latency 20us")])
 def test_the_latency_takes_a_unit_a_bare_number_is_seconds_and_the_plan_shows_it(
         capsys, text, seconds, shown):
-    assert plan.build_cluster(parse("--latency", text)).latency_s == pytest.approx(seconds)
+    assert flags.build_cluster(parse("--latency", text)).latency_s == pytest.approx(seconds)
     code, out, _ = run(capsys, "--preset", "emulated", "--latency", text)
     assert code == 0 and f", {shown}, " in out.splitlines()[0]
 
@@ -132,7 +134,7 @@ def test_a_bare_latency_of_a_second_or_more_is_refused_as_a_forgotten_unit(capsy
     ("100M", 100_000_000), ("1.37e6", 1_370_000), ("1.5G", 1_500_000_000),
     ("25k", 25_000), ("138e6", 138_000_000)])
 def test_params_take_k_m_g_suffixes_as_rates_take_prefixes(text, params):
-    assert plan.build_workload(parse("--params", text)).params == params
+    assert flags.build_workload(parse("--params", text)).params == params
 
 
 @pytest.mark.parametrize("text, said", [
@@ -177,7 +179,7 @@ def test_decentralized_graphs_are_listed_and_priced(capsys):
 def test_the_placement_reaches_the_cluster_and_the_description(capsys):
     args = parse("--preset", "emulated", "--racks", "2", "--hosts-per-rack", "4",
                  "--placement", "interleaved")
-    assert plan.build_cluster(args).placement == "interleaved"
+    assert flags.build_cluster(args).placement == "interleaved"
     code, out, _ = run(capsys, "--preset", "emulated", "--hosts-per-rack", "4",
                        "--placement", "interleaved")
     assert code == 0 and "interleaved placement" in out.splitlines()[0]
@@ -194,10 +196,10 @@ def test_hierarchical_is_the_only_strategy_marked_model_only():
     # Every other key of the cost model names what hvdx's bench runs (Horovod included).
     from hvdx.bench.strategies import STRATEGIES as RUNNABLE
 
-    assert plan.MODEL_ONLY == {"hierarchical"}
+    assert MODEL_ONLY == {"hierarchical"}
     for name in STRATEGIES:
         runs = any(r == name or r.startswith(name + "_") for r in RUNNABLE)
-        assert runs != (name in plan.MODEL_ONLY), name
+        assert runs != (name in MODEL_ONLY), name
 
 
 def test_the_table_and_the_sweep_mark_the_model_only_strategy(capsys):
@@ -235,7 +237,7 @@ def table_rows(out):
     return rows
 
 
-@pytest.mark.parametrize("preset", sorted(plan.PRESETS))
+@pytest.mark.parametrize("preset", sorted(flags.PRESETS))
 def test_json_holds_the_numbers_of_the_text(capsys, preset):
     _, text, _ = run(capsys, "--preset", preset)
     code, out, _ = run(capsys, "--preset", preset, "--json")

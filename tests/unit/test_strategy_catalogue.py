@@ -316,6 +316,7 @@ def test_a_fifth_built_in_strategy_is_one_catalogue_entry(monkeypatch):
     """Every list that a new strategy once needed an edit in reads the entry (its
     builders stand in for its own modules' functions)."""
     from hvdx import environment_variables, plan
+    from hvdx.planning import flags, run_lines
     from hvdx.core.cost import layouts
     from hvdx.core.cost_model import STRATEGIES, compare, predict
     from hvdx.bench import script, soak
@@ -358,18 +359,18 @@ def test_a_fifth_built_in_strategy_is_one_catalogue_entry(monkeypatch):
     parser = argparse.ArgumentParser()
     plan.add_arguments(parser)
     args = parser.parse_args(["--fifth-level", "3"])
-    assert plan._options(args)["fifth_level"] == 3
-    assert plan.run_line("fifth", plan._options(args), plan.build_cluster(args)) == \
-        "sync=hvdx.Fifth(level=3)"
+    assert flags.strategy_options(args)["fifth_level"] == 3
+    assert run_lines.run_line("fifth", flags.strategy_options(args),
+                              flags.build_cluster(args)) == "sync=hvdx.Fifth(level=3)"
 
     # The cost model prices it by its entry's layout, and compares its entries by
     # default after the others'.
     assert list(STRATEGIES)[-1] == "fifth" and STRATEGIES["fifth"] is _fifth_layout
     assert layouts.default_entries()[-2:] == ("fifth", ("fifth", {"fifth_level": 2}))
-    cluster, workload = plan.build_cluster(args), plan.build_workload(args)
+    cluster, workload = flags.build_cluster(args), flags.build_workload(args)
     assert predict("fifth", cluster, workload, fifth_level=3).compute_s == \
         pytest.approx(3 * workload.compute_s)
-    priced = compare(cluster, workload, ["fifth", "horovod"], **plan._options(args))
+    priced = compare(cluster, workload, ["fifth", "horovod"], **flags.strategy_options(args))
     assert {p.label for p in priced} == {"fifth level 3", "horovod"}
     with pytest.raises(ValueError, match="takes no option ratio"):
         predict("fifth", cluster, workload, ratio=0.1)

@@ -19,6 +19,7 @@ from hvdx.bench import script, soak
 from hvdx.bench import strategies as bench
 from hvdx.core.cost_model import DEFAULT_STRATEGIES as PLAN_ENTRIES
 from hvdx.environment_variables import ACCEPTED
+from hvdx.planning import flags, run_lines
 from hvdx.strategies import catalogue
 from hvdx.strategies.descriptor import load
 from hvdx.strategies.topk.spec import topk
@@ -224,9 +225,9 @@ PLAN_OPTIONS_HELP = """strategy options:
       "downlink_ratio": 0.05, "cross_ranks": 1})])
 def test_the_plan_tells_what_to_write_for_each_row(argv, lines, options):
     _, args = _plan_args(*argv)
-    cluster, given = plan.build_cluster(args), plan._options(args)
+    cluster, given = flags.build_cluster(args), flags.strategy_options(args)
     assert given == options
-    assert [plan.run_line(entry, given, cluster) for entry in PLAN_ENTRIES] == lines
+    assert [run_lines.run_line(entry, given, cluster) for entry in PLAN_ENTRIES] == lines
 
 
 def test_the_plan_lists_the_strategies_options_in_this_order():

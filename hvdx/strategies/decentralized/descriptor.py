@@ -25,6 +25,7 @@ DECENTRALIZED = StrategyDescriptor(
                              default=not kwargs) for name, kwargs in (
         ("decentralized", {}), ("decentralized_static", {"topology": "static-exp"}),
         ("decentralized_cta", {"order": "combine_then_adapt"}))),
-    soak="Decentralized('one-peer-exp')", plan_line="hvdx.plan:_decentralized_line",
+    soak="Decentralized('one-peer-exp')",
+    plan_line="hvdx.planning.run_lines:decentralized_line",
     plan_options=(PlanOption("--mix-every", int, "decentralized: mix every N steps, "
                              "local steps between", 1),))

@@ -18,5 +18,5 @@ STANZA = StrategyDescriptor(
         ("stanza", {"fc_workers": 1}), ("stanza_f2", {"fc_workers": 2}),
         ("stanza_auto", {"fc_workers": "auto"}),
         ("stanza_micro", {"fc_workers": 1, "micro_batches": 4}))),
-    plan_line="hvdx.plan:_stanza_line",
+    plan_line="hvdx.planning.run_lines:stanza_line",
     plan_options=(PlanOption("--fc-workers", int, "stanza: FC workers", 1),))

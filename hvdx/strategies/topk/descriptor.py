@@ -33,7 +33,7 @@ TOPK = StrategyDescriptor(
                         {"preset": "fast"}, aliases=("topk_dgc",)),
            BenchVariant("safe", "hvdx.bench.strategies:topk_strategy",
                         {"preset": "safe"}, aliases=("topk_masked",))),
-    soak="topk(0.01, 0.01)", plan_line="hvdx.plan:_topk_line",
+    soak="topk(0.01, 0.01)", plan_line="hvdx.planning.run_lines:topk_line",
     plan_options=(PlanOption("--ratio", float, "topk: uplink ratio", 0.01),
                   PlanOption("--downlink-ratio", float,
                              "topk sharded: downlink ratio (default: --ratio)")))

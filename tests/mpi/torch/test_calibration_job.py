@@ -19,11 +19,11 @@ def test_every_rank_returns_the_same_calibration_of_the_links_it_has():
     assert [b for b, _ in cal.tables["intra-host"][1]] == [1024, 8192]
     assert set(cal.allreduce_times) == {"world"}
     # hvdx's sparse collectives, timed for every size (none of them near a second here).
-    from hvdx.mpi.calibrate import SPARSE_SIZES
+    from hvdx.mpi.calibration_collectives import SPARSE_SIZES
     assert [b for b, _ in cal.allgather_times] == list(SPARSE_SIZES)
     assert [b for b, _ in cal.alltoall_times] == list(SPARSE_SIZES)
     # And sharded TopK's step, the alltoall then the allgather, for each downlink timed.
-    from hvdx.mpi.calibrate import SHARDED_DOWNLINK_MULTIPLES
+    from hvdx.mpi.calibration_collectives import SHARDED_DOWNLINK_MULTIPLES
     assert sorted(cal.sharded_topk_times) == [float(m) for m in SHARDED_DOWNLINK_MULTIPLES]
     assert all([b for b, _ in points] == list(SPARSE_SIZES)
                for points in cal.sharded_topk_times.values())
