@@ -2,10 +2,14 @@
 table shows each step as a multiple of the floor's, and a run that could not build the
 emulated cluster says so first and in every row (no MPI job here)."""
 
+import pytest
+
 from hvdx.bench import harness
 from hvdx.bench.harness import FLOOR, _add_floor, _runs, render_table, summarize
 from hvdx.bench.strategies import STRATEGIES
 from hvdx.cluster import ClusterSpec, ClusterUnavailable
+
+pytestmark = [pytest.mark.topk, pytest.mark.stanza]
 
 
 def run(strategy, step_s, workload="digits_vgg"):

@@ -12,6 +12,8 @@ from hvdx.bench.harness import FLOOR, LOCAL_STEPS, WARMUP_STEPS
 from hvdx.bench.runner import TOPOLOGY_ENV
 from hvdx.cluster import ClusterSpec
 
+pytestmark = [pytest.mark.topk, pytest.mark.dssync]
+
 
 class FakeCluster:
     hosts = [0, 1, 2, 3]

@@ -1,6 +1,10 @@
 """The benchmark's table: speedups are ratios to the Horovod run of the same workload."""
 
+import pytest
+
 from hvdx.bench.harness import _add_speedups, mean_step, render_table, summarize
+
+pytestmark = [pytest.mark.topk, pytest.mark.dssync, pytest.mark.decentralized, pytest.mark.stanza]
 
 
 def result(strategy, step_s, curve, rx=None, ranks=4, steps=10):

@@ -11,6 +11,8 @@ import pytest
 from hvdx import plan
 from hvdx.core.cost_model import STRATEGIES
 
+pytestmark = [pytest.mark.topk, pytest.mark.dssync, pytest.mark.decentralized, pytest.mark.stanza]
+
 
 def run(capsys, *argv):
     code = plan.main(list(argv))

@@ -22,6 +22,9 @@ from hvdx.strategies.topk.presets import PRESETS
 from hvdx.strategies.topk.spec import topk
 from hvdx.strategy import Strategy
 
+pytestmark = [pytest.mark.topk, pytest.mark.user_compression, pytest.mark.dssync,
+              pytest.mark.decentralized, pytest.mark.user_mixer, pytest.mark.stanza]
+
 BUILT_IN = {"topk", "user_compression", "dssync", "decentralized", "user_mixer", "stanza"}
 FRAMEWORKS = ("torch", "tensorflow")
 

@@ -19,6 +19,9 @@ from hvdx.core.user_compression import Compressor
 from hvdx.core.topology import Topology
 from hvdx.strategy import Job, MixingStrategy, Strategy, global_due, resolve, strategy_of
 
+pytestmark = [pytest.mark.topk, pytest.mark.user_compression, pytest.mark.dssync,
+              pytest.mark.decentralized]
+
 ROOT = pathlib.Path(hvdx.__file__).parent
 ENTRY_POINTS = ["torch/optimizer.py", "tensorflow/gradient_tape.py",
                 "tensorflow/keras/optimizer.py"]

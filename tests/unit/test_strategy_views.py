@@ -23,6 +23,9 @@ from hvdx.strategies import catalogue
 from hvdx.strategies.descriptor import load
 from hvdx.strategies.topk.spec import topk
 
+pytestmark = [pytest.mark.topk, pytest.mark.user_compression, pytest.mark.dssync,
+              pytest.mark.decentralized, pytest.mark.user_mixer, pytest.mark.stanza]
+
 
 def test_the_variables_accept_what_their_messages_say():
     assert ACCEPTED == {

@@ -19,6 +19,8 @@ from hvdx.strategies.dssync.torch.optimizer import STATE_KEY
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from spec_errors import refused  # noqa: E402
 
+pytestmark = [pytest.mark.dssync]
+
 MBIT = 1e6 / 8
 
 

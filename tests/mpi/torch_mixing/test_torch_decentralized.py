@@ -24,6 +24,8 @@ from hvdx.strategies.decentralized.torch.optimizer import STATE_KEY
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from spec_errors import refused  # noqa: E402
 
+pytestmark = [pytest.mark.topk, pytest.mark.dssync, pytest.mark.decentralized]
+
 LR = 0.3
 
 
