@@ -64,13 +64,10 @@ def module_markers(text: str) -> Set[str]:
     return set()
 
 
-def test_modules() -> Dict[str, str]:
+def modules() -> Dict[str, str]:
     """Every test module's path (from tests/) -> its text."""
     return {str(path.relative_to(TESTS)): path.read_text()
             for path in sorted(TESTS.glob("*/**/test_*.py"))}
-
-
-test_modules.__test__ = False  # (a helper whose name pytest would collect)
 
 
 def test_every_catalogue_entry_is_a_marker(pytestconfig):
@@ -80,7 +77,7 @@ def test_every_catalogue_entry_is_a_marker(pytestconfig):
 
 def test_a_module_that_names_a_strategy_carries_its_marker():
     missing = {path: sorted(named_entries(text) - module_markers(text))
-               for path, text in test_modules().items()}
+               for path, text in modules().items()}
     assert {path: names for path, names in missing.items() if names} == {}, \
         "add these markers to the modules' pytestmark"
 
@@ -88,7 +85,7 @@ def test_a_module_that_names_a_strategy_carries_its_marker():
 def test_every_marker_of_a_module_is_registered(pytestconfig):
     registered = {line.split(":")[0].split("(")[0] for line in pytestconfig.getini("markers")}
     unknown = {path: sorted(module_markers(text) - registered)
-               for path, text in test_modules().items()}
+               for path, text in modules().items()}
     assert {path: names for path, names in unknown.items() if names} == {}, \
         "a marker that names no catalogue entry (nor one of the suite's own)"
 
