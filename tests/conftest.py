@@ -13,6 +13,14 @@ Under ``mpirun`` (pytest-mpi's ``--with-mpi``):
   against microseconds at 2 ranks), so the 4-rank jobs' time goes to what needs more
   than two ranks: groups, graphs, shards, roles, and the references at a third and
   fourth rank's offsets.
+
+Every test directory: each catalogue entry (:data:`hvdx.strategies.catalogue.BUILT_IN`:
+``topk``, ``dssync``, ``decentralized``, ``stanza``, and ``user_compression`` and
+``user_mixer`` for the compressors and mixers users register) is a marker of its own name,
+registered here from the catalogue, so a new built-in strategy has its marker with no
+edit. A test module says which strategies it tests with ``pytestmark``, and
+``pytest -m dssync`` runs those (tests/unit/test_strategy_markers.py keeps the marks
+true).
 """
 
 import os
@@ -33,6 +41,12 @@ def _mpi_world():
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
+    # The catalogue imports no framework (tests/unit/test_strategy_catalogue.py).
+    from hvdx.strategies import catalogue
+
+    for entry in catalogue.BUILT_IN:
+        config.addinivalue_line("markers", f"{entry.name}: tests {entry.title} "
+                                f"(select with -m {entry.name})")
     # Before the junitxml plugin opens its file: one report per rank.
     world = _mpi_world()
     if world is not None and world.Get_rank() > 0 and getattr(config.option, "xmlpath", None):

@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the emulated cluster needs root")
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the emulated cluster needs root"),
+              pytest.mark.decentralized, pytest.mark.stanza]
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ from test_cluster_mpi import _mpi_skip_reason
 from hvdx.cluster import parse_rate
 from hvdx.strategies.dssync.spec import parse_link_rates
 
-pytestmark = pytest.mark.skipif(_mpi_skip_reason() is not None,
-                                reason=str(_mpi_skip_reason()))
+pytestmark = [pytest.mark.skipif(_mpi_skip_reason() is not None,
+                                 reason=str(_mpi_skip_reason())), pytest.mark.dssync]
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,11 @@ import csv
 import json
 import sys
 
+import pytest
+
 from test_launchers import ROOT, run
+
+pytestmark = [pytest.mark.topk, pytest.mark.user_compression]
 
 SCRIPT = ROOT / "examples" / "pytorch_synthetic_benchmark.py"
 

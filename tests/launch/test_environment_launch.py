@@ -8,6 +8,8 @@ import pytest
 
 from test_launchers import BIN, run
 
+pytestmark = [pytest.mark.topk, pytest.mark.dssync]
+
 SCRIPT = str(pathlib.Path(__file__).with_name("horovod_script.py"))
 
 

@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+pytestmark = [pytest.mark.topk, pytest.mark.dssync, pytest.mark.decentralized]
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN = pathlib.Path(sys.executable).parent
 JOB = pathlib.Path(__file__).with_name("failing_job.py")

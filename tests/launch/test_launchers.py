@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+pytestmark = [pytest.mark.stanza]
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN = pathlib.Path(sys.executable).parent
 

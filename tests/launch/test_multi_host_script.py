@@ -6,6 +6,10 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = [pytest.mark.topk, pytest.mark.dssync]
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = "examples/multi_host.sh"
 BIN = pathlib.Path(sys.executable).parent

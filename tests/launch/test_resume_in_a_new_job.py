@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+pytestmark = [pytest.mark.topk, pytest.mark.dssync, pytest.mark.decentralized]
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN = pathlib.Path(sys.executable).parent
 JOB = pathlib.Path(__file__).with_name("resume_job.py")

@@ -4,7 +4,11 @@
 import json
 import sys
 
+import pytest
+
 from test_launchers import run
+
+pytestmark = [pytest.mark.user_mixer]
 
 #: A Horovod script that defines and registers a mixer of its own (a random partner per
 #: step, seeded alike on every rank): hvdx bench knows nothing of it but the value.

@@ -17,6 +17,8 @@ from hvdx.core.bandwidth import (
 from hvdx.core.topology import Topology
 from hvdx.strategies.dssync.core_schedule import RotationSchedule
 
+pytestmark = [pytest.mark.dssync]
+
 GBIT, MBIT = 1e9 / 8, 1e6 / 8  # bytes per second
 
 

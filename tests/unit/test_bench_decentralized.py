@@ -14,6 +14,8 @@ from hvdx.bench.strategies import DEFAULT_STRATEGIES, STRATEGIES, decentralized_
 from hvdx.cluster import ClusterSpec
 from hvdx.core.cost_model import STRATEGIES as PRICED, Cluster, Prediction, Workload, predict
 
+pytestmark = [pytest.mark.dssync, pytest.mark.decentralized]
+
 
 def test_a_plain_bench_runs_the_one_peer_graph_and_its_variants_run_when_named():
     assert "decentralized" in DEFAULT_STRATEGIES

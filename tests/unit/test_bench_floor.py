@@ -2,12 +2,16 @@
 table shows each step as a multiple of the floor's, and a run that could not build the
 emulated cluster says so first and in every row (no MPI job here)."""
 
+import pytest
+
 from hvdx.bench.results import render_table
 from hvdx.bench.run_list import ordered_runs
 from hvdx.bench.strategy_run import start_cluster
 from hvdx.bench.summary import FLOOR, add_floor, summarize
 from hvdx.bench.strategies import STRATEGIES
 from hvdx.cluster import ClusterSpec, ClusterUnavailable
+
+pytestmark = [pytest.mark.topk, pytest.mark.stanza]
 
 
 def run(strategy, step_s, workload="digits_vgg"):

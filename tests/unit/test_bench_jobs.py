@@ -7,6 +7,8 @@ import pytest
 
 from hvdx.bench.jobs import run_job
 
+pytestmark = [pytest.mark.topk]
+
 
 def _job(code: str):
     return [sys.executable, "-c", code]

@@ -2,9 +2,13 @@
 
 import sys
 
+import pytest
+
 from hvdx.bench.strategy_run import launch_command
 from hvdx.bench.pinning import PIN_ENV, cores_value
 from hvdx.bench.strategies import STRATEGIES, TOPK_DGC_OPTIONS, TOPK_MASKED_OPTIONS
+
+pytestmark = [pytest.mark.decentralized, pytest.mark.stanza]
 
 
 def test_on_localhost_a_strategys_environment_is_given_to_mpirun():

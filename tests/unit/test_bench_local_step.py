@@ -14,6 +14,8 @@ from hvdx.bench.summary import FLOOR, WARMUP_STEPS
 from hvdx.bench.runner import TOPOLOGY_ENV
 from hvdx.cluster import ClusterSpec
 
+pytestmark = [pytest.mark.topk, pytest.mark.dssync]
+
 
 class FakeCluster:
     hosts = [0, 1, 2, 3]

@@ -10,6 +10,8 @@ import pytest
 
 from hvdx.bench import cli, harness, script_run
 
+pytestmark = [pytest.mark.topk, pytest.mark.dssync, pytest.mark.decentralized, pytest.mark.stanza]
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

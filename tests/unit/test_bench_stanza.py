@@ -15,6 +15,8 @@ from hvdx.core.cost_model import Prediction
 from hvdx.strategies.stanza.core_roles import stanza_roles
 from hvdx.strategies.stanza.mpi_exchange import StanzaStats
 
+pytestmark = [pytest.mark.stanza]
+
 
 def test_a_plain_bench_runs_stanza_with_one_fc_worker_and_its_variants_when_named():
     assert "stanza" in DEFAULT_STRATEGIES

@@ -1,7 +1,11 @@
 """The benchmark's table: speedups are ratios to the Horovod run of the same workload."""
 
+import pytest
+
 from hvdx.bench.results import render_table
 from hvdx.bench.summary import add_speedups, mean_step, summarize
+
+pytestmark = [pytest.mark.topk, pytest.mark.dssync, pytest.mark.decentralized, pytest.mark.stanza]
 
 
 def result(strategy, step_s, curve, rx=None, ranks=4, steps=10):

@@ -15,6 +15,8 @@ from hvdx.bench.workloads import (ACCURACY, BITS_PER_BYTE, WORKLOADS, Workload,
                                   check_workloads, parameter_split)
 from hvdx.datasets import DataMissing, mnist
 
+pytestmark = [pytest.mark.stanza]
+
 
 # --- the corpus: the standard library's source, split by file ---------------------------
 

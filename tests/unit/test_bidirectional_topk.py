@@ -24,6 +24,8 @@ from hvdx.strategies.topk.core_bidirectional import (
 from hvdx.strategies.topk.core_error_feedback import ResidualMemory
 from hvdx.strategies.topk.core_selection import k_for, select_exact
 
+pytestmark = [pytest.mark.topk]
+
 MODES = ("gathered", "sharded")
 
 

@@ -13,6 +13,8 @@ import pytest
 from hvdx.core.calibration import Calibration
 from hvdx.core.cost_model import Cluster, Workload, predict
 
+pytestmark = [pytest.mark.topk, pytest.mark.dssync, pytest.mark.decentralized, pytest.mark.stanza]
+
 MB = 1e6
 #: One flow: 10 ms + 1 ms per 100 KB; two flows on a link: 10 ms + 1.6 ms per 100 KB.
 LINEAR = {"uplink": {1: [(0, 0.010), (1e6, 0.020), (4e6, 0.050)],

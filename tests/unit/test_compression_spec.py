@@ -6,6 +6,8 @@ import pytest
 from hvdx.strategies.topk.core_bidirectional import TopKConfig
 from hvdx.strategies.topk.spec import TopKCompression, topk
 
+pytestmark = [pytest.mark.topk]
+
 
 def test_defaults_and_description():
     spec = topk(ratio=0.01, downlink_ratio=0.01)

@@ -20,6 +20,8 @@ from hvdx.strategies.topk.core_error_feedback import ResidualMemory
 from hvdx.strategies.topk.core_global import shares
 from hvdx.strategies.topk.core_selection import select_exact
 
+pytestmark = [pytest.mark.topk, pytest.mark.dssync]
+
 SETTINGS = settings(max_examples=60, deadline=None)
 DTYPES = st.sampled_from([np.float32, np.float64])
 

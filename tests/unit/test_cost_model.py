@@ -21,6 +21,8 @@ from hvdx.core.cost_model import (
 )
 from hvdx.core.units import format_time, parse_count
 
+pytestmark = [pytest.mark.topk, pytest.mark.dssync, pytest.mark.decentralized, pytest.mark.stanza]
+
 VGG16 = Workload.from_total(138e6, 0.9, 0.1, activation_size=25088)
 
 

@@ -16,6 +16,8 @@ from explicit_graphs import (explicit, explicit_one_peer_exp, explicit_static_ex
 from hvdx.core.group_averaging import ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT
 from hvdx.strategies.decentralized.core_reference import mix, simulate_decentralized
 
+pytestmark = [pytest.mark.decentralized]
+
 ORDERS = (ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT)
 
 

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+pytestmark = [pytest.mark.topk, pytest.mark.dssync, pytest.mark.decentralized, pytest.mark.stanza]
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("device_check", ROOT / "scripts" / "device_check.py")
 device_check = importlib.util.module_from_spec(_spec)

@@ -6,6 +6,8 @@ import pytest
 import hvdx
 from hvdx.core.topology import Topology
 
+pytestmark = [pytest.mark.dssync]
+
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(probe_every=-1), "probe_every=-1 must be an integer"),

@@ -20,6 +20,8 @@ from hvdx.strategies.dssync.core_schedule import (
     validate_partition,
 )
 
+pytestmark = [pytest.mark.dssync]
+
 STEPS = [0, 1, 2, 3, 7, 12, 99, 1000, 2**31 + 5]
 
 

@@ -13,6 +13,8 @@ from hvdx.settings import validate_sync
 from hvdx.strategies.dssync.core_schedule import ListSchedule, RotationSchedule, ShuffleSchedule
 from hvdx.strategies.dssync.spec import DSSync
 
+pytestmark = [pytest.mark.dssync]
+
 
 def test_exported_from_hvdx_without_a_framework():
     code = ("import sys, hvdx; hvdx.DSSync('shuffle', group_size=2); "

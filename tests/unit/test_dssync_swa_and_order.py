@@ -14,6 +14,8 @@ from hvdx.core.group_averaging import (
 from hvdx.strategies.dssync.core_schedule import ListSchedule, ShuffleSchedule
 from hvdx.strategies.dssync.spec import DSSync
 
+pytestmark = [pytest.mark.dssync]
+
 
 def setup(n=4, d=3):
     centres = np.random.default_rng(1).normal(size=(n, d))

@@ -12,6 +12,9 @@ from hvdx.environment_variables import VariableError
 from hvdx.mpi.init_environment import init_arguments, launch_difference
 from hvdx.strategies.topk.spec import topk
 
+pytestmark = [pytest.mark.topk, pytest.mark.user_compression, pytest.mark.dssync,
+              pytest.mark.decentralized, pytest.mark.user_mixer]
+
 NONE = object()  # a framework's Compression.none
 
 

@@ -7,6 +7,8 @@ import pytest
 from hvdx.strategies.topk.core_error_feedback import ResidualMemory
 from hvdx.strategies.topk.core_selection import select_exact
 
+pytestmark = [pytest.mark.topk]
+
 
 def steps(memory, name, grads, k, copy=True):
     """Run compensate -> TopK -> update; return the sparse updates sent, densified."""

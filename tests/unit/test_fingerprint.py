@@ -1,6 +1,10 @@
 """Fingerprints find the first thing ranks disagree on, identically on every rank."""
 
+import pytest
+
 from hvdx.core.fingerprint import Fingerprint, first_difference, first_error
+
+pytestmark = [pytest.mark.dssync]
 
 
 def fp(params, settings=(("op", "Average"),), labels=()):

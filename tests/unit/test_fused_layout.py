@@ -6,6 +6,8 @@ import pytest
 
 from hvdx.core.fused_layout import FusedLayout, family_of
 
+pytestmark = [pytest.mark.stanza]
+
 
 @pytest.mark.parametrize("name,family", [
     ("float64", np.float64), ("torch.float64", np.float64), ("double", np.float64),

@@ -13,6 +13,8 @@ import pytest
 from hvdx.core.sharding import shard_bounds
 from hvdx.strategies.topk.core_global import agree_shares, shares
 
+pytestmark = [pytest.mark.topk]
+
 
 def brute_force_shares(b, bounds, k):
     """Sort everything; keep the first k nonzero; count what each shard kept."""

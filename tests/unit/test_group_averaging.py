@@ -15,6 +15,8 @@ from hvdx.core.group_averaging import (
 from hvdx.core.topology import Topology
 from hvdx.strategies.dssync.core_schedule import ListSchedule, RotationSchedule, ShuffleSchedule
 
+pytestmark = [pytest.mark.dssync]
+
 
 def values(n, d=5, seed=0, dtype=np.float64):
     return np.random.default_rng(seed).standard_normal((n, d)).astype(dtype)

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+pytestmark = [pytest.mark.topk]
+
 _PATH = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "horovod_suite.py"
 _spec = importlib.util.spec_from_file_location("horovod_suite", _PATH)
 suite = importlib.util.module_from_spec(_spec)

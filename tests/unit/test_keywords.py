@@ -12,6 +12,8 @@ from hvdx.environment_variables import VariableError
 from hvdx.keywords import bind, unexpected_keyword
 from hvdx.strategies.topk.spec import topk
 
+pytestmark = [pytest.mark.topk, pytest.mark.dssync, pytest.mark.decentralized]
+
 MISSPELT = [
     (lambda: topk(ration=0.1),
      "topk() got an unexpected keyword argument 'ration'; did you mean 'ratio'?"),

@@ -7,6 +7,8 @@ import pytest
 from hvdx import environment, log
 from hvdx.strategies.topk.spec import topk
 
+pytestmark = [pytest.mark.topk, pytest.mark.dssync]
+
 NONE = object()  # a framework's Compression.none
 
 

@@ -17,6 +17,8 @@ from hvdx.core.mixing_graphs import (TOPOLOGIES, Neighbors, check_mixing_matrix,
                                      spectral_gap, topology_name)
 from hvdx.strategies.decentralized.spec import MixingGraph
 
+pytestmark = [pytest.mark.decentralized]
+
 
 def explicit_period(topology, n):
     return tau(n) if topology.startswith("one-peer") and n > 1 else 1

@@ -14,7 +14,11 @@ import ast
 import pathlib
 from typing import Dict, List, Set
 
+import pytest
+
 import hvdx
+
+pytestmark = [pytest.mark.topk, pytest.mark.dssync, pytest.mark.decentralized, pytest.mark.stanza]
 
 ROOT = pathlib.Path(hvdx.__file__).parent
 SUBPACKAGES = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}

@@ -13,6 +13,8 @@ from hvdx.planning import flags
 from hvdx.planning.run_lines import MODEL_ONLY
 from hvdx.core.cost_model import STRATEGIES
 
+pytestmark = [pytest.mark.topk, pytest.mark.dssync, pytest.mark.decentralized, pytest.mark.stanza]
+
 
 def run(capsys, *argv):
     code = plan.main(list(argv))

@@ -9,6 +9,8 @@ import pytest
 
 from hvdx.strategies.dssync import mpi_groups as dssync_groups
 
+pytestmark = [pytest.mark.dssync]
+
 
 class Library:
     """Horovod's C API for its process-set table, over ``{id: ranks}``; the ranks read

@@ -1,6 +1,10 @@
 """`hvdx bench --selection` reports the selection timings as ratios of one run."""
 
+import pytest
+
 from hvdx.bench.selection import measure, render
+
+pytestmark = [pytest.mark.topk]
 
 
 def test_selection_timings_are_reported_with_recall_and_ratios():

@@ -7,6 +7,8 @@ import pytest
 from hvdx.strategies.topk.core_bidirectional import TopKConfig
 from hvdx.strategies.topk.core_sparsity_warmup import DGC_START_RATIO, config_at, warmup_ratio
 
+pytestmark = [pytest.mark.topk]
+
 
 def test_four_steps_give_dgcs_densities_from_75_to_99_9_percent_sparsity():
     # DGC (arXiv 1712.01887, 3.3): 75%, 93.75%, 98.4375%, 99.6%, then 99.9% sparsity.

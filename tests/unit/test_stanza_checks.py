@@ -10,6 +10,8 @@ from hvdx.strategies.stanza.core_checks import (Samples, agreed_samples, check_m
                                                 check_settings, layout_error, micro_batch_bounds,
                                                 samples_error, target_error)
 
+pytestmark = [pytest.mark.stanza]
+
 A = Samples((6,), "float64", (), "int64")
 B = Samples((7,), "float64", (), "int64")
 

@@ -9,6 +9,8 @@ import pytest
 from hvdx.strategies.stanza.core_roles import (CONV, FC, auto_fc_workers, loss_weights,
                                                median_probe, probe_counts, stanza_roles)
 
+pytestmark = [pytest.mark.stanza]
+
 LAYOUTS = [(2, 1), (3, 1), (4, 1), (4, 2), (5, 2), (7, 3), (8, 4), (10, 3), (16, 5)]
 
 

@@ -22,6 +22,9 @@ from hvdx.strategies.topk.presets import PRESETS
 from hvdx.strategies.topk.spec import topk
 from hvdx.strategy import Strategy
 
+pytestmark = [pytest.mark.topk, pytest.mark.user_compression, pytest.mark.dssync,
+              pytest.mark.decentralized, pytest.mark.user_mixer, pytest.mark.stanza]
+
 BUILT_IN = {"topk", "user_compression", "dssync", "decentralized", "user_mixer", "stanza"}
 FRAMEWORKS = ("torch", "tensorflow")
 
@@ -96,9 +99,9 @@ def test_the_catalogue_imports_no_framework():
     assert out == ""
 
 
-@pytest.mark.parametrize("name", sorted(BUILT_IN))
-def test_every_lazy_path_resolves(name):
-    entry = catalogue.descriptor(name)
+def test_every_lazy_path_resolves(catalogue_entry):
+    """Of every entry, built-in or registered (the fixture, tests/unit/conftest.py)."""
+    entry, name = catalogue_entry, catalogue_entry.name
     checked = 0
     for field, path in entry.lazy_paths():
         framework = _framework_of(path)

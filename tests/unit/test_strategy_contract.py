@@ -1,8 +1,10 @@
 """The strategy contract: what every hvdx strategy promises, checked for each of them.
 
-Every registered strategy resolves against a job into rank-independent fingerprint
-settings, turns a bad argument into a fingerprint entry instead of raising early, and
-has an adapter in every framework registry.
+Every strategy an entry point carries (each catalogue entry whose kind has a variable,
+built-in or registered by a user: the fixture ``catalogue_entry``, tests/unit/conftest.py)
+resolves against a job into rank-independent fingerprint settings, turns a bad argument
+into a fingerprint entry instead of raising early, and has an adapter in every framework
+registry.
 """
 
 import ast
@@ -17,7 +19,14 @@ from hvdx.strategies.topk.spec import topk
 from hvdx.compression_registry import UserCompression
 from hvdx.core.user_compression import Compressor
 from hvdx.core.topology import Topology
+from hvdx.mixer_registry import UserMixing
+from hvdx.strategies import catalogue
+from hvdx.strategies.descriptor import load
 from hvdx.strategy import Job, MixingStrategy, Strategy, global_due, resolve, strategy_of
+from strategy_entries import EntryHalf, entry_ids
+
+pytestmark = [pytest.mark.topk, pytest.mark.user_compression, pytest.mark.dssync,
+              pytest.mark.decentralized, pytest.mark.user_mixer, pytest.mark.stanza]
 
 ROOT = pathlib.Path(hvdx.__file__).parent
 ENTRY_POINTS = ["torch/optimizer.py", "tensorflow/gradient_tape.py",
@@ -53,21 +62,44 @@ def job(size=4, rank=0, compression=_None, process_set=None):
 
 
 def strategies():
-    """One instance of every strategy this release provides (no detection needed)."""
+    """One instance of each built-in strategy an entry point carries, keyed by its
+    catalogue entry, with what the job here cannot detect (DS-Sync's topology)."""
     return {
         "topk": topk(0.01, 0.01),
         "dssync": hvdx.DSSync("rotation", topology=Topology.from_counts(2, 2)),
         "decentralized": hvdx.Decentralized("one-peer-exp"),
         "user_compression": UserCompression("contract_sign", _Sign, (0.5,)),
+        "user_mixer": UserMixing("user_mixer", EntryHalf),
     }
 
 
-@pytest.mark.parametrize("name", sorted(strategies()))
-def test_every_strategy_implements_the_contract(name):
-    strategy = strategies()[name]
+def spec_of(entry):
+    """The spec of ``entry``: its instance above if it is built in, else what its
+    constructor builds with no arguments (the registered class's defaults)."""
+    if entry.built_in:
+        return strategies()[entry.name]
+    return load(entry.constructors[0].build)()
+
+
+#: The entries an entry point carries: each whose kind has a variable (a trainer, Stanza,
+#: replaces the optimizer and has no spec).
+CARRIED = entry_ids(lambda entry: entry.variable is not None)
+
+
+def test_every_built_in_strategy_an_entry_point_carries_has_an_instance_here():
+    assert set(strategies()) == {entry.name for entry in catalogue.BUILT_IN
+                                 if entry.variable is not None}
+
+
+@pytest.mark.parametrize("catalogue_entry", CARRIED, indirect=True)
+def test_every_strategy_implements_the_contract(catalogue_entry):
+    strategy = spec_of(catalogue_entry)
     assert isinstance(strategy, Strategy)
-    assert strategy.name == name
-    assert strategy.argument in ("compression", "sync")
+    # Its name is the registry key of the adapters that run it: its entry's own, or,
+    # for a registered compressor, the entry they all share.
+    assert strategy.name == catalogue_entry.name or not catalogue_entry.built_in
+    assert catalogue.descriptor(strategy.name).torch_adapter == catalogue_entry.torch_adapter
+    assert strategy.argument == catalogue_entry.kind
     resolved = resolve(strategy, job())
     assert resolved.error is None
     # Settings render the same on every rank: no addresses, no rank-dependent values.
@@ -76,10 +108,11 @@ def test_every_strategy_implements_the_contract(name):
     assert resolve(strategy, job(rank=3)).settings == resolved.settings
 
 
-@pytest.mark.parametrize("name", sorted(strategies()))
-def test_every_strategy_has_an_adapter_in_every_framework(name):
+@pytest.mark.parametrize("catalogue_entry", CARRIED, indirect=True)
+def test_every_strategy_has_an_adapter_in_every_framework(catalogue_entry):
     torch_registry = pytest.importorskip("hvdx.torch.registry")
     tf_registry = pytest.importorskip("hvdx.tensorflow.registry")
+    name = spec_of(catalogue_entry).name
     assert name in torch_registry.ADAPTERS
     assert name in tf_registry.TAPE_ADAPTERS
     assert name in tf_registry.KERAS_ADAPTERS
@@ -110,9 +143,14 @@ def test_the_entry_points_name_no_strategy():
         assert not names & concrete, f"{path} names {sorted(names & concrete)}"
 
 
-@pytest.mark.parametrize("name", ["dssync", "decentralized"])
-def test_mixing_strategies_refuse_compression_through_the_fingerprint(name):
-    strategy = strategies()[name]
+#: The synchronization strategies, built in or registered.
+SYNC = entry_ids(lambda entry: entry.kind == "sync")
+
+
+@pytest.mark.parametrize("catalogue_entry", SYNC, indirect=True)
+def test_mixing_strategies_refuse_compression_through_the_fingerprint(catalogue_entry):
+    strategy = spec_of(catalogue_entry)
+    name = strategy.name
     assert isinstance(strategy, MixingStrategy)
     resolved = resolve(strategy, job(compression=topk(0.01)))
     assert isinstance(resolved.error, ValueError)
@@ -123,9 +161,9 @@ def test_mixing_strategies_refuse_compression_through_the_fingerprint(name):
         resolved.raise_error()
 
 
-@pytest.mark.parametrize("name", ["dssync", "decentralized"])
-def test_mixing_strategies_refuse_another_process_set(name):
-    resolved = resolve(strategies()[name], job(process_set=_ProcessSet([0, 1])))
+@pytest.mark.parametrize("catalogue_entry", SYNC, indirect=True)
+def test_mixing_strategies_refuse_another_process_set(catalogue_entry):
+    resolved = resolve(spec_of(catalogue_entry), job(process_set=_ProcessSet([0, 1])))
     assert "process_set" in str(resolved.error)
 
 
@@ -141,8 +179,12 @@ def gradient_job(framework, **arguments):
                process_set=everyone, framework=framework, **arguments)
 
 
+#: The compression strategies, built in or registered.
+COMPRESSION = entry_ids(lambda entry: entry.kind == "compression")
+
+
 @pytest.mark.parametrize("framework", ["torch", "tensorflow"])
-@pytest.mark.parametrize("name", ["topk", "user_compression"])
+@pytest.mark.parametrize("catalogue_entry", COMPRESSION, indirect=True)
 @pytest.mark.parametrize("arguments, message", [
     ({"op": OPS["Adasum"]}, "op=Adasum is not supported with "),
     ({"op": OPS["Min"]}, "op=Min is not supported with "),
@@ -150,23 +192,24 @@ def gradient_job(framework, **arguments):
     ({"backward_passes_per_step": 0}, "backward_passes_per_step must be > 0"),
 ])
 def test_compression_strategies_refuse_what_they_cannot_honour_alike_in_both_frameworks(
-        framework, name, arguments, message):
+        framework, catalogue_entry, arguments, message):
     """A strategy's job checks are its spec's: one message for torch and TensorFlow,
     and a fingerprint entry, so a rank that failed alone makes every rank fail."""
-    resolved = resolve(strategies()[name], gradient_job(framework, **arguments))
+    strategy = spec_of(catalogue_entry)
+    resolved = resolve(strategy, gradient_job(framework, **arguments))
     assert isinstance(resolved.error, ValueError)
     assert message in str(resolved.error)
-    assert resolved.settings == [(f"{name}.error", str(resolved.error))]
+    assert resolved.settings == [(f"{strategy.name}.error", str(resolved.error))]
     other = "tensorflow" if framework == "torch" else "torch"
-    assert str(resolve(strategies()[name], gradient_job(other, **arguments)).error) == \
+    assert str(resolve(strategy, gradient_job(other, **arguments)).error) == \
         str(resolved.error)
 
 
 @pytest.mark.parametrize("framework", ["torch", "tensorflow"])
-@pytest.mark.parametrize("name", ["topk", "user_compression"])
+@pytest.mark.parametrize("catalogue_entry", COMPRESSION, indirect=True)
 @pytest.mark.parametrize("op", [None, OPS["Average"], OPS["Sum"]])
-def test_compression_strategies_average_or_sum(framework, name, op):
-    assert resolve(strategies()[name], gradient_job(framework, op=op)).error is None
+def test_compression_strategies_average_or_sum(framework, catalogue_entry, op):
+    assert resolve(spec_of(catalogue_entry), gradient_job(framework, op=op)).error is None
 
 
 @pytest.mark.parametrize("framework", ["torch", "tensorflow"])

@@ -14,6 +14,8 @@ from hvdx.core.user_compression import Compressor
 from hvdx.mpi import timeline
 from hvdx.mpi.user_compression_exchange import UserCompressionSynchronizer
 
+pytestmark = [pytest.mark.topk, pytest.mark.user_compression]
+
 START = 1_700_000_000_000_000  # microseconds since the epoch
 
 HOROVOD = (

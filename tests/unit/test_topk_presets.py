@@ -7,6 +7,8 @@ from hvdx.strategies.topk.presets import for_optimizer, momentum_correction_refu
 from hvdx.strategies.topk.spec import topk
 from hvdx.strategy import strategy_of
 
+pytestmark = [pytest.mark.topk]
+
 
 def test_fast_is_one_percent_both_ways_with_dgc_momentum_and_masking():
     assert topk(preset="fast") == topk(

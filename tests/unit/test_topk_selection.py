@@ -12,6 +12,8 @@ from hvdx.strategies.topk.core_selection import (
     select_threshold,
 )
 
+pytestmark = [pytest.mark.topk]
+
 
 def gaussian(n, seed=0, dtype=np.float32):
     return np.random.default_rng(seed).standard_normal(n).astype(dtype)

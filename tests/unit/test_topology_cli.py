@@ -16,6 +16,8 @@ from hvdx.strategies.dssync.core_schedule import RotationSchedule
 from hvdx.strategies.dssync.spec import parse_link_rates
 from hvdx.topology_cli import TopologyReport, _exact_rate, figures, render
 
+pytestmark = [pytest.mark.dssync]
+
 MBIT = 1e6 / 8
 
 

@@ -15,6 +15,8 @@ from hvdx.core.user_compression import Compressor, step_all_ranks
 from hvdx.strategies.topk.spec import topk
 from hvdx.strategy import Job, resolve, strategy_of
 
+pytestmark = [pytest.mark.topk, pytest.mark.user_compression]
+
 
 class ScaledSign(Compressor):
     """payload = [sign(x), mean(|x|)]; decompress = sign * scale."""

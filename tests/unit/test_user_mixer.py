@@ -15,6 +15,9 @@ from hvdx.mixer_registry import check_matrix
 from hvdx.strategies import catalogue
 from hvdx.strategy import Job, resolve, strategy_of
 
+pytestmark = [pytest.mark.topk, pytest.mark.user_compression, pytest.mark.dssync,
+              pytest.mark.decentralized, pytest.mark.user_mixer, pytest.mark.stanza]
+
 
 class Half(Mixer):
     def __init__(self, a=0.5):

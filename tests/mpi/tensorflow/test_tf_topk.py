@@ -32,7 +32,8 @@ COMPILED_IDS = ["eager", "tf.function"]
 
 # Past two ranks only the references at other ranks' offsets change; the rest runs at 1
 # and 2 ranks (tests/conftest.py).
-pytestmark = pytest.mark.up_to_two_ranks("TopK's settings, state, refusals and training")
+pytestmark = [pytest.mark.up_to_two_ranks("TopK's settings, state, refusals and training"),
+              pytest.mark.topk]
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import synthetic_gradients  # noqa: E402

@@ -17,8 +17,9 @@ import hvdx.tensorflow.keras as hvd_keras
 # A checkpoint's round trip does not depend on the size of the job; the 4-rank step
 # keeps its time for what does: DS-Sync's schedule and the graph's peer sequence after
 # a resume are checked at 4 ranks in test_tf_dssync.py and test_tf_decentralized.py.
-pytestmark = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 2,
-                                reason="checkpoint round trip: checked at 1 and 2 ranks")
+pytestmark = [pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 2,
+                                 reason="checkpoint round trip: checked at 1 and 2 ranks"),
+              pytest.mark.topk, pytest.mark.dssync, pytest.mark.decentralized]
 
 STEPS, STOP = 6, 3
 STRATEGIES = ["decentralized", "decentralized-cta", "dssync", "horovod", "topk"]

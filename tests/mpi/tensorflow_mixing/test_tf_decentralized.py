@@ -26,6 +26,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "unit"))
 from explicit_graphs import explicit, mixes_before, tau  # noqa: E402
 import quadratic_steps  # noqa: E402
 
+pytestmark = [pytest.mark.topk, pytest.mark.dssync, pytest.mark.decentralized]
+
 LR = 0.25  # exact in float32, so Keras' learning-rate variable holds it exactly
 ATC, CTA = "adapt_then_combine", "combine_then_adapt"
 SMALL_WORLD = MPI.COMM_WORLD.Get_size() <= 2

@@ -22,6 +22,8 @@ from hvdx.core.topology import Topology
 
 import quadratic_steps  # noqa: E402
 
+pytestmark = [pytest.mark.dssync]
+
 LR = 0.25  # exact in float32, so Keras' learning-rate variable holds it exactly
 # Every variant runs at 1 and 2 ranks; at 4 ranks (on 2 cores, where a TensorFlow step
 # costs most) the compiled ones, with groups that need registered process sets, and

@@ -26,7 +26,8 @@ SMALL_WORLD = MPI.COMM_WORLD.Get_size() <= 2
 
 # Passes per step, local variables and their refusals do not depend on the job's size past
 # two ranks (tests/conftest.py).
-pytestmark = pytest.mark.up_to_two_ranks("Horovod's Keras arguments under parameter mixing")
+pytestmark = [pytest.mark.up_to_two_ranks("Horovod's Keras arguments under parameter mixing"),
+              pytest.mark.dssync, pytest.mark.decentralized]
 
 
 def averaging_all(kind, **options):

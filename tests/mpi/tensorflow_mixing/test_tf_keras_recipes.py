@@ -27,8 +27,9 @@ LR = 0.05
 
 # What these recipes show does not depend on the size; at 4 ranks, on 2 cores, TensorFlow
 # traces and runs them too slowly for the suite's budget.
-pytestmark = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 2,
-                                reason="Keras recipes: checked at 1 and 2 ranks")
+pytestmark = [pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 2,
+                                 reason="Keras recipes: checked at 1 and 2 ranks"),
+              pytest.mark.topk, pytest.mark.dssync, pytest.mark.decentralized, pytest.mark.stanza]
 
 
 def data():

@@ -17,7 +17,8 @@ import hvdx.tensorflow.keras as hvd_keras
 
 # An overflow on one rank is skipped on every rank whatever the job's size past two ranks
 # (tests/conftest.py).
-pytestmark = pytest.mark.up_to_two_ranks("a loss scale's skipped step under parameter mixing")
+pytestmark = [pytest.mark.up_to_two_ranks("a loss scale's skipped step under parameter mixing"),
+              pytest.mark.dssync, pytest.mark.decentralized]
 
 INITIAL_SCALE = 2.0 ** 15  # Keras' default initial loss scale
 

@@ -10,6 +10,8 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from example_runs import TWO_RANKS, run_and_resume  # noqa: E402
 
+pytestmark = [pytest.mark.dssync, pytest.mark.decentralized]
+
 
 @TWO_RANKS
 @pytest.mark.mpi(min_size=2)

@@ -29,6 +29,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import quadratic_steps  # noqa: E402
 from hvdx_variables import hvdx_variables  # noqa: E402
 
+pytestmark = [pytest.mark.user_mixer]
+
 
 class Gossip(hvdx.Mixer):
     """On even steps ``x_i <- (1 - a) x_i + a x_{i-1}`` (a cyclic shift; doubly

@@ -20,8 +20,9 @@ from mpi4py import MPI
 # What this module proves does not depend on the size of the job; at 4 ranks on the
 # suite's 2 cores every collective waits for a descheduled rank, so the 4-rank job's
 # time goes to the tests that need 4 ranks (groups, graphs, shards, roles).
-pytestmark = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 2,
-                                reason="a wrong value on one rank: checked at 1 and 2 ranks")
+pytestmark = [pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 2,
+                                 reason="a wrong value on one rank: checked at 1 and 2 ranks"),
+              pytest.mark.topk, pytest.mark.dssync, pytest.mark.decentralized]
 
 #: name -> (valid spec, wrong spec on rank 1, text the message must hold).
 SPECS = {

@@ -7,6 +7,8 @@ from mpi4py import MPI
 
 from hvdx.mpi.calibrate import calibrate
 
+pytestmark = [pytest.mark.topk]
+
 
 @pytest.mark.mpi(min_size=2)
 def test_every_rank_returns_the_same_calibration_of_the_links_it_has():

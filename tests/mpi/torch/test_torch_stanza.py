@@ -21,6 +21,8 @@ from mpi4py import MPI
 
 import hvdx.torch as hvd
 
+pytestmark = [pytest.mark.stanza]
+
 LR = 0.5
 STEPS = 4
 RTOL = 1e-5  # algorithms.md, section 4

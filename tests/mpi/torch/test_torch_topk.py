@@ -26,7 +26,8 @@ RATIOS = {"bidirectional": (0.02, 0.01), "unidirectional": (0.02, None)}
 
 # Past two ranks only the references at other ranks' offsets and what counts ranks change;
 # the rest runs at 1 and 2 ranks (tests/conftest.py).
-pytestmark = pytest.mark.up_to_two_ranks("TopK's settings, state, refusals and training")
+pytestmark = [pytest.mark.up_to_two_ranks("TopK's settings, state, refusals and training"),
+              pytest.mark.topk]
 
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))

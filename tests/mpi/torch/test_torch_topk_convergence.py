@@ -18,6 +18,8 @@ import hvdx.torch as hvd
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from digits_training import EPOCHS, train  # noqa: E402
 
+pytestmark = [pytest.mark.topk]
+
 RATIO = 0.01
 
 

@@ -24,7 +24,8 @@ from hvdx_variables import hvdx_variables  # noqa: E402
 
 # The protocol's steps, checkpoints and Horovod's join do not depend on the size past two
 # ranks (tests/conftest.py).
-pytestmark = pytest.mark.up_to_two_ranks('a registered compressor against its numpy reference')
+pytestmark = [pytest.mark.up_to_two_ranks('a registered compressor against its numpy reference'),
+              pytest.mark.user_compression]
 
 
 class ScaledSign(Compressor):

@@ -11,6 +11,8 @@ import torch.nn as nn
 import hvdx
 import hvdx.torch as hvd
 
+pytestmark = [pytest.mark.topk, pytest.mark.dssync, pytest.mark.decentralized]
+
 STEPS, STOP = 6, 3
 
 

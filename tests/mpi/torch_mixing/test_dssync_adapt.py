@@ -21,6 +21,8 @@ STATE_KEY = DSSync.state_key
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from spec_errors import refused  # noqa: E402
 
+pytestmark = [pytest.mark.dssync]
+
 MBIT = 1e6 / 8
 
 

@@ -31,6 +31,8 @@ import torch.nn as nn
 import hvdx
 import hvdx.torch as hvd
 
+pytestmark = [pytest.mark.topk, pytest.mark.dssync, pytest.mark.decentralized, pytest.mark.stanza]
+
 LR = 0.1
 
 STRATEGIES = {

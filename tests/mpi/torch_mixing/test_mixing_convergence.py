@@ -26,6 +26,8 @@ from hvdx.core.topology import Topology
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from digits_training import train  # noqa: E402
 
+pytestmark = [pytest.mark.dssync, pytest.mark.decentralized]
+
 EPOCHS = 10
 
 

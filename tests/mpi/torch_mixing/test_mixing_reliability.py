@@ -9,6 +9,8 @@ import torch.nn as nn
 import hvdx
 import hvdx.torch as hvd
 
+pytestmark = [pytest.mark.dssync, pytest.mark.decentralized]
+
 
 def syncs():
     return {"decentralized": hvdx.Decentralized("complete", average_optimizer_state=True),

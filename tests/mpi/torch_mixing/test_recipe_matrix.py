@@ -26,8 +26,9 @@ STEPS = 4
 
 # The identities hold at any size; the 4-rank job's time goes to the strategies' own
 # tests, which need 4 ranks (groups, graphs, shards).
-pytestmark = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 2,
-                                reason="identity settings: checked at 1 and 2 ranks")
+pytestmark = [pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 2,
+                                 reason="identity settings: checked at 1 and 2 ranks"),
+              pytest.mark.topk, pytest.mark.dssync, pytest.mark.decentralized]
 
 IDENTITY = {
     "topk": lambda: {"compression": hvd.Compression.topk(1.0, 1.0, min_size=0)},

@@ -26,6 +26,8 @@ STATE_KEY = Decentralized.state_key
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from spec_errors import refused  # noqa: E402
 
+pytestmark = [pytest.mark.topk, pytest.mark.dssync, pytest.mark.decentralized]
+
 LR = 0.3
 
 

@@ -28,6 +28,8 @@ STATE_KEY = DSSync.state_key
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from spec_errors import refused  # noqa: E402
 
+pytestmark = [pytest.mark.dssync]
+
 
 def model_for(seed, dtype=torch.float32):
     torch.manual_seed(seed)
