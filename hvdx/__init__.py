@@ -14,6 +14,7 @@ Framework adapters: :mod:`hvdx.torch`, :mod:`hvdx.tensorflow`,
 
 from hvdx._version import __version__
 from hvdx.compression_registry import register_compressor
+from hvdx.core.compression_protocol import Compressor
 from hvdx.mixer_registry import Mixer, mixer, register_mixer
 # Each built-in synchronization strategy's constructor, as the catalogue lists them
 # (StrategyDescriptor.exports("hvdx")); a test checks that these names are the
@@ -21,5 +22,5 @@ from hvdx.mixer_registry import Mixer, mixer, register_mixer
 from hvdx.strategies.dssync.spec import DSSync
 from hvdx.strategies.decentralized.spec import Decentralized
 
-__all__ = ["DSSync", "Decentralized", "Mixer", "__version__", "mixer", "register_compressor",
-           "register_mixer"]
+__all__ = ["Compressor", "DSSync", "Decentralized", "Mixer", "__version__", "mixer",
+           "register_compressor", "register_mixer"]

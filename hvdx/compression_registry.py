@@ -3,9 +3,8 @@
 ::
 
     import hvdx
-    from hvdx.core.user_compression import Compressor
 
-    class ScaledSign(Compressor): ...            # compress, decompress, settings
+    class ScaledSign(hvdx.Compressor): ...       # compress, decompress, settings
 
     hvdx.register_compressor("scaled_sign", ScaledSign)
     optimizer = hvd.DistributedOptimizer(opt, compression=hvd.Compression.scaled_sign())
@@ -14,7 +13,7 @@ After :func:`register_compressor`, ``hvd.Compression.<name>(*args, **kwargs)`` (
 and TensorFlow) and ``HVDX_COMPRESSION=<name>(<literal arguments>)`` build a
 :class:`UserCompression` spec, which the entry points resolve and check across ranks
 like every strategy (:mod:`hvdx.strategy`): the fingerprint holds the compressor's
-class (qualified name) and its :meth:`~hvdx.core.user_compression.Compressor.settings`,
+class (qualified name) and its :meth:`~hvdx.core.compression_protocol.Compressor.settings`,
 so a rank with another setting fails on every rank. The algorithm is
 :mod:`hvdx.core.user_compression`; the adapters are :mod:`hvdx.torch.user_compression`
 and :mod:`hvdx.tensorflow.user_compression`.
@@ -26,7 +25,7 @@ import inspect
 import keyword
 from typing import Callable, ClassVar, Dict, List, MutableMapping, Optional
 
-from hvdx.core.user_compression import Compressor
+from hvdx.core.compression_protocol import Compressor, check_compressor_class
 from hvdx.strategies import catalogue
 from hvdx.strategies.catalogue import RegisteredClassSpec, qualified, settings_of
 from hvdx.strategies.descriptor import StrategyDescriptor, VARIABLES, load
@@ -72,8 +71,9 @@ def register_compressor(name: str, compressor_class: type) -> None:
             (``none``, ``fp16``, ``topk``, the presets ``fast`` and ``safe``, a
             built-in strategy's key such as ``dssync``), or is
             registered with another class.
-        TypeError: ``compressor_class`` is not a subclass of
-            :class:`hvdx.core.user_compression.Compressor`.
+        TypeError: ``compressor_class`` is not a subclass of :class:`hvdx.Compressor`,
+            lacks ``compress`` or ``decompress``, or declares a memory or communicator
+            hvdx does not have (:func:`hvdx.core.compression_protocol.check_compressor_class`).
     """
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) \
             or name.startswith("_"):
@@ -86,7 +86,8 @@ def register_compressor(name: str, compressor_class: type) -> None:
                          f"choose another name (taken: {sorted(RESERVED)})")
     if not (isinstance(compressor_class, type) and issubclass(compressor_class, Compressor)):
         raise TypeError(f"compressor_class={compressor_class!r} must be a subclass of "
-                        "hvdx.core.user_compression.Compressor")
+                        "hvdx.Compressor")
+    check_compressor_class(compressor_class)
     known = _REGISTRY.get(name)
     if known is not None and known is not compressor_class:
         raise ValueError(f"name={name!r} is already registered for {qualified(known)}; "

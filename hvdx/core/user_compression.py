@@ -1,4 +1,5 @@
-"""A user's own compressor with error feedback: the base class and the algorithm.
+"""A registered compressor's step: the algorithm, for either memory and communicator of
+the compression protocol (:mod:`hvdx.core.compression_protocol`).
 
 A user subclasses :class:`Compressor`, registers it (``hvdx.register_compressor``), and
 passes ``compression=hvd.Compression.<name>(...)`` (or sets
@@ -10,14 +11,19 @@ One step, for every tensor ``t`` in one fixed order (the same on every rank), on
 rank ``r`` of ``n``, with ``s`` the step counter (0 at the first step, saved in
 checkpoints, the same on every rank):
 
-1. ``corrected = grad + residual`` (``residual`` starts at zero);
+1. ``corrected = grad + residual`` (``residual`` starts at zero; with the memory
+   ``"none"``, ``corrected = grad``);
 2. ``payloads = compress(corrected, s, t)``: a list of numpy arrays, any shapes and
    dtypes;
 3. ``residual <- corrected - decompress(payloads, shape, dtype, s, t)``: what this rank's
-   own payloads failed to carry is sent in a later step;
+   own payloads failed to carry is sent in a later step (memory ``"none"``: nothing is
+   kept);
 4. every rank's payloads of every tensor are exchanged (one collective per step);
-5. ``average = (decompress(payloads_0) + ... + decompress(payloads_{n-1})) / n``, summed
-   in rank order, so that every rank computes the same bits (``op=Sum``: no division).
+5. communicator ``"allgather"``: ``average = (decompress(payloads_0) + ... +
+   decompress(payloads_{n-1})) / n``, summed in rank order, so that every rank computes
+   the same bits (``op=Sum``: no division); communicator ``"allreduce"``: the payloads
+   are summed entry by entry over the ranks (in float64, then cast back to each
+   payload's dtype) and ``average = decompress(sum) / n``.
 
 Non-finite gradients: if any rank's gradient of any tensor holds NaN or Inf, no rank
 changes a residual or the step counter, and every rank's result is NaN (what a loss
@@ -36,32 +42,11 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["Compressor", "check_payloads", "combine", "compress_with_feedback",
-           "decoded", "step_all_ranks", "working_dtype"]
+from hvdx.core.compression_protocol import Compressor
 
-
-class Compressor:
-    """Subclass this, then ``hvdx.register_compressor("name", YourCompressor)``.
-
-    The constructor takes the arguments of ``hvd.Compression.<name>(...)`` (and of
-    ``HVDX_COMPRESSION=<name>(...)``); raise ``ValueError`` naming a bad one. Every rank
-    builds its own instance, so keep any randomness seeded from :meth:`settings` and the
-    ``step`` and ``name`` arguments, never from the rank.
-    """
-
-    def compress(self, x: np.ndarray, step: int, name: str) -> List[np.ndarray]:
-        """``x`` (the error-corrected gradient, in the tensor's shape) as payloads."""
-        raise NotImplementedError
-
-    def decompress(self, payloads: Sequence[np.ndarray], shape: Tuple[int, ...],
-                   dtype: np.dtype, step: int, name: str) -> np.ndarray:
-        """An array of ``shape`` and ``dtype`` from one rank's ``payloads``."""
-        raise NotImplementedError
-
-    def settings(self) -> Dict[str, object]:
-        """Everything every rank must share (ratios, seeds): compared across ranks
-        before the first step, as ``repr`` of the sorted items."""
-        return {}
+__all__ = ["Compressor", "check_payloads", "combine", "combine_summed",
+           "compress_with_feedback", "decoded", "step_all_ranks", "summed_payloads",
+           "working_dtype"]
 
 
 def working_dtype(dtype) -> np.dtype:
@@ -93,14 +78,37 @@ def compress_with_feedback(compressor: Compressor, grad: np.ndarray,
                            name: str) -> Tuple[List[np.ndarray], np.ndarray]:
     """Steps 1 to 3 on one rank and one tensor: ``(payloads, new residual)``.
 
-    ``grad`` is not modified; ``residual`` ``None`` is zeros."""
+    ``grad`` is not modified; ``residual`` ``None`` is zeros. With the memory ``"none"``
+    the new residual is ``None`` (nothing kept)."""
     dtype = working_dtype(grad.dtype)
     corrected = np.array(grad, dtype=dtype, copy=True)
-    if residual is not None:
+    keeps = compressor.memory == "residual"
+    if residual is not None and keeps:
         corrected += residual
     payloads = check_payloads(compressor.compress(corrected, step, name), compressor, name)
+    if not keeps:
+        return payloads, None
     own = decoded(compressor, payloads, corrected.shape, dtype, step, name)
     return payloads, corrected - own
+
+
+def summed_payloads(payloads_by_rank: Sequence[Sequence[np.ndarray]]) -> List[np.ndarray]:
+    """The ``"allreduce"`` communicator's sum over the ranks of each payload, entry by
+    entry, in float64 and in rank order, cast back to the payload's dtype."""
+    first = payloads_by_rank[0]
+    return [np.sum([np.asarray(p[i], dtype=np.float64) for p in payloads_by_rank],
+                   axis=0).astype(np.asarray(first[i]).dtype) for i in range(len(first))]
+
+
+def combine_summed(compressor: Compressor, summed: Sequence[np.ndarray], shape, dtype,
+                   step: int, name: str, average: bool = True, ranks: int = 1) -> np.ndarray:
+    """Step 5 for one tensor under the ``"allreduce"`` communicator: ``decompress`` of
+    the payloads summed over the ranks, divided by ``ranks`` when ``average``."""
+    dtype = working_dtype(dtype)
+    total = decoded(compressor, [np.asarray(p) for p in summed], shape, dtype, step, name)
+    if average:
+        total = total / dtype.type(ranks)
+    return total.astype(dtype, copy=False)
 
 
 def combine(compressor: Compressor, payloads_by_rank: Sequence[Sequence[np.ndarray]],
@@ -143,7 +151,15 @@ def step_all_ranks(compressor: Compressor, grads: Sequence[Mapping[str, np.ndarr
         sent.append(mine)
     for r, mine in enumerate(sent):
         for n in names:
-            residuals[r][n] = mine[n][1]
-    return {n: combine(compressor, [sent[r][n][0] for r in range(len(grads))],
+            if mine[n][1] is not None:
+                residuals[r][n] = mine[n][1]
+    ranks = len(grads)
+    if compressor.communicator == "allreduce":
+        return {n: combine_summed(compressor, summed_payloads([sent[r][n][0]
+                                                               for r in range(ranks)]),
+                                  grads[0][n].shape, grads[0][n].dtype, step, n, average,
+                                  ranks)
+                for n in names}
+    return {n: combine(compressor, [sent[r][n][0] for r in range(ranks)],
                        grads[0][n].shape, grads[0][n].dtype, step, n, average)
             for n in names}

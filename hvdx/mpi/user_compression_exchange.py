@@ -4,7 +4,8 @@ The algorithm is :mod:`hvdx.core.user_compression`; this module runs it around o
 exchange and keeps each rank's residuals and the step counter, for the PyTorch
 optimizer and the TensorFlow tape and Keras optimizer alike.
 
-The exchange is one ``comm.allgather`` (mpi4py's pickled collective) of
+With the ``"allgather"`` communicator (:mod:`hvdx.core.compression_protocol`) the
+exchange is one ``comm.allgather`` (mpi4py's pickled collective) of
 ``(finite, payloads)``, where ``payloads`` lists every tensor's payloads in the fixed
 order. A registered compressor's payloads are arrays of any number, shape and dtype,
 chosen by user code and possibly different on every rank (a random-k's values and
@@ -13,6 +14,12 @@ one collective, where an ``Allgatherv`` of raw bytes would need a header of size
 dtypes and shapes written and parsed here, for the same single round. The same round
 carries the NaN/Inf agreement: a rank with a non-finite gradient sends ``(False,
 None)`` and compresses nothing.
+
+With the ``"allreduce"`` communicator a step is two collectives: a small allgather of
+``(finite, signature)`` (the NaN/Inf agreement, and every payload's shape and dtype,
+which must be the same on every rank: a rank whose payloads differ would sum unrelated
+entries, so every rank refuses the step alike, before any residual changes), then one
+``MPI_Allreduce`` (sum) of every payload of every tensor, concatenated in float64.
 """
 
 from __future__ import annotations
@@ -22,7 +29,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from hvdx.core.user_compression import Compressor, combine, compress_with_feedback
+from hvdx.core.user_compression import (Compressor, combine, combine_summed,
+                                        compress_with_feedback)
 from hvdx.mpi import timeline
 
 __all__ = ["JOINED", "UserCompressionStats", "UserCompressionSynchronizer"]
@@ -91,10 +99,12 @@ class UserCompressionSynchronizer:
                 payloads, fresh[name] = compress_with_feedback(
                     self.compressor, array, self.residuals.get(name), self.step, name)
                 sent.append(payloads)
+        if self.compressor.communicator == "allreduce":
+            return self._summed_step(first_bad, sent, fresh, arrays)
         everyone = self._allgather((first_bad, sent))
         if self._any_bad(everyone):
             return None
-        self.residuals.update(fresh)
+        self._keep(fresh)
         present = [payloads for i, payloads in everyone if i != JOINED]
         out = [combine(self.compressor, [payloads[t] for payloads in present],
                        array.shape, array.dtype, self.step, name, not self.sum_op,
@@ -103,11 +113,85 @@ class UserCompressionSynchronizer:
         self.step += 1
         return out
 
+    def _keep(self, fresh: Dict[str, Optional[np.ndarray]]) -> None:
+        """Store the step's new residuals (none with the memory ``"none"``)."""
+        self.residuals.update({n: r for n, r in fresh.items() if r is not None})
+
+    def _summed_step(self, first_bad, sent, fresh, arrays) -> Optional[List[np.ndarray]]:
+        """The ``"allreduce"`` communicator's step (module docstring)."""
+        everyone = self.comm.allgather((first_bad, None if sent is None else
+                                        _signature(sent)))
+        if self._any_bad(everyone):
+            return None
+        signature = self._agreed_signature(everyone)
+        summed = self._allreduce(sent, signature)
+        self._keep(fresh)
+        out = [combine_summed(self.compressor, summed[t], array.shape, array.dtype,
+                              self.step, name, not self.sum_op, ranks=len(everyone))
+               for t, (name, array) in enumerate(zip(self.names, arrays))]
+        self.step += 1
+        return out
+
+    def _agreed_signature(self, everyone):
+        """The payloads' shapes and dtypes, the same on every rank that sent any; else
+        ``ValueError``, the same on every rank."""
+        signatures = [(r, sig) for r, (i, sig) in enumerate(everyone) if i != JOINED]
+        first_rank, first = signatures[0]
+        for rank, sig in signatures[1:]:
+            if sig != first:
+                t = next(t for t, (a, b) in enumerate(zip(sig, first)) if a != b)
+                raise ValueError(
+                    f"{type(self.compressor).__qualname__}.compress: the payloads of "
+                    f"'{self.labels[t]}' are {list(sig[t])} on rank {rank} and "
+                    f"{list(first[t])} on rank {first_rank}; the communicator "
+                    "'allreduce' sums payloads entry by entry, so every rank must send "
+                    "the same shapes and dtypes. Declare communicator = 'allgather' for "
+                    "payloads that differ between ranks")
+        return first
+
+    def _allreduce(self, sent, signature):
+        """One ``MPI_Allreduce`` (sum) of every payload (``None``: a joined rank's
+        zeros), in float64; returns each tensor's summed payloads in their dtypes."""
+        from mpi4py import MPI
+
+        sizes = [int(np.prod(shape)) for tensor in signature for shape, _ in tensor]
+        flat = np.zeros(sum(sizes), np.float64) if sent is None else (
+            np.concatenate([np.asarray(p, np.float64).ravel() for tensor in sent
+                            for p in tensor]) if sizes else np.zeros(0))
+        total = np.empty_like(flat)
+        began = timeline.now() if timeline.active else 0
+        self.comm.Allreduce(flat, total, op=MPI.SUM)
+        n = self.comm.Get_size()
+        # A ring allreduce's share: each rank sends and receives 2 (n - 1) / n buffers.
+        moved = int(2 * (n - 1) * flat.nbytes // n)
+        self.stats.add(moved, moved)
+        if began:
+            timeline.record("HVDX_COMPRESSION_ALLREDUCE",
+                            f"compression {type(self.compressor).__name__}", began,
+                            moved, moved)
+        out, offset = [], 0
+        for tensor in signature:
+            payloads = []
+            for shape, dtype in tensor:
+                size = int(np.prod(shape))
+                payloads.append(total[offset:offset + size].reshape(shape).astype(dtype))
+                offset += size
+            out.append(payloads)
+        return out
+
     def joined_step(self) -> bool:
         """One step of the other ranks, taken by a rank that has joined (``hvd.join()``):
         it sends nothing and counts as zeros in their average, as in Horovod; its
         residuals stay, its step counter follows theirs. ``True`` once every rank has
         joined (then nothing else happens). Collective."""
+        if self.compressor.communicator == "allreduce":
+            everyone = self.comm.allgather((JOINED, None))
+            if all(i == JOINED for i, _ in everyone):
+                return True
+            if not self._any_bad(everyone):
+                self._allreduce(None, self._agreed_signature(everyone))
+                self.step += 1
+            return False
         everyone = self._allgather((JOINED, None))
         if all(i == JOINED for i, _ in everyone):
             return True
@@ -169,6 +253,12 @@ class UserCompressionSynchronizer:
                 "hvd.load_checkpoint, which keep every rank's state in one file")
         self.step = int(state["step"])
         self.residuals = {n: np.array(r, copy=True) for n, r in state["residuals"].items()}
+
+
+def _signature(sent) -> tuple:
+    """Every payload's ``(shape, dtype)`` of every tensor, in order."""
+    return tuple(tuple((tuple(np.shape(p)), np.asarray(p).dtype.str) for p in tensor)
+                 for tensor in sent)
 
 
 def _payload_bytes(payloads) -> int:

@@ -28,6 +28,12 @@ class EntrySign(Compressor):
     def __init__(self, scale=0.5):
         self.scale = scale
 
+    def compress(self, x, step, name):
+        return [x]
+
+    def decompress(self, payloads, shape, dtype, step, name):
+        return payloads[0]
+
     def settings(self):
         return {"scale": self.scale}
 

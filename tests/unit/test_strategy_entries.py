@@ -23,6 +23,8 @@ from hvdx.bench import soak
 from hvdx.bench import strategies as bench
 from hvdx.core.cost.layouts import default_entries
 from hvdx.core.cost_model import STRATEGIES as COST_LAYOUTS
+from hvdx.planning import flags as flags_module
+from hvdx.planning import run_lines
 from hvdx.strategies import catalogue
 from hvdx.strategies.descriptor import KINDS, VARIABLES, load
 
@@ -136,9 +138,9 @@ def test_the_cost_model_prices_it_and_the_plan_says_how_to_run_it(catalogue_entr
     assert COST_LAYOUTS[key] is load(catalogue_entry.cost_layout)
     compared = [e for e in default_entries() if (e if isinstance(e, str) else e[0]) == key]
     assert compared == [(key, dict(o)) if o else key for o in catalogue_entry.cost_compared]
-    given, cluster = plan._options(args), plan.build_cluster(args)
+    given, cluster = flags_module.strategy_options(args), flags_module.build_cluster(args)
     for entry in compared:
-        line = plan.run_line(entry, given, cluster)
+        line = run_lines.run_line(entry, given, cluster)
         assert (line is not None) == (catalogue_entry.plan_line is not None)
 
 

@@ -325,3 +325,70 @@ def test_a_joined_rank_counts_as_zeros_and_its_step_follows():
     for t, n in enumerate(SHAPES):
         np.testing.assert_allclose(out0[t], grads[n] / 2, rtol=1e-6)
     assert out1 is False and step0 == step1 == 1 and done0 is True and done1 is True
+
+
+class SharedRandomK(Compressor):
+    """k entries drawn from (seed, step): the same on every rank, so decompress is
+    linear in the payload and the "allreduce" communicator may sum payloads."""
+
+    communicator = "allreduce"
+
+    def __init__(self, k=2, seed=0):
+        self.k, self.seed = k, seed
+
+    def _indices(self, size, step):
+        return np.random.default_rng([self.seed, step]).choice(size, self.k, replace=False)
+
+    def compress(self, x, step, name):
+        return [x.reshape(-1)[self._indices(x.size, step)]]
+
+    def decompress(self, payloads, shape, dtype, step, name):
+        out = np.zeros(int(np.prod(shape)), dtype)
+        out[self._indices(out.size, step)] = payloads[0]
+        return out.reshape(shape)
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_the_allreduce_communicator_averages_the_summed_payloads(ranks):
+    """Written out: the k shared entries of every rank's corrected gradient, averaged;
+    each rank keeps the rest of its own as the residual."""
+    rng = np.random.default_rng(5)
+    grads = [{"w": rng.standard_normal(6).astype(np.float32)} for _ in range(ranks)]
+    residuals = [{} for _ in range(ranks)]
+    got = step_all_ranks(SharedRandomK(2, seed=1), grads, residuals, step=4)
+    picked = np.random.default_rng([1, 4]).choice(6, 2, replace=False)
+    expected = np.zeros(6, np.float32)
+    expected[picked] = np.mean([g["w"][picked] for g in grads], axis=0)
+    np.testing.assert_allclose(got["w"], expected, rtol=1e-6)
+    for g, kept in zip(grads, residuals):
+        left = g["w"].copy()
+        left[picked] = 0
+        np.testing.assert_array_equal(kept["w"], left)
+
+
+def test_the_memory_none_keeps_no_residual_and_sends_the_gradient_alone():
+    class Forgetful(SharedRandomK):
+        memory = "none"
+
+    grads = [{"w": np.arange(6, dtype=np.float32)}, {"w": -np.ones(6, np.float32)}]
+    residuals = [{}, {}]
+    first = step_all_ranks(Forgetful(2, seed=1), grads, residuals, step=0)
+    again = step_all_ranks(Forgetful(2, seed=1), grads, residuals, step=0)
+    assert residuals == [{}, {}]
+    np.testing.assert_array_equal(first["w"], again["w"])
+
+
+@pytest.mark.parametrize("attributes, named", [
+    ({"decompress": lambda self, p, s, d, t, n: p[0]}, "does not implement compress"),
+    ({"compress": lambda self, x, t, n: [x]}, "does not implement decompress"),
+    ({"compress": lambda self, x, t, n: [x], "decompress": lambda self, p, s, d, t, n: p[0],
+      "memory": "momentum"}, "memory='momentum' must be one of"),
+    ({"compress": lambda self, x, t, n: [x], "decompress": lambda self, p, s, d, t, n: p[0],
+      "communicator": "broadcast"}, "communicator='broadcast' must be one of"),
+])
+def test_a_compressor_lacking_a_method_or_declaring_an_unknown_part_is_refused(
+        registered, attributes, named):
+    cls = type("Incomplete", (Compressor,), attributes)
+    with pytest.raises(TypeError, match=named):
+        register_compressor("incomplete", cls)
+    assert "incomplete" not in compression_registry.registered()

@@ -77,7 +77,36 @@ class Identity(Compressor):
         return payloads[0]
 
 
+class SummedRandomK(RandomK):
+    """The same random-k through the "allreduce" communicator: every rank's payload
+    holds the same entries, so the payloads add up where they lie."""
+
+    communicator = "allreduce"
+
+
+class ForgetfulRandomK(RandomK):
+    """The same random-k with the memory "none": what it leaves out is lost."""
+
+    memory = "none"
+
+
+class RankShaped(Compressor):
+    """Payloads whose length depends on the rank: the "allreduce" communicator must
+    refuse them on every rank."""
+
+    communicator = "allreduce"
+
+    def compress(self, x, step, name):
+        return [x.reshape(-1)[:1 + hvd.rank()]]
+
+    def decompress(self, payloads, shape, dtype, step, name):
+        return np.zeros(shape, dtype)
+
+
 hvdx.register_compressor("test_scaled_sign", ScaledSign)
+hvdx.register_compressor("test_summed_random_k", SummedRandomK)
+hvdx.register_compressor("test_forgetful_random_k", ForgetfulRandomK)
+hvdx.register_compressor("test_rank_shaped", RankShaped)
 hvdx.register_compressor("test_random_k", RandomK)
 hvdx.register_compressor("test_identity", Identity)
 
@@ -362,3 +391,58 @@ def test_sparse_gradients_are_averaged_dense_and_come_back_sparse():
         if arguments:
             assert module.weight.grad.is_sparse
     torch.testing.assert_close(results[0], results[1], rtol=0, atol=1e-6)
+
+
+def expected_parameters(history):
+    expected = start()
+    for average in history:
+        for n in SHAPES:
+            expected[n] = expected[n] - LR * average[n]
+    return expected
+
+
+@pytest.mark.mpi(min_size=1)
+def test_the_allreduce_communicator_sums_the_payloads_as_the_reference():
+    """decompress is linear for a shared random-k: decompress of the summed payloads is
+    the reference's sum of decompressions; each step moves one float64 ring allreduce of
+    the 5 + 3 payload entries."""
+    parameters = model()
+    optimizer = make(parameters, compression=hvd.Compression.test_summed_random_k(5, seed=7))
+    train(optimizer, parameters, 4)
+    history, residuals = reference(RandomK(5, seed=7), 4)
+    expected = expected_parameters(history)
+    for n, p in parameters.items():
+        np.testing.assert_allclose(p.detach().numpy(), expected[n], rtol=1e-5, atol=1e-6)
+    saved = optimizer.state_dict()["hvdx_user_compression"]
+    for n in SHAPES:
+        np.testing.assert_allclose(saved["residuals"][n].numpy(), residuals[hvd.rank()][n],
+                                   rtol=1e-5, atol=1e-6)
+    n = hvd.size()
+    assert optimizer.hvdx_stats.steps == 4
+    assert optimizer.hvdx_stats.total_sent == 4 * (2 * (n - 1) * (8 * 8) // n)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_the_memory_none_sends_each_step_alone_and_keeps_no_residual():
+    parameters = model()
+    optimizer = make(parameters,
+                     compression=hvd.Compression.test_forgetful_random_k(5, seed=7))
+    train(optimizer, parameters, 4)
+    # Each step from zero residuals: nothing carried over.
+    history = [reference(RandomK(5, seed=7), 1, first=step)[0][0] for step in range(4)]
+    expected = expected_parameters(history)
+    for n, p in parameters.items():
+        np.testing.assert_allclose(p.detach().numpy(), expected[n], rtol=1e-5, atol=1e-6)
+    assert optimizer.state_dict()["hvdx_user_compression"]["residuals"] == {}
+
+
+@pytest.mark.mpi(min_size=2)
+def test_payloads_that_differ_between_ranks_are_refused_on_every_rank_by_allreduce():
+    parameters = model()
+    optimizer = make(parameters, compression=hvd.Compression.test_rank_shaped())
+    optimizer.zero_grad()
+    for n, p in parameters.items():
+        p.grad = torch.from_numpy(gradient(hvd.rank(), 0, n))
+    with pytest.raises(ValueError, match="same shapes and dtypes"):
+        optimizer.step()
+    assert optimizer.state_dict()["hvdx_user_compression"]["step"] == 0
