@@ -80,7 +80,15 @@ class Identity(Compressor):
         return payloads[0]
 
 
+class SummedRandomK(RandomK):
+    """The same random-k through the "allreduce" communicator (its payloads hold the
+    same entries on every rank, and decompress is linear in them)."""
+
+    communicator = "allreduce"
+
+
 hvdx.register_compressor("tf_scaled_sign", ScaledSign)
+hvdx.register_compressor("tf_summed_random_k", SummedRandomK)
 hvdx.register_compressor("tf_random_k", RandomK)
 hvdx.register_compressor("tf_identity", Identity)
 
@@ -153,6 +161,16 @@ def test_the_tape_gives_the_numpy_reference(compressor, build, compiled):
     assert isinstance(spec, UserCompression)
     got = run_tape(tape_step(ws, compiled, compression=spec), 4)
     assert_close(got, reference(compressor, 4))
+    assert hvd.compression_state(ws).step == 4
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "tf.function"])
+def test_the_allreduce_communicator_gives_the_numpy_reference(compiled):
+    ws = variables()
+    got = run_tape(tape_step(ws, compiled,
+                             compression=hvd.Compression.tf_summed_random_k(5, seed=7)), 4)
+    assert_close(got, reference(RandomK(5, seed=7), 4))
     assert hvd.compression_state(ws).step == 4
 
 
