@@ -82,6 +82,18 @@ def test_a_mixer_with_neither_matrix_nor_mix_is_refused():
         register_mixer("nothing", Nothing)
 
 
+@pytest.mark.parametrize("attributes, named", [
+    ({"combines_first": True}, "declares combines_first but does not implement exchange"),
+    ({"state_entry": 3}, "state_entry=3 must be a key"),
+    ({"views": {"hvdx_graph": 1}}, "views="),
+])
+def test_a_mixer_declaring_a_capability_it_does_not_implement_is_refused(attributes, named):
+    cls = type("Capable", (Half,), attributes)
+    with pytest.raises(TypeError, match=named):
+        register_mixer("capable", cls)
+    assert "capable" not in mixer_registry.registered_mixers()
+
+
 def test_a_constructor_taking_a_mixing_option_is_refused():
     class Clash(Half):
         def __init__(self, global_every=2):
