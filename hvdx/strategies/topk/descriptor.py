@@ -25,15 +25,15 @@ TOPK = StrategyDescriptor(
     state_exports=("hvdx.strategies.topk.tensorflow.adapters:topk_state",),
     examples=("topk(0.01, 0.01)", "topk(preset='safe', downlink_ratio=0.05)"),
     tensorflow_exports=("hvdx.strategies.topk.tensorflow.adapters:TopKState",),
-    bench=(BenchVariant("topk", "hvdx.bench.strategies:topk_strategy", default=False,
+    bench=(BenchVariant("topk", "hvdx.strategies.topk.bench_rows:topk_strategy", default=False,
                         full=True),
            # Named as the presets are everywhere else; the names these rows had before
            # (results files, scripts) still select them.
-           BenchVariant("fast", "hvdx.bench.strategies:topk_strategy",
+           BenchVariant("fast", "hvdx.strategies.topk.bench_rows:topk_strategy",
                         {"preset": "fast"}, aliases=("topk_dgc",)),
-           BenchVariant("safe", "hvdx.bench.strategies:topk_strategy",
+           BenchVariant("safe", "hvdx.strategies.topk.bench_rows:topk_strategy",
                         {"preset": "safe"}, aliases=("topk_masked",))),
-    soak="topk(0.01, 0.01)", plan_line="hvdx.planning.run_lines:topk_line",
+    soak="topk(0.01, 0.01)", plan_line="hvdx.strategies.topk.plan_line:topk_line",
     plan_options=(PlanOption("--ratio", float, "topk: uplink ratio", 0.01),
                   PlanOption("--downlink-ratio", float,
                              "topk sharded: downlink ratio (default: --ratio)")))
