@@ -16,10 +16,11 @@ TOPK = StrategyDescriptor(
     constructors=(Constructor("topk", "hvdx.strategies.topk.spec:topk"),) + tuple(
         Constructor(p, preset=p, calls="topk") for p in PRESETS),
     torch_adapter="hvdx.strategies.topk.torch.optimizer:adapter",
-    torch_fit="hvdx.torch.registry:_fit_topk",
+    torch_fit="hvdx.strategies.topk.torch.preset_fit:fit_preset",
     tensorflow_tape="hvdx.strategies.topk.tensorflow.adapters:tape_adapter",
     tensorflow_keras="hvdx.strategies.topk.tensorflow.adapters:keras_adapter",
     tensorflow_tape_counters="hvdx.strategies.topk.tensorflow.adapters:tape_counters",
+    tensorflow_arguments="hvdx.strategies.topk.presets:tensorflow_arguments",
     cost_model="topk", cost_layout="hvdx.strategies.topk.core_cost:_topk",
     cost_compared=({"mode": "gathered"}, {"mode": "sharded"}),
     state_exports=("hvdx.strategies.topk.tensorflow.adapters:topk_state",),

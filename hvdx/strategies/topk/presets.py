@@ -42,7 +42,8 @@ from typing import Dict, FrozenSet, Iterable, Mapping, Optional, Tuple
 
 __all__ = ["ADAPTIVE_RATIO", "HOROVOD_CYCLE_ENV", "PRESETS", "RATIO", "SELECTOR", "SMALL_TENSORS",
            "TOPK_METHOD", "WITHOUT_MOMENTUM_CORRECTION", "for_optimizer",
-           "momentum_correction_refusal", "preset_arguments", "preset_options"]
+           "momentum_correction_refusal", "preset_arguments", "preset_options",
+           "tensorflow_arguments"]
 
 #: The uplink ratio of both presets: 1% of the gradient.
 RATIO = 0.01
@@ -101,6 +102,16 @@ HOROVOD_CYCLE_ENV: Dict[str, str] = {"HOROVOD_CYCLE_TIME": "50"}
 #: which masks nothing without momentum correction); every other setting is the preset's.
 WITHOUT_MOMENTUM_CORRECTION: Dict = {"momentum_correction": False,
                                      "momentum_masking": True}
+
+
+def tensorflow_arguments(kwargs: Dict) -> Dict:
+    """``topk``'s keyword arguments as TensorFlow's ``hvd.Compression.topk`` passes them
+    on (TopK's ``tensorflow_arguments`` in the catalogue): with ``preset=``, DGC's
+    momentum correction off unless given (:data:`WITHOUT_MOMENTUM_CORRECTION`), since
+    it is implemented for PyTorch's SGD only; without, as given."""
+    if kwargs.get("preset") is None:
+        return kwargs
+    return dict(WITHOUT_MOMENTUM_CORRECTION, **kwargs)
 
 
 def preset_options(preset: str) -> Dict:
