@@ -268,8 +268,10 @@ class StrategyDescriptor:
         itself): its TensorFlow state exports, the further exports, its trainer's class,
         and a synchronization strategy's constructors (``hvdx.DSSync``, ``hvd.DSSync``;
         a compressor's are ``hvd.Compression``'s). hvdx/__init__.py,
-        hvdx/torch/__init__.py and hvdx/tensorflow/__init__.py write each of them out
-        (tests/unit/test_strategy_views.py checks that they are these)."""
+        hvdx/torch/__init__.py and hvdx/tensorflow/__init__.py serve each of them
+        (:func:`hvdx.strategies.catalogue.module_exports`), and write out those of the
+        strategies before (tests/unit/test_strategy_views.py checks that they are
+        these)."""
         if framework == "torch":
             paths = self.torch_exports + (self.torch_trainer,)
         elif framework == "tensorflow":

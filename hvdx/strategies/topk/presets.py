@@ -1,8 +1,8 @@
 """Named TopK settings: ``Compression.topk(preset="fast")`` and ``preset="safe"``.
 
 Both are the tuned TopKs of the benchmark (``hvdx bench``'s rows ``fast`` and ``safe``,
-once ``topk_dgc`` and ``topk_masked``, which :mod:`hvdx.bench.strategies` builds from
-this table, so the two cannot drift). Which one:
+once ``topk_dgc`` and ``topk_masked``, which :mod:`hvdx.strategies.topk.bench_rows`
+builds from this table, so the two cannot drift). Which one:
 
 1. ``"fast"``: the fewest bytes: 1% of the gradient entries up and 1% down, DGC's
    momentum correction with its factor masking;
