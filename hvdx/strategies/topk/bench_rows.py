@@ -15,6 +15,24 @@ __all__ = ["TOPK_DGC_OPTIONS", "TOPK_MASKED_OPTIONS", "TOPK_METHOD", "TOPK_RATIO
            "topk_strategy"]
 
 
+#: The benchmark's TopK setting: 1% both ways, with the sampled-threshold
+#: ``topk_method`` of the presets (:mod:`hvdx.strategies.topk.presets`).
+TOPK_RATIO = topk_presets.RATIO
+TOPK_METHOD = topk_presets.TOPK_METHOD
+#: The tuned TopKs are the presets ``Compression.topk(preset="fast")`` (row ``fast``,
+#: once ``topk_dgc``: global selection, DGC momentum correction without masking) and
+#: ``preset="safe"`` (row ``safe``, once ``topk_masked``: with masking, the downlink
+#: twice as dense); the measurements behind them are in
+#: :mod:`hvdx.strategies.topk.presets`. Their arguments, for the labels and the cost model:
+TOPK_DGC_OPTIONS: Dict = topk_presets.preset_options("fast")
+TOPK_MASKED_OPTIONS: Dict = topk_presets.preset_options("safe")
+#: Every run of the bench, Horovod's included, keeps Horovod's defaults: no strategy
+#: gets a tuning the baseline does not. (The tuned TopKs, decentralized SGD and Stanza
+#: leave Horovod idle during a step, so a user may launch them with
+#: ``HOROVOD_CYCLE_TIME=50``, :data:`hvdx.strategies.topk.presets.HOROVOD_CYCLE_ENV`, for
+#: a few more percent: docs/benchmarks.md, "TopK: Horovod's cycle".)
+
+
 def _topk_with(**options):
     """The builder of a TopK strategy: ``Compression.topk(ratio=TOPK_RATIO,
     topk_method=TOPK_METHOD, **options)``."""
@@ -26,25 +44,6 @@ def _topk_with(**options):
             compression=hvd.Compression.topk(ratio=TOPK_RATIO, topk_method=TOPK_METHOD,
                                              **options))
     return build
-
-
-#: The benchmark's TopK setting: 1% both ways, with the sampled-threshold
-#: ``topk_method`` of the presets (:mod:`hvdx.strategies.topk.presets`).
-TOPK_RATIO = topk_presets.RATIO
-TOPK_METHOD = topk_presets.TOPK_METHOD
-#: The tuned TopKs are the presets ``Compression.topk(preset="fast")`` (row ``fast``,
-#: once ``topk_dgc``: global selection, DGC momentum correction without masking) and
-#: ``preset="safe"`` (row ``safe``, once ``topk_masked``: with masking, the downlink
-#: twice as dense); the measurements behind
-#: them are in :mod:`hvdx.strategies.topk.presets`. Their arguments, for the labels and the cost
-#: model:
-TOPK_DGC_OPTIONS: Dict = topk_presets.preset_options("fast")
-TOPK_MASKED_OPTIONS: Dict = topk_presets.preset_options("safe")
-#: Every run of the bench, Horovod's included, keeps Horovod's defaults: no strategy
-#: gets a tuning the baseline does not. (The tuned TopKs, decentralized SGD and Stanza
-#: leave Horovod idle during a step, so a user may launch them with
-#: ``HOROVOD_CYCLE_TIME=50``, :data:`hvdx.strategies.topk.presets.HOROVOD_CYCLE_ENV`, for a few more
-#: percent: docs/benchmarks.md, "TopK: Horovod's cycle".)
 
 
 def _topk_preset(preset: str):
