@@ -23,15 +23,16 @@ from __future__ import annotations
 
 import inspect
 import keyword
-from typing import Callable, ClassVar, Dict, List, MutableMapping, Optional
+from typing import Callable, ClassVar, Dict, List, MutableMapping, Optional, Tuple
 
 from hvdx.core.compression_protocol import Compressor, check_compressor_class
 from hvdx.strategies import catalogue
 from hvdx.strategies.catalogue import RegisteredClassSpec, qualified, settings_of
-from hvdx.strategies.descriptor import StrategyDescriptor, VARIABLES, load
+from hvdx.strategies.descriptor import Constructor, StrategyDescriptor, VARIABLES, load
 from hvdx.strategy import CompressionStrategy, kept_for_every_rank
 
-__all__ = ["RESERVED", "Registered", "UserCompression", "builder", "register_compressor", "registered"]
+__all__ = ["RESERVED", "Registered", "UserCompression", "builder", "built_in_constructor",
+           "register_compressor", "registered"]
 
 #: Names that already mean something as ``hvd.Compression.<name>`` or in
 #: ``HVDX_COMPRESSION`` (Horovod's, and the built-in compressions' constructors and
@@ -123,6 +124,14 @@ def builder(name: str) -> Callable[..., "UserCompression"]:
     return build
 
 
+def built_in_constructor(name: str) -> Optional[Tuple[Constructor, StrategyDescriptor]]:
+    """The built-in compression strategy's constructor called ``name`` (by its lazy
+    path; a preset is none) and its catalogue entry, or ``None``."""
+    found = catalogue.environment_constructors(VARIABLES["compression"],
+                                               built_in_only=True).get(name)
+    return found if found is not None and isinstance(found[0].build, str) else None
+
+
 class Registered(type):
     """The metaclass of the frameworks' ``Compression`` classes: an attribute they do
     not have is a built-in compression strategy's constructor, as the catalogue lists
@@ -132,9 +141,8 @@ class Registered(type):
     def __getattr__(cls, name):
         if name.startswith("_"):
             raise AttributeError(name)
-        found = catalogue.environment_constructors(VARIABLES["compression"],
-                                                   built_in_only=True).get(name)
-        if found is not None and isinstance(found[0].build, str):  # (not a preset)
+        found = built_in_constructor(name)
+        if found is not None:
             return load(found[0].build)
         try:
             return builder(name)

@@ -15,8 +15,27 @@ import pathlib
 import sys
 from typing import Dict, List, NamedTuple, Tuple
 
-COLUMNS = {"horovod": "no strategy", "topk": "TopK", "dssync": "DS-Sync",
-           "decentralized": "decentralized SGD"}
+if __name__ == "__main__":  # run as a script: hvdx is this checkout's
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from hvdx.strategies import catalogue  # noqa: E402
+
+
+def columns() -> Dict[str, str]:
+    """The table's columns, key -> heading: Horovod alone, then each built-in strategy
+    chosen by ``compression=`` or ``sync=`` that has a constructor of its own (not the
+    entries registered classes share), titled as its catalogue entry, in catalogue
+    order (read at each call)."""
+    return dict({"horovod": "no strategy"}, **{
+        d.name: d.title for d in catalogue.BUILT_IN
+        if d.kind in ("compression", "sync") and d.constructors})
+
+
+COLUMNS = columns()
+#: The columns whose cells are written below (:func:`every` fills these); a strategy of
+#: the catalogue that is not among them is ``untested`` in every row until its cells
+#: are written (:func:`cells_of`).
+WRITTEN = ("horovod", "topk", "dssync", "decentralized")
 VERDICTS = ("works", "changed", "refused", "fails", "untested")
 
 RECIPES_TORCH = "tests/mpi/torch_mixing/test_horovod_recipes.py"
@@ -49,7 +68,12 @@ def cell(verdict: str, note: str = "", *tests: str) -> Cell:
 
 
 def every(verdict: str, note: str, *tests: str) -> Dict[str, Cell]:
-    return {column: cell(verdict, note, *tests) for column in COLUMNS}
+    return {column: cell(verdict, note, *tests) for column in WRITTEN}
+
+
+def cells_of(recipe: Recipe) -> Dict[str, Cell]:
+    """``recipe``'s cell in each of :func:`columns`: its own, else ``untested``."""
+    return {column: recipe.cells.get(column, cell("untested")) for column in columns()}
 
 
 NEW_JOB = "tests/launch/test_resume_in_a_new_job.py"
@@ -307,15 +331,15 @@ def render() -> str:
     lines = []
     for framework in dict.fromkeys(r.framework for r in RECIPES):
         notes: Dict[str, int] = {}
+        headings = columns()
         lines += [f"### {framework}", "",
-                  "| recipe | " + " | ".join(COLUMNS.values()) + " |",
-                  "|---|" + "---|" * len(COLUMNS)]
+                  "| recipe | " + " | ".join(headings.values()) + " |",
+                  "|---|" + "---|" * len(headings)]
         for recipe in RECIPES:
             if recipe.framework != framework:
                 continue
             cells = []
-            for column in COLUMNS:
-                c = recipe.cells[column]
+            for c in cells_of(recipe).values():
                 mark = f" ({notes.setdefault(c.note, len(notes) + 1)})" if c.note else ""
                 cells.append(c.verdict + mark)
             lines.append(f"| {recipe.name} | " + " | ".join(cells) + " |")

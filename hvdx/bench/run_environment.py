@@ -1,7 +1,7 @@
 """The variables the harness sets for every rank of a benchmark run, and what they say.
 
 :mod:`hvdx.bench.strategy_run` sets them in the launch; :mod:`hvdx.bench.runner` and the
-strategies' builders (:mod:`hvdx.bench.strategies`) read them on each rank.
+strategies' builders (each strategy's ``bench_rows.py``) read them on each rank.
 """
 
 from __future__ import annotations

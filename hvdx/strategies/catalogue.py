@@ -23,7 +23,9 @@ Nothing here imports a framework (the paths are lazy: :mod:`hvdx.strategies.desc
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict, Iterator, List, Mapping, MutableMapping, Optional, Tuple
+import sys
+from typing import (Any, Callable, Dict, Iterator, List, Mapping, MutableMapping,
+                    Optional, Tuple)
 
 from hvdx.strategies.decentralized.descriptor import DECENTRALIZED
 from hvdx.strategies.descriptor import (KINDS, VARIABLES, Builder, Constructor,
@@ -33,9 +35,9 @@ from hvdx.strategies.stanza.descriptor import STANZA
 from hvdx.strategies.topk.descriptor import TOPK
 
 __all__ = ["BUILT_IN", "ClassRegistry", "LazyView", "RegisteredClassSpec", "adapters",
-           "all_descriptors", "descriptor", "environment_constructors", "of_kind",
-           "qualified", "register", "registered_entry", "settings_of", "unregister",
-           "variable_kind"]
+           "all_descriptors", "descriptor", "environment_constructors", "exports",
+           "module_exports", "of_kind", "qualified", "register", "registered_entry",
+           "settings_of", "unregister", "variable_kind"]
 
 # The adapters a registered compressor runs with (one pair of modules for them all).
 _USER_COMPRESSION = dict(
@@ -112,6 +114,35 @@ def environment_constructors(variable: str, built_in_only: bool = False
     presets included, in catalogue order."""
     return {c.name: (c, d) for d in of_kind(variable_kind(variable), built_in_only)
             for c in d.constructors}
+
+
+def exports(framework: str) -> Dict[str, str]:
+    """Name -> lazy path of every public name the built-in strategies give
+    ``framework``'s module (``"hvdx"``, ``"torch"``, ``"tensorflow"``:
+    :meth:`~hvdx.strategies.descriptor.StrategyDescriptor.exports`), in catalogue order."""
+    return dict(e for d in BUILT_IN for e in d.exports(framework))
+
+
+def module_exports(module: str, framework: str
+                   ) -> Tuple[Callable[[str], Any], Callable[[], List[str]]]:
+    """The module-level ``__getattr__`` and ``__dir__`` (PEP 562) of ``module``
+    (``"hvdx.torch"``), which serve :func:`exports` of ``framework``.
+
+    A name the module writes out is found without them (grep and IDEs find it there);
+    any other export is loaded by its lazy path when first asked for, so a new
+    strategy's names need no edit in the module. The catalogue is read at each call.
+    """
+
+    def __getattr__(name: str) -> Any:
+        path = exports(framework).get(name)
+        if path is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        return load(path)
+
+    def __dir__() -> List[str]:
+        return sorted(set(vars(sys.modules[module])) | set(exports(framework)))
+
+    return __getattr__, __dir__
 
 
 def registered_entry(shared: str, name: str, title: str,

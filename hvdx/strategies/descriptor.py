@@ -166,6 +166,11 @@ class StrategyDescriptor:
         tensorflow_tape_fit: lazy path of ``fit(spec) -> spec``, the spec as
             ``DistributedGradientTape`` runs it (settled before rank 0 describes it and
             the ranks compare it), or ``None``: as it is.
+        tensorflow_arguments: for a compressor, lazy path of
+            ``arguments(kwargs) -> kwargs``: the keyword arguments its constructors get
+            as TensorFlow's ``hvd.Compression.<name>`` (:mod:`hvdx.tensorflow.compression`)
+            calls them (TopK's presets leave DGC's momentum correction out there), or
+            ``None``: as given.
         torch_trainer, tensorflow_trainer: for a trainer, the lazy paths of its class.
         cost_model: its key among the cost model's layouts
             (:data:`hvdx.core.cost_model.STRATEGIES`), or ``None`` if not priced.
@@ -208,6 +213,7 @@ class StrategyDescriptor:
     tensorflow_keras: Optional[str] = None
     tensorflow_tape_counters: Optional[str] = None
     tensorflow_tape_fit: Optional[str] = None
+    tensorflow_arguments: Optional[str] = None
     torch_trainer: Optional[str] = None
     tensorflow_trainer: Optional[str] = None
     cost_model: Optional[str] = None
@@ -262,8 +268,10 @@ class StrategyDescriptor:
         itself): its TensorFlow state exports, the further exports, its trainer's class,
         and a synchronization strategy's constructors (``hvdx.DSSync``, ``hvd.DSSync``;
         a compressor's are ``hvd.Compression``'s). hvdx/__init__.py,
-        hvdx/torch/__init__.py and hvdx/tensorflow/__init__.py write each of them out
-        (tests/unit/test_strategy_views.py checks that they are these)."""
+        hvdx/torch/__init__.py and hvdx/tensorflow/__init__.py serve each of them
+        (:func:`hvdx.strategies.catalogue.module_exports`), and write out those of the
+        strategies before (tests/unit/test_strategy_views.py checks that they are
+        these)."""
         if framework == "torch":
             paths = self.torch_exports + (self.torch_trainer,)
         elif framework == "tensorflow":
@@ -283,8 +291,8 @@ class StrategyDescriptor:
     def lazy_paths(self) -> Tuple[Tuple[str, str], ...]:
         """``(field, path)`` of every lazy path it holds, constructors' included."""
         fields = ("torch_adapter", "torch_fit", "tensorflow_tape", "tensorflow_keras",
-                  "tensorflow_tape_counters", "torch_trainer", "tensorflow_trainer",
-                  "plan_line", "cost_layout")
+                  "tensorflow_tape_counters", "tensorflow_arguments", "torch_trainer",
+                  "tensorflow_trainer", "plan_line", "cost_layout")
         paths = [(f, getattr(self, f)) for f in fields if getattr(self, f) is not None]
         paths += [(f"constructor {c.name}", c.build) for c in self.constructors
                   if isinstance(c.build, str)]

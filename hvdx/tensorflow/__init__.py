@@ -53,12 +53,18 @@ from hvdx.tensorflow.runtime import init, shutdown, start_timeline, stop_timelin
 from hvdx.tensorflow.gradient_tape import DistributedGradientTape  # noqa: E402,F401
 from hvdx.tensorflow.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402,F401
 from hvdx.tensorflow.join_guard import join  # noqa: E402,F401
+from hvdx.strategies import catalogue as _catalogue  # noqa: E402
 from hvdx.strategies.descriptor import load as _load  # noqa: E402
 
+# Any name the catalogue exports here that is not written out below (a new strategy's)
+# is loaded by its lazy path when first asked for (PEP 562).
+__getattr__, __dir__ = _catalogue.module_exports(__name__, "tensorflow")
+
 # Each built-in strategy's own names, as the catalogue lists them
-# (StrategyDescriptor.exports("tensorflow")); a test checks that these names are the
-# catalogue's. The strategies' TensorFlow modules are loaded by path, not imported
-# here: they import hvdx.tensorflow themselves (tests/unit/test_no_import_cycles.py).
+# (StrategyDescriptor.exports("tensorflow")), written out so that grep and IDEs find
+# them; a test checks that each is bound to the catalogue's path. The strategies'
+# TensorFlow modules are loaded by path, not imported here: they import hvdx.tensorflow
+# themselves (tests/unit/test_no_import_cycles.py).
 topk_state = _load("hvdx.strategies.topk.tensorflow.adapters:topk_state")
 TopKState = _load("hvdx.strategies.topk.tensorflow.adapters:TopKState")
 from hvdx.tensorflow.user_compression import CompressionState, compression_state  # noqa: E402,F401,E501

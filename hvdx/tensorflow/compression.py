@@ -1,35 +1,76 @@
-"""``hvdx.tensorflow.Compression``: Horovod's compressors plus :meth:`Compression.topk`
-and the compressors registered with ``hvdx.register_compressor``."""
+"""``hvdx.tensorflow.Compression``: Horovod's compressors plus the built-in compression
+strategies' constructors (``Compression.topk``), as the catalogue lists them, and the
+compressors registered with ``hvdx.register_compressor``.
+
+``Compression.<name>`` is looked up, in order:
+
+1. Horovod's own compressors (``none``, ``fp16``), attributes of the class;
+2. a built-in compression strategy's constructor called ``name``
+   (:func:`hvdx.compression_registry.built_in_constructor`), with its entry's
+   ``tensorflow_arguments`` applied to the keyword arguments where it has one, built
+   once per constructor;
+3. a compressor registered under ``name``.
+
+Each is left unconverted by AutoGraph: scripts often build the spec inside a
+``tf.function`` (next to the tape), and AutoGraph would convert hvdx's plain-Python
+validation, which is slow and was seen to fail intermittently inside its converted
+code.
+"""
 
 from __future__ import annotations
 
 import functools
+from typing import Callable, Optional
 
 import horovod.tensorflow as _hvd
 import tensorflow as tf
 
-from hvdx.compression_registry import Registered
-from hvdx.strategies.topk.presets import WITHOUT_MOMENTUM_CORRECTION
-from hvdx.strategies.topk.spec import TopKCompression, topk as _topk
+from hvdx.compression_registry import Registered, built_in_constructor
+from hvdx.strategies import catalogue
+from hvdx.strategies.descriptor import VARIABLES, load
 
-__all__ = ["Compression", "TopKCompression"]
+__all__ = ["Compression"]
 
 
-# hvdx.strategies.topk.spec.topk (its name, docstring and signature), whose presets leave DGC's
-# momentum correction off unless it is given (WITHOUT_MOMENTUM_CORRECTION).
-@functools.wraps(_topk)
-def _tensorflow_topk(*args, preset=None, **kwargs):
-    if preset is not None:
-        kwargs = dict(WITHOUT_MOMENTUM_CORRECTION, **kwargs)
-    return _topk(*args, preset=preset, **kwargs)
+@functools.lru_cache(maxsize=None)
+def _tensorflow_constructor(build: str, arguments: Optional[str]) -> Callable:
+    """The constructor at the lazy path ``build`` as TensorFlow's ``Compression`` gives
+    it: its keyword arguments passed through ``arguments`` (a lazy path too) where
+    given, unconverted by AutoGraph; its name, docstring and signature are the
+    constructor's. Cached: ``Compression.<name>`` is the same object at every look-up,
+    as a class attribute is."""
+    neutral = load(build)
+    constructor = neutral
+    if arguments is not None:
+        fitted = load(arguments)
+
+        @functools.wraps(neutral)
+        def constructor(*args, **kwargs):
+            return neutral(*args, **fitted(kwargs))
+    converted = tf.autograph.experimental.do_not_convert(constructor)
+    builds = getattr(neutral, "hvdx_builds", None)
+    if builds is not None:  # refused uncalled, as the neutral one (hvdx.strategy.strategy_of)
+        converted.hvdx_builds = builds
+    return converted
 
 
 class _Registered(Registered):
-    """Registered compressors' builders, left unconverted by AutoGraph as ``topk`` is
-    (a spec is often built inside a ``tf.function``, next to the tape)."""
+    """The built-in compressors' constructors as TensorFlow runs them, and registered
+    compressors' builders, each left unconverted by AutoGraph."""
 
     def __getattr__(cls, name):
+        found = None if name.startswith("_") else built_in_constructor(name)
+        if found is not None:
+            constructor, entry = found
+            return _tensorflow_constructor(constructor.build, entry.tensorflow_arguments)
         return tf.autograph.experimental.do_not_convert(super().__getattr__(name))
+
+    def __dir__(cls):
+        built_in = catalogue.environment_constructors(VARIABLES["compression"],
+                                                      built_in_only=True)
+        return sorted(set(super().__dir__()) | {
+            name for name, (constructor, _) in built_in.items()
+            if isinstance(constructor.build, str)})  # (a preset is no attribute)
 
 
 class Compression(_hvd.Compression, metaclass=_Registered):
@@ -50,12 +91,3 @@ class Compression(_hvd.Compression, metaclass=_Registered):
     (:func:`hvdx.register_compressor`), run with error feedback by
     :mod:`hvdx.tensorflow.user_compression`.
     """
-
-    # Scripts often build the spec inside a tf.function (next to the tape): AutoGraph
-    # would convert hvdx's plain-Python validation, which is slow and was seen to fail
-    # intermittently inside AutoGraph's converted code, so it is left unconverted.
-    topk = staticmethod(tf.autograph.experimental.do_not_convert(_tensorflow_topk))
-
-
-# Refused uncalled, as the neutral topk (hvdx.strategy.strategy_of).
-Compression.topk.hvdx_builds = _topk.hvdx_builds

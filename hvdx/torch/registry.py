@@ -11,8 +11,7 @@ optimizer (:data:`FITS`, the descriptors' ``torch_fit``).
 
 from __future__ import annotations
 
-import sys
-from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Set, Tuple
+from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Tuple
 
 import horovod.torch as _hvd
 
@@ -63,31 +62,9 @@ def outside_the_set(optimizer, args: OptimizerArguments):
 ADAPTERS: Mapping[str, Callable] = catalogue.adapters("torch_adapter")
 
 
-def _fit_topk(spec, optimizer):
-    """A TopK preset with this optimizer: DGC's momentum correction only where it
-    applies, more sent with an adaptive optimizer
-    (:func:`hvdx.strategies.topk.presets.for_optimizer`); rank 0 says once what it chose
-    and why. (TopK's ``torch_fit`` in the catalogue; it stays here beside
-    :data:`_SAID`, the memory of what was said, which tests clear.)"""
-    from hvdx.strategies.topk.presets import for_optimizer
-
-    fitted, why = for_optimizer(spec, type(optimizer).__name__, optimizer.param_groups)
-    if why is not None and (spec.preset, why) not in _SAID:
-        _SAID.add((spec.preset, why))
-        if _hvd.rank() == 0:
-            print(f"[hvdx] topk(preset={spec.preset!r}) {why}; every other setting is the "
-                  "preset's (an argument given with the preset, such as "
-                  "momentum_correction=False or ratio=, is kept as given)",
-                  file=sys.stderr, flush=True)
-    return fitted
-
-
 #: Strategy name -> ``fit(spec, optimizer)``: the spec as it runs with the optimizer (a
 #: view of the catalogue's ``torch_fit`` entries).
 FITS: Mapping[str, Callable] = catalogue.adapters("torch_fit")
-
-#: ``(preset, reason)`` rank 0 has printed (once per process).
-_SAID: Set[Tuple[Optional[str], str]] = set()
 
 
 def fit(strategy: Strategy, optimizer) -> Strategy:

@@ -10,7 +10,8 @@ from hvdx.bench.results import render_table
 from hvdx.bench.run_list import check_placements, ordered_runs
 from hvdx.bench.strategy_run import launch_command, placement_hosts, run_name, start_cluster
 from hvdx.bench.summary import Summary, summarize
-from hvdx.bench.strategies import DEFAULT_STRATEGIES, STRATEGIES, decentralized_bytes
+from hvdx.bench.strategies import DEFAULT_STRATEGIES, STRATEGIES
+from hvdx.strategies.decentralized.bench_rows import decentralized_bytes
 from hvdx.cluster import ClusterSpec
 from hvdx.core.cost_model import STRATEGIES as PRICED, Cluster, Prediction, Workload, predict
 

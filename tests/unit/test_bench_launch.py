@@ -6,7 +6,8 @@ import pytest
 
 from hvdx.bench.strategy_run import launch_command
 from hvdx.bench.pinning import PIN_ENV, cores_value
-from hvdx.bench.strategies import STRATEGIES, TOPK_DGC_OPTIONS, TOPK_MASKED_OPTIONS
+from hvdx.bench.strategies import STRATEGIES
+from hvdx.strategies.topk.bench_rows import TOPK_DGC_OPTIONS, TOPK_MASKED_OPTIONS
 
 pytestmark = [pytest.mark.decentralized, pytest.mark.stanza]
 

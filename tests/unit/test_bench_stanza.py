@@ -8,7 +8,8 @@ import torch
 
 from hvdx.bench.pricing import add_predictions
 from hvdx.bench.summary import summarize
-from hvdx.bench.strategies import DEFAULT_STRATEGIES, STRATEGIES, stanza_bytes
+from hvdx.bench.strategies import DEFAULT_STRATEGIES, STRATEGIES
+from hvdx.strategies.stanza.bench_rows import stanza_bytes
 from hvdx.bench.workloads import WORKLOADS
 from hvdx.cluster import ClusterSpec
 from hvdx.core.cost_model import Prediction

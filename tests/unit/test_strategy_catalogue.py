@@ -4,7 +4,6 @@ framework registries, the environment's names) are views of it, registered entri
 included."""
 
 import argparse
-import dataclasses
 import importlib
 import pathlib
 import subprocess
@@ -16,8 +15,8 @@ import pytest
 from hvdx import environment
 from hvdx.environment_variables import COMPRESSION_VARIABLE, SYNC_VARIABLE, asks_for_dssync
 from hvdx.strategies import catalogue
-from hvdx.strategies.descriptor import (KINDS, VARIABLES, BenchVariant, Constructor,
-                                        PlanOption, StrategyDescriptor, load)
+from hvdx.strategies.descriptor import (KINDS, VARIABLES, Constructor, StrategyDescriptor,
+                                        load)
 from hvdx.strategies.topk.presets import PRESETS
 from hvdx.strategies.topk.spec import topk
 from hvdx.strategy import Strategy
@@ -276,23 +275,26 @@ def test_a_wrong_sync_names_the_catalogues_synchronization_strategies():
 
 
 #: What a fifth built-in strategy (a synchronization strategy, priced by the cost model)
-#: edits outside its own modules, now that the lists that named the strategies (the
-#: variables' message, the bench's table, its script values and soak, the plan's lines
-#: and options, the registries, the cost model's layouts and the rows it compares by
-#: default) are views of the catalogue: its entry in the catalogue, and its exported
-#: names (``hvdx.DSSync``, ``hvd.dssync_process_sets``), written out one by one in
-#: hvdx/__init__.py and the frameworks' modules so that grep and IDEs find them (a test
-#: checks that they are the catalogue's exports: tests/unit/test_strategy_views.py).
-#: Its own modules are new files (the spec, the torch and TensorFlow adapters, the cost
-#: layout in its ``core_cost.py``, the bench's and the plan's functions). A compressor's
+#: edits outside its own folder: its line in the catalogue. Every list that named the
+#: strategies is a view of the catalogue (the variables' message, the bench's table, its
+#: script values and soak, the plan's lines and options, the registries, the cost
+#: model's layouts and the rows it compares by default, TensorFlow's preset handling,
+#: the compatibility table's columns), and each strategy's functions for them live in
+#: its folder (``bench_rows.py``, ``plan_line.py``, ``core_cost.py``, its torch fit).
+#: Its exported names (``hvdx.DSSync``, ``hvd.dssync_process_sets``) are served by the
+#: modules' ``__getattr__``; writing them out in hvdx/__init__.py and the frameworks'
+#: modules, so that grep and IDEs find them, is optional (a test checks that those
+#: written out are the catalogue's: tests/unit/test_strategy_views.py). A compressor's
 #: constructor is ``Compression.<name>`` in both frameworks through the catalogue too; a
 #: name of its own in Keras' module would edit hvdx/tensorflow/keras/__init__.py.
-#: Before, the lists below were written by hand too (7 more files).
-FIFTH_STRATEGY_EDITS = ("hvdx/strategies/catalogue.py", "hvdx/__init__.py",
-                        "hvdx/torch/__init__.py", "hvdx/tensorflow/__init__.py")
+#: Before, the lists below were written by hand too.
+FIFTH_STRATEGY_EDITS = ("hvdx/strategies/catalogue.py",)
 NO_LONGER_EDITED = ("hvdx/environment_variables.py", "hvdx/bench/strategies.py",
-                    "hvdx/bench/script.py", "hvdx/bench/soak.py", "hvdx/plan.py",
-                    "hvdx/core/cost/layouts/__init__.py", "hvdx/core/cost/predict.py")
+                    "hvdx/bench/script.py", "hvdx/bench/soak.py", "hvdx/planning/flags.py",
+                    "hvdx/planning/run_lines.py", "hvdx/core/cost/layouts/__init__.py",
+                    "hvdx/core/cost/predict.py", "hvdx/torch/registry.py",
+                    "hvdx/tensorflow/compression.py", "tests/recipes.py", "hvdx/__init__.py",
+                    "hvdx/torch/__init__.py", "hvdx/tensorflow/__init__.py")
 
 
 def test_the_files_a_fifth_strategy_edits_are_there():
@@ -303,27 +305,12 @@ def test_the_files_a_fifth_strategy_edits_are_there():
         not set(FIFTH_STRATEGY_EDITS) & set(NO_LONGER_EDITED)
 
 
-def _fifth_row(name, level=1):
-    from hvdx.bench import strategies as bench
-
-    return dataclasses.replace(bench.FLOOR, name=name, label=f"fifth, level {level}",
-                               script_env={SYNC_VARIABLE: f"Fifth(level={level})"},
-                               needs_code=None)
-
-
-def _fifth_line(given, cluster):
-    return f"sync=hvdx.Fifth(level={given['fifth_level']!r})"
-
-
-def _fifth_layout(c, w, fifth_level=1):
-    from hvdx.core.cost.types import _Plan
-
-    return _Plan(f"fifth level {fifth_level}", [], compute_s=w.compute_s * fifth_level)
-
-
 def test_a_fifth_built_in_strategy_is_one_catalogue_entry(monkeypatch):
-    """Every list that a new strategy once needed an edit in reads the entry (its
-    builders stand in for its own modules' functions)."""
+    """Every view of the catalogue shows a strategy that is its folder (a module of
+    the tests, fifth_strategy.py) and one catalogue entry: the exports, the variables,
+    the bench's rows, the soak, the plan's lines and options, the cost model, and the
+    compatibility table's columns."""
+    import fifth_strategy
     from hvdx import environment_variables, plan
     from hvdx.planning import flags, run_lines
     from hvdx.core.cost import layouts
@@ -331,39 +318,38 @@ def test_a_fifth_built_in_strategy_is_one_catalogue_entry(monkeypatch):
     from hvdx.bench import script, soak
     from hvdx.bench import strategies as bench
 
-    fifth = StrategyDescriptor(
-        name="fifth", kind="sync", title="Fifth",
-        constructors=(Constructor("Fifth", "hvdx.strategies.dssync.spec:DSSync"),),
-        examples=("Fifth(level=2)",), cost_model="fifth", cost_layout=_fifth_layout,
-        cost_compared=({}, {"fifth_level": 2}),
-        torch_exports=("hvdx.strategies.dssync.mixer:dssync_process_sets",),
-        bench=(BenchVariant("fifth", _fifth_row),
-               BenchVariant("fifth_high", _fifth_row, {"level": 9}, default=False,
-                            aliases=("high",))),
-        soak="Fifth('shuffle', group_size=2, seed=0)", plan_line=_fifth_line,
-        plan_options=(PlanOption("--fifth-level", int, "fifth: level", 1),))
+    fifth = fifth_strategy.FIFTH
     monkeypatch.setattr(catalogue, "BUILT_IN", catalogue.BUILT_IN + (fifth,))
+
+    # The API: each framework's module serves the names it does not write out.
+    import hvdx
+
+    assert hvdx.Fifth is fifth_strategy.Fifth and "Fifth" in dir(hvdx)
+    assert fifth.exports("hvdx") == (("Fifth", "fifth_strategy:Fifth"),)
+    for framework in filter(_importable, FRAMEWORKS):
+        module = importlib.import_module(f"hvdx.{framework}")
+        assert module.Fifth is fifth_strategy.Fifth, framework
+        assert module.fifth_matrix is fifth_strategy.fifth_matrix, framework
+        assert {"Fifth", "fifth_matrix"} <= set(dir(module)), framework
 
     assert environment_variables._accepted(SYNC_VARIABLE) == (
         "none, DSSync, Decentralized, Fifth, or a call of any of them with literal "
         "arguments, e.g. \"DSSync(intra_phases=4)\" or "
         "\"Decentralized(topology='one-peer-exp')\" or \"Fifth(level=2)\"")
-    assert ("Fifth", "hvdx.strategies.dssync.spec:DSSync") in fifth.exports("torch")
-    assert fifth.exports("hvdx") == (("Fifth", "hvdx.strategies.dssync.spec:DSSync"),)
-    assert ("dssync_process_sets",
-            "hvdx.strategies.dssync.mixer:dssync_process_sets") in \
-        fifth.exports("torch")
+    assert environment.parse(SYNC_VARIABLE, "Fifth(level=3)").describe() == \
+        "fifth level=3"
 
     rows = bench._rows()
     assert list(rows)[-3:] == ["fifth", "fifth_high", "floor"]
     assert rows["fifth"].default and not rows["fifth_high"].default
     assert rows["fifth_high"].label == "fifth, level 9" and rows["fifth"].strategy == "fifth"
+    assert rows["fifth_high"].aliases == ("high",)
     monkeypatch.setattr(bench, "STRATEGIES", rows)
     assert script._environment_values()["fifth_high"] == {SYNC_VARIABLE: "Fifth(level=9)"}
 
     assert soak._strategies()[-1] == "fifth"
     built = soak._options("fifth", types.SimpleNamespace(), None)["sync"]
-    assert built.describe() == "dssync"  # (the stand-in constructor)
+    assert isinstance(built, fifth_strategy.Fifth) and built.describe() == "fifth level=2"
 
     parser = argparse.ArgumentParser()
     plan.add_arguments(parser)
@@ -374,7 +360,8 @@ def test_a_fifth_built_in_strategy_is_one_catalogue_entry(monkeypatch):
 
     # The cost model prices it by its entry's layout, and compares its entries by
     # default after the others'.
-    assert list(STRATEGIES)[-1] == "fifth" and STRATEGIES["fifth"] is _fifth_layout
+    assert list(STRATEGIES)[-1] == "fifth"
+    assert STRATEGIES["fifth"] is fifth_strategy.fifth_layout
     assert layouts.default_entries()[-2:] == ("fifth", ("fifth", {"fifth_level": 2}))
     cluster, workload = flags.build_cluster(args), flags.build_workload(args)
     assert predict("fifth", cluster, workload, fifth_level=3).compute_s == \
@@ -383,6 +370,21 @@ def test_a_fifth_built_in_strategy_is_one_catalogue_entry(monkeypatch):
     assert {p.label for p in priced} == {"fifth level 3", "horovod"}
     with pytest.raises(ValueError, match="takes no option ratio"):
         predict("fifth", cluster, workload, ratio=0.1)
+
+    # The compatibility table: a column of its own, untested in every row.
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    try:
+        import recipes
+    finally:
+        sys.path.pop(0)
+    assert list(recipes.columns().items())[-1] == ("fifth", "Fifth")
+    table = recipes.render().splitlines()
+    headers = [line for line in table if line.startswith("| recipe |")]
+    assert headers and all(line.endswith("| Fifth |") for line in headers)
+    rows_of_recipes = [line for line in table if line.startswith("| ")
+                       and not line.startswith("| recipe |")]
+    assert len(rows_of_recipes) == len(recipes.RECIPES)
+    assert all(line.endswith("| untested |") for line in rows_of_recipes)
 
 
 def test_a_fifth_built_in_compressor_is_an_attribute_of_both_frameworks_compression(

@@ -289,13 +289,16 @@ def _bindings(path: pathlib.Path) -> Dict[str, str]:
     ("hvdx", "__init__.py"), ("torch", "torch/__init__.py"),
     ("tensorflow", "tensorflow/__init__.py")])
 def test_the_exported_names_are_the_catalogues_each_written_out(framework, init):
-    """hvdx/__init__.py, hvdx/torch/__init__.py and hvdx/tensorflow/__init__.py name each
-    strategy's exports one by one (found by grep and by IDEs): every name the catalogue
-    exports is bound there to the catalogue's path, and no strategy's module gives a
-    name that the catalogue does not list."""
-    exports = dict(e for entry in catalogue.BUILT_IN for e in entry.exports(framework))
+    """hvdx/__init__.py, hvdx/torch/__init__.py and hvdx/tensorflow/__init__.py write
+    strategies' exports out one by one (found by grep and by IDEs), and serve the
+    others by the module's ``__getattr__``: every name written out is bound there to
+    the catalogue's path, no strategy's module gives a name that the catalogue does not
+    list, and every name the catalogue exports is an attribute of the module."""
+    exports = catalogue.exports(framework)
+    assert exports == dict(e for entry in catalogue.BUILT_IN for e in entry.exports(framework))
     bound = _bindings(pathlib.Path(hvdx.__file__).parent / init)
-    assert {name: bound.get(name) for name in exports} == exports
+    written = {name: path for name, path in bound.items() if name in exports}
+    assert written == {name: exports[name] for name in written}
     from_strategies = {name for name, path in bound.items()
                        if path.startswith("hvdx.strategies.") and
                        not path.startswith("hvdx.strategies.descriptor:")}
@@ -307,11 +310,14 @@ def test_the_exported_names_are_the_catalogues_each_written_out(framework, init)
         module = importlib.import_module(f"hvdx.{framework}")
     for name, path in exports.items():
         assert getattr(module, name) is load(path), name
+        assert name in dir(module), name
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_export'"):
+        module.no_such_export
 
 
 def test_hvdx_all_is_its_own_names_and_the_catalogues_exports():
     exports = {name for entry in catalogue.BUILT_IN for name, _ in entry.exports("hvdx")}
-    assert set(hvdx.__all__) == {"Mixer", "__version__", "mixer", "register_compressor",
-                                 "register_mixer"} | exports
+    assert set(hvdx.__all__) == {"Compressor", "Mixer", "__version__", "mixer",
+                                 "register_compressor", "register_mixer"} | exports
     for name in hvdx.__all__:
         assert hasattr(hvdx, name), name

@@ -21,11 +21,11 @@ DECENTRALIZED = StrategyDescriptor(
                    {"topology": "one-peer-exp", "order": "combine_then_adapt"}),
     state_exports=("hvdx.tensorflow.mixing_state:decentralized_state",),
     examples=("Decentralized(topology='one-peer-exp')",),
-    bench=tuple(BenchVariant(name, "hvdx.bench.strategies:decentralized_strategy", kwargs,
+    bench=tuple(BenchVariant(name, "hvdx.strategies.decentralized.bench_rows:decentralized_strategy", kwargs,
                              default=not kwargs) for name, kwargs in (
         ("decentralized", {}), ("decentralized_static", {"topology": "static-exp"}),
         ("decentralized_cta", {"order": "combine_then_adapt"}))),
     soak="Decentralized('one-peer-exp')",
-    plan_line="hvdx.planning.run_lines:decentralized_line",
+    plan_line="hvdx.strategies.decentralized.plan_line:decentralized_line",
     plan_options=(PlanOption("--mix-every", int, "decentralized: mix every N steps, "
                              "local steps between", 1),))

@@ -13,10 +13,10 @@ STANZA = StrategyDescriptor(
     torch_trainer="hvdx.strategies.stanza.torch.trainer:Stanza",
     tensorflow_trainer="hvdx.strategies.stanza.tensorflow.trainer:Stanza",
     cost_model="stanza", cost_layout="hvdx.strategies.stanza.core_cost:_stanza",
-    bench=tuple(BenchVariant(name, "hvdx.bench.strategies:stanza_strategy", kwargs,
+    bench=tuple(BenchVariant(name, "hvdx.strategies.stanza.bench_rows:stanza_strategy", kwargs,
                              default=name == "stanza") for name, kwargs in (
         ("stanza", {"fc_workers": 1}), ("stanza_f2", {"fc_workers": 2}),
         ("stanza_auto", {"fc_workers": "auto"}),
         ("stanza_micro", {"fc_workers": 1, "micro_batches": 4}))),
-    plan_line="hvdx.planning.run_lines:stanza_line",
+    plan_line="hvdx.strategies.stanza.plan_line:stanza_line",
     plan_options=(PlanOption("--fc-workers", int, "stanza: FC workers", 1),))

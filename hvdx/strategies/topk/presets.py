@@ -1,8 +1,8 @@
 """Named TopK settings: ``Compression.topk(preset="fast")`` and ``preset="safe"``.
 
 Both are the tuned TopKs of the benchmark (``hvdx bench``'s rows ``fast`` and ``safe``,
-once ``topk_dgc`` and ``topk_masked``, which :mod:`hvdx.bench.strategies` builds from
-this table, so the two cannot drift). Which one:
+once ``topk_dgc`` and ``topk_masked``, which :mod:`hvdx.strategies.topk.bench_rows`
+builds from this table, so the two cannot drift). Which one:
 
 1. ``"fast"``: the fewest bytes: 1% of the gradient entries up and 1% down, DGC's
    momentum correction with its factor masking;
@@ -42,7 +42,8 @@ from typing import Dict, FrozenSet, Iterable, Mapping, Optional, Tuple
 
 __all__ = ["ADAPTIVE_RATIO", "HOROVOD_CYCLE_ENV", "PRESETS", "RATIO", "SELECTOR", "SMALL_TENSORS",
            "TOPK_METHOD", "WITHOUT_MOMENTUM_CORRECTION", "for_optimizer",
-           "momentum_correction_refusal", "preset_arguments", "preset_options"]
+           "momentum_correction_refusal", "preset_arguments", "preset_options",
+           "tensorflow_arguments"]
 
 #: The uplink ratio of both presets: 1% of the gradient.
 RATIO = 0.01
@@ -101,6 +102,16 @@ HOROVOD_CYCLE_ENV: Dict[str, str] = {"HOROVOD_CYCLE_TIME": "50"}
 #: which masks nothing without momentum correction); every other setting is the preset's.
 WITHOUT_MOMENTUM_CORRECTION: Dict = {"momentum_correction": False,
                                      "momentum_masking": True}
+
+
+def tensorflow_arguments(kwargs: Dict) -> Dict:
+    """``topk``'s keyword arguments as TensorFlow's ``hvd.Compression.topk`` passes them
+    on (TopK's ``tensorflow_arguments`` in the catalogue): with ``preset=``, DGC's
+    momentum correction off unless given (:data:`WITHOUT_MOMENTUM_CORRECTION`), since
+    it is implemented for PyTorch's SGD only; without, as given."""
+    if kwargs.get("preset") is None:
+        return kwargs
+    return dict(WITHOUT_MOMENTUM_CORRECTION, **kwargs)
 
 
 def preset_options(preset: str) -> Dict:

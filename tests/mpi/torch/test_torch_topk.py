@@ -1092,9 +1092,9 @@ def test_a_preset_with_adam_is_horovods_average_then_adam_at_ratio_one_and_says_
     """Adam has no SGD momentum to take over: the preset runs without momentum
     correction. At ratio 1 (and with its small tensors averaged in the TopK step) that is
     Horovod's dense average followed by plain torch's Adam step."""
-    from hvdx.torch import registry
+    from hvdx.strategies.topk.torch import preset_fit
 
-    registry._SAID.clear()  # earlier tests of this process may have said it already
+    preset_fit._SAID.clear()  # earlier tests of this process may have said it already
     capfd.readouterr()
     model, reference = initial_model(), initial_model()
     spec = hvd.Compression.topk(preset=preset, ratio=1.0, downlink_ratio=1.0)
@@ -1136,9 +1136,9 @@ def test_a_preset_with_adam_is_horovods_average_then_adam_at_ratio_one_and_says_
 @pytest.mark.parametrize("preset", ["fast", "safe"])
 def test_presets_use_momentum_correction_only_for_sgd_with_plain_momentum(
         preset, make, corrected, capfd):
-    from hvdx.torch import registry
+    from hvdx.strategies.topk.torch import preset_fit
 
-    registry._SAID.clear()
+    preset_fit._SAID.clear()
     capfd.readouterr()
     model = initial_model()
     opt = topk_optimizer(model, hvd.Compression.topk(preset=preset),
