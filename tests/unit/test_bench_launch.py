@@ -9,7 +9,7 @@ from hvdx.bench.pinning import PIN_ENV, cores_value
 from hvdx.bench.strategies import STRATEGIES
 from hvdx.strategies.topk.bench_rows import TOPK_DGC_OPTIONS, TOPK_MASKED_OPTIONS
 
-pytestmark = [pytest.mark.decentralized, pytest.mark.stanza]
+pytestmark = [pytest.mark.topk, pytest.mark.decentralized, pytest.mark.stanza]
 
 
 def test_on_localhost_a_strategys_environment_is_given_to_mpirun():
