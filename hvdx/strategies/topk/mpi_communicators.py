@@ -5,9 +5,10 @@ Machine Learning", ICDCS 2021).
 The two sparse exchanges share one interface, :meth:`Gathered.exchange` /
 :meth:`Sharded.exchange`: given the step's uplink pairs of a group of tensors, in one
 flat index space (tensor ``t`` shifted by ``offsets[t]``, in the fixed order), return
-each tensor's update, bitwise what the per-tensor step of
-:func:`~hvdx.strategies.topk.core_bidirectional.simulate_step` gives. Where the average
-``m`` is known they run the downlink with the compressor
+each tensor's update (the dense average, or a
+:class:`~hvdx.strategies.topk.core_compressor.SparseUpdate`), bitwise what the
+per-tensor step of :func:`~hvdx.strategies.topk.core_bidirectional.simulate_step`
+gives. Where the average ``m`` is known they run the downlink with the compressor
 (:mod:`hvdx.strategies.topk.core_compressor`) and the server memory
 (:mod:`hvdx.strategies.topk.core_memory`):
 
@@ -72,11 +73,11 @@ class Wire:
         """This run's row in Horovod's timeline."""
         return "topk autotune dry run" if self.dry_run else "topk"
 
-    def began(self) -> float:
-        """The start of a span, 0 while no timeline records."""
+    def began(self) -> int:
+        """The start of a span (microseconds), 0 while no timeline records."""
         return timeline.now() if timeline.active else 0
 
-    def count(self, phase: str, span: str, began: float, sent, received) -> None:
+    def count(self, phase: str, span: str, began: int, sent, received) -> None:
         """Add a collective's bytes to ``phase``, and its span to the timeline."""
         self.stats.record(sent, received, phase)
         if began:
@@ -90,7 +91,7 @@ class Wire:
             self.stats.record(nbytes, nbytes, "dense")
 
 
-def _cut(pairs_by_rank: List[Pairs], offsets: np.ndarray, t: int,
+def _tensor_pairs(pairs_by_rank: List[Pairs], offsets: np.ndarray, t: int,
          cuts: List[np.ndarray]) -> List[Pairs]:
     """Tensor ``t``'s pairs from every rank's, whose indices ascend through the flat
     index space (``cuts``: ``searchsorted`` of each rank's indices on ``offsets``)."""
@@ -117,8 +118,8 @@ class Gathered:
         cuts = [np.searchsorted(i, offsets) for i, _ in gathered]
         updates = []
         for t, (position, d) in enumerate(group):
-            m = aggregate(_cut(gathered, offsets, t, cuts), d, wire.size, offset=offsets[t],
-                          dtype=np.float32)
+            m = aggregate(_tensor_pairs(gathered, offsets, t, cuts), d, wire.size,
+                          offset=offsets[t], dtype=np.float32)
             k_down = compressor.k_down(d)
             if k_down is None:
                 updates.append(m)
@@ -157,7 +158,7 @@ class Sharded:
         chosen, compensated = [], {}
         for t, ((position, d), bounds) in enumerate(zip(group, all_bounds)):
             lo, hi = int(bounds[rank]), int(bounds[rank + 1])
-            m_s = aggregate(_cut(incoming, offsets, t, cuts), hi - lo, size,
+            m_s = aggregate(_tensor_pairs(incoming, offsets, t, cuts), hi - lo, size,
                             offset=offsets[t] + lo, dtype=np.float32)
             if compressor.k_down(d) is None:
                 local = np.flatnonzero(m_s)
