@@ -94,10 +94,10 @@ class TopKMemory:
     def fresh(self) -> "TopKMemory":
         """Empty residuals under the same keys and layout: an autotune dry run's,
         thrown away after it."""
-        other = TopKMemory.__new__(TopKMemory)
-        other.names, other.enabled, other.layout = self.names, self.enabled, self.layout
-        keys = self.worker.names
+        other = TopKMemory(self.names, False, self.enabled)
+        keys = self.worker.names  # a loaded checkpoint may have added names
         other.worker, other.server = ResidualMemory(keys), ResidualMemory(keys)
+        other.layout = self.layout
         return other
 
     @contextlib.contextmanager
