@@ -16,10 +16,11 @@ hvdx.torch and hvdx.tensorflow):
   driver ``mpi_driver.py`` that runs them every step with ``mpi_nonfinite.py`` (the
   NaN/Inf agreement), ``mpi_autotune.py``, ``core_concatenation.py`` (global
   selection), ``core_checkpoint.py`` and ``core_counters.py``; ``mpi_sync.py`` keeps
-  the names the adapters import;
+  the names it held before the split importable;
 - ``core_cost.py``: its traffic per step for the cost model (``hvdx plan``);
-- ``torch/optimizer.py``, ``tensorflow/adapters.py``: the framework adapters (each
-  subpackage imports hvdx's package for its framework first);
+- ``torch/optimizer.py`` (with ``torch/dense_allreduce.py``, Horovod's allreduce, and
+  ``torch/momentum_correction.py``, DGC's), ``tensorflow/adapters.py``: the framework
+  adapters (each subpackage imports hvdx's package for its framework first);
 - ``descriptor.py``: its entry in the catalogue (:mod:`hvdx.strategies.catalogue`).
 
 Importing this package imports nothing else.

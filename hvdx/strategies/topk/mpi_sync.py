@@ -1,6 +1,6 @@
-"""The names TopK's adapters import for its step over mpi4py, from the modules of its
-GRACE parts (Xu et al., ICDCS 2021; :mod:`hvdx.strategies.topk.mpi_driver` says which
-module is which part).
+"""TopK's step over mpi4py, by the names this module held before the step was split
+into GRACE's parts (Xu et al., ICDCS 2021): :mod:`hvdx.strategies.topk.mpi_driver` says
+which module is which part.
 """
 
 from hvdx.strategies.topk.core_checkpoint import check_saved_rank
