@@ -11,9 +11,10 @@ One measurement, for each ``P`` in ``ranks`` and each mode:
 1. an MPI job of ``P`` ranks (:func:`main`) trains the benchmark's communication-bound
    model (``digits_vgg``, 1.4 M parameters) for ``steps`` steps with
    ``Compression.topk(ratio, downlink_ratio, mode=...)``, on its real data;
-2. each rank reads its optimizer's byte counters (:class:`hvdx.strategies.topk.mpi_sync.TopKStats`),
-   split into uplink, downlink and dense (the small tensors Horovod averages), and the
-   ranks' means per step are printed by rank 0 as one JSON line;
+2. each rank reads its optimizer's byte counters
+   (:class:`hvdx.strategies.topk.core_counters.TopKStats`), split into uplink, downlink
+   and dense (the small tensors Horovod averages), and the ranks' means per step are
+   printed by rank 0 as one JSON line;
 3. :func:`render` sets them against Horovod's dense ring allreduce of the same model,
    ``2 (P - 1) / P`` times its bytes each way.
 

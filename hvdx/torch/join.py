@@ -11,7 +11,7 @@ divides by every rank). hvdx's own collectives are not Horovod's to answer. So:
    step of the others with zero gradients, optimizer by optimizer in the order they
    were made (the order a training loop steps them): its residuals, velocities and
    parameters sit the step out, its share of the server side and its step counter go on
-   (:meth:`hvdx.strategies.topk.mpi_sync.TopKSynchronizer.joined_step`), so its state stays the
+   (:meth:`hvdx.strategies.topk.mpi_driver.TopKSynchronizer.joined_step`), so its state stays the
    others' and training may continue after the join;
 3. the NaN/Inf agreement that opens every TopK step tells every rank at once when all
    have joined; then every rank waits for Horovod's join and returns its answer, the

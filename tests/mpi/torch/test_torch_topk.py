@@ -1070,8 +1070,8 @@ def test_momentum_correction_keeps_the_velocities_in_one_buffer_that_the_exchang
     storage = buffer.untyped_storage().data_ptr()
     assert all(opt._hvdx_velocity[n].untyped_storage().data_ptr() == storage for n in names)
     if selection == "global":
-        assert opt._hvdx_sync._global_buffer is None
-        assert separate._hvdx_sync._global_buffer is not None
+        assert opt._hvdx_sync.concatenation.buffer is None
+        assert separate._hvdx_sync.concatenation.buffer is not None
     for (name, a), b in zip(model.named_parameters(), reference.parameters()):
         assert torch.equal(a, b), name
 

@@ -2,8 +2,8 @@
 
 Zou, De Sterck & Liu, "Downlink Compression Improves TopK Sparsification", arXiv
 2209.15203. The step (NaN/Inf agreement, dense/compressed split, fused exchange,
-residuals, counters) is :class:`hvdx.strategies.topk.mpi_sync.TopKSynchronizer`, the same object
-the PyTorch optimizer runs; this module only hands it TensorFlow's gradients.
+residuals, counters) is :class:`hvdx.strategies.topk.mpi_driver.TopKSynchronizer`, the same
+object the PyTorch optimizer runs; this module only hands it TensorFlow's gradients.
 
 Horovod's ``DistributedGradientTape`` and Keras ``DistributedOptimizer`` funnel the
 gradients through one function, ``_allreduce_grads(grads, vars)``, after setting aside
@@ -65,8 +65,10 @@ import tensorflow as tf
 import horovod.tensorflow as _hvd
 
 from hvdx.mpi import communicator_for
-from hvdx.strategies.topk.mpi_sync import (TopKStats, TopKSynchronizer, check_saved_rank,
-                                           first_nonfinite)
+from hvdx.strategies.topk.core_checkpoint import check_saved_rank
+from hvdx.strategies.topk.core_counters import TopKStats
+from hvdx.strategies.topk.mpi_driver import TopKSynchronizer
+from hvdx.strategies.topk.mpi_nonfinite import first_nonfinite
 from hvdx.strategies.topk.spec import TopKCompression
 from hvdx.tensorflow.allreduce_replacement import adapters, eagerly
 from hvdx.tensorflow.residual_state import ResidualState, StatesByVariables
@@ -82,9 +84,9 @@ class TopKState(ResidualState):
     spec and the communicator; a checkpoint restored before that is applied then.
 
     Attributes:
-        stats: :class:`~hvdx.strategies.topk.mpi_sync.TopKStats` (bytes per step, like
+        stats: :class:`~hvdx.strategies.topk.core_counters.TopKStats` (bytes per step, like
             ``optimizer.hvdx_stats`` in PyTorch).
-        synchronizer: the shared :class:`~hvdx.strategies.topk.mpi_sync.TopKSynchronizer`
+        synchronizer: the shared :class:`~hvdx.strategies.topk.mpi_driver.TopKSynchronizer`
             (``None`` before the first step).
     """
 

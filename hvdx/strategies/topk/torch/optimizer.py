@@ -1,12 +1,13 @@
 """The PyTorch optimizer for bidirectional TopK with error feedback.
 
 Zou, De Sterck & Liu, "Downlink Compression Improves TopK Sparsification", arXiv
-2209.15203. The math (selection, residuals, aggregation, downlink) is
-:mod:`hvdx.strategies.topk.core_bidirectional`; the pair collectives are :mod:`hvdx.mpi.sparse`.
-The step itself (NaN/Inf agreement, dense/compressed split, fused exchange, residuals,
-counters) is :class:`hvdx.strategies.topk.mpi_sync.TopKSynchronizer`, shared with the TensorFlow
-adapter; this module only moves tensors between torch and numpy and runs Horovod's
-allreduce for the tensors left dense.
+2209.15203. The step itself (NaN/Inf agreement, dense/compressed split, fused exchange,
+residuals, counters) is GRACE's driver,
+:class:`hvdx.strategies.topk.mpi_driver.TopKSynchronizer`, shared with the TensorFlow
+adapter; this module moves tensors between torch and numpy, with two parts of its own:
+Horovod's allreduce of the tensors left dense
+(:mod:`hvdx.strategies.topk.torch.dense_allreduce`) and DGC's momentum correction
+(:mod:`hvdx.strategies.topk.torch.momentum_correction`).
 
 One :meth:`step` (``synchronize`` then the wrapped optimizer's ``step``):
 
@@ -25,9 +26,9 @@ One :meth:`step` (``synchronize`` then the wrapped optimizer's ``step``):
    during ``warmup_steps``: Horovod's allreduce (op, ``gradient_predivide_factor``);
    with ``small_tensors="in_topk_step"`` the small ones of a compressed step are averaged
    by the synchronizer instead (one MPI allreduce), so that Horovod carries nothing then;
-4. the others, all together: flatten each to float32 numpy on CPU and run
-   :func:`~hvdx.strategies.topk.core_bidirectional.uplink` with its worker residual (selection stays
-   layer-wise: each tensor keeps its own ``k``), then exchange the pairs of all tensors at
+4. the others, all together: flatten each to float32 numpy on CPU, compensate it with
+   its worker residual and select its top ``k`` (selection stays layer-wise: each
+   tensor keeps its own ``k``), then exchange the pairs of all tensors at
    once in one flat index space (tensor ``t`` shifted by its offset in the concatenation,
    in the fixed order): ``gathered`` (one Allgatherv; every rank aggregates and runs the
    downlink of each tensor with its replica of the server residual) or ``sharded`` (each
@@ -49,37 +50,31 @@ Notes:
     - Sparse gradients (``torch.sparse``) are densified and averaged by Horovod, then made
       sparse again.
     - ``selection="global"``: one ``k`` over all compressed tensors (see
-      :mod:`hvdx.strategies.topk.mpi_sync`).
+      :mod:`hvdx.strategies.topk.core_concatenation`).
     - ``autotune_steps``: once the run chose dense, every allreduce starts from a hook
       while the backward pass runs, as in Horovod's own optimizer (same counting of
       ``backward_passes_per_step``), and those steps skip the NaN/Inf agreement (no
       residual is at stake; Horovod has none).
     - ``momentum_correction=True`` (Deep Gradient Compression, Lin et al., arXiv
-      1712.01887; the wrapped optimizer must be ``torch.optim.SGD`` without Nesterov or
-      dampening): hvdx takes the momentum ``m`` and weight decay ``wd`` of each
-      parameter group over. Before step 2, ``g <- g + wd p``; a compressed tensor's
-      gradient becomes its local velocity ``v <- m v + g``, which steps 2 to 5 compress;
-      after the exchange, ``v`` is zeroed where this rank sent it (factor masking;
-      ``momentum_masking=False`` keeps it). A
-      dense tensor is averaged first and then gets ``v <- m v + avg`` (SGD's own
-      momentum). The wrapped step then runs with momentum and weight decay 0. So tensors
-      left dense train exactly as SGD with momentum under Horovod; at ``ratio=1`` a
-      compressed tensor sends its whole velocity, which masking then clears: plain SGD on
-      the average (without masking: SGD with momentum on the average).
+      1712.01887; ``torch.optim.SGD`` without Nesterov or dampening): after step 2 a
+      compressed tensor's gradient becomes its local velocity, which steps 3 to 5
+      compress; the wrapped step then runs without momentum and weight decay
+      (:mod:`hvdx.strategies.topk.torch.momentum_correction`).
 """
 
 from __future__ import annotations
 
-import weakref
-from typing import Dict, List, Optional, Tuple
+from typing import List, Tuple
 
 import numpy as np
 import horovod.torch as _hvd
 import torch
 
-from hvdx.strategies.topk.mpi_sync import TopKStats, TopKSynchronizer
-from hvdx.strategies.topk.presets import momentum_correction_refusal
+from hvdx.strategies.topk.core_counters import TopKStats
+from hvdx.strategies.topk.mpi_driver import TopKSynchronizer
 from hvdx.strategies.topk.spec import TopKCompression
+from hvdx.strategies.topk.torch.dense_allreduce import DenseAllreduce
+from hvdx.strategies.topk.torch.momentum_correction import MomentumCorrection
 from hvdx.torch.compressing_optimizer import CompressingOptimizer
 from hvdx.torch.finite import first_nonfinite
 from hvdx.torch.optimizer_state import say_once_per_job
@@ -90,8 +85,7 @@ __all__ = ["STATE_KEY", "TopKStats", "adapter", "make_topk_optimizer"]
 #: The key of hvdx's state in :meth:`state_dict`.
 STATE_KEY = "hvdx_topk"
 
-#: Horovod's warning for ``step()`` after ``synchronize()`` outside
-#: ``skip_synchronize()``, word for word.
+
 def make_topk_optimizer(optimizer, named_parameters, compression: TopKCompression,
                         backward_passes_per_step, op, gradient_predivide_factor,
                         sparse_as_dense, process_set, comm):
@@ -108,10 +102,14 @@ def make_topk_optimizer(optimizer, named_parameters, compression: TopKCompressio
                process_set, comm)
 
 
-class _TopKOptimizer(CompressingOptimizer):
+class _TopKOptimizer(MomentumCorrection, DenseAllreduce, CompressingOptimizer):
     """Methods copied into the run-time class; ``self._hvdx_base`` is the user's class
     (Horovod's optimizer surface: :class:`~hvdx.torch.compressing_optimizer.
-    CompressingOptimizer`)."""
+    CompressingOptimizer`, whose ``_hvdx_local_step`` and ``_hvdx_passes_changed`` the
+    two parts before it override: DGC's momentum correction,
+    :class:`~hvdx.strategies.topk.torch.momentum_correction.MomentumCorrection`, and
+    Horovod's allreduce, :class:`~hvdx.strategies.topk.torch.dense_allreduce.
+    DenseAllreduce`)."""
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step,
                  op, gradient_predivide_factor, sparse_as_dense, process_set, comm):
@@ -120,27 +118,14 @@ class _TopKOptimizer(CompressingOptimizer):
         self._hvdx_entries: List[Tuple[str, torch.Tensor]] = entries
         self._hvdx_sync = TopKSynchronizer([n for n, _ in entries], compression, comm,
                                            sum_op=op == _hvd.Sum)
-        self._hvdx_op = op
-        self._hvdx_predivide = gradient_predivide_factor
         self._hvdx_sparse_as_dense = sparse_as_dense
-        self._hvdx_process_set = process_set
-        self._hvdx_velocity: Dict[str, torch.Tensor] = {}
-        #: Momentum correction: ``(names, buffer)``, the velocities of the compressed
-        #: tensors as views of one flat buffer in their fixed order, which the exchange
-        #: then reads as one array (no copy into ``p.grad``, no concatenation).
-        self._hvdx_flat_velocity: Optional[Tuple[Tuple[str, ...], torch.Tensor]] = None
-        if compression.momentum_correction:
-            _check_momentum_correction(self)
-        #: Once autotune chose dense: the allreduces the backward pass started
-        #: (``{position: (handle, was_sparse)}``), the passes each gradient still awaits,
-        #: and the hooks that start them.
-        self._hvdx_handles: Dict[int, Tuple] = {}
-        self._hvdx_delay: Dict[int, int] = {}
-        self._hvdx_hooks = None
+        self._hvdx_init_dense(op, gradient_predivide_factor, process_set)
+        self._hvdx_init_momentum(compression)
 
     # The synchronizer's objects under the names this optimizer always had.
     hvdx_stats = property(lambda self: self._hvdx_sync.stats,
-                          doc=":class:`~hvdx.strategies.topk.mpi_sync.TopKStats` (bytes per step).")
+                          doc=":class:`~hvdx.strategies.topk.core_counters.TopKStats` "
+                              "(bytes per step).")
     hvdx_strategy = property(lambda self: self._hvdx_sync.compression,
                              doc="The :class:`~hvdx.strategies.topk.spec.TopKCompression` spec "
                                  "this optimizer runs (read-only).")
@@ -154,24 +139,6 @@ class _TopKOptimizer(CompressingOptimizer):
                           lambda self, comm: setattr(self._hvdx_sync, "comm", comm))
 
     # --- the public surface of Horovod's optimizer -----------------------------------
-
-    def _hvdx_passes_changed(self, passes):
-        self._hvdx_delay = dict.fromkeys(self._hvdx_delay, passes)
-
-    def _hvdx_local_step(self, closure=None):
-        """The wrapped optimizer's own step on ``p.grad``, with no communication (with
-        momentum correction, without its momentum and weight decay)."""
-        if not self._hvdx_sync.compression.momentum_correction:
-            return self._hvdx_base.step(self, closure)
-        # The velocity (and weight decay) went into p.grad already: step without them.
-        saved = [(group["momentum"], group["weight_decay"]) for group in self.param_groups]
-        try:
-            for group in self.param_groups:
-                group["momentum"], group["weight_decay"] = 0.0, 0.0
-            return self._hvdx_base.step(self, closure)
-        finally:
-            for group, (momentum, decay) in zip(self.param_groups, saved):
-                group["momentum"], group["weight_decay"] = momentum, decay
 
     def synchronize(self):
         """Replace every ``p.grad`` by the TopK-compressed average (steps 1 to 5).
@@ -266,7 +233,7 @@ class _TopKOptimizer(CompressingOptimizer):
         for side in ("worker", "server"):
             topk[side] = {n: torch.from_numpy(e) for n, e in topk[side].items()}
         if self._hvdx_velocity:
-            topk["velocity"] = {n: v.detach().clone() for n, v in self._hvdx_velocity.items()}
+            topk["velocity"] = self._hvdx_velocity_state()
         state[STATE_KEY] = topk
         return state
 
@@ -280,23 +247,19 @@ class _TopKOptimizer(CompressingOptimizer):
             # A refused checkpoint changes nothing, the wrapped optimizer's state included.
             self._hvdx_sync.check_state_dict(topk)
         self._hvdx_base.load_state_dict(self, state_dict)
-        self._hvdx_handles.clear()
-        self._hvdx_delay = dict.fromkeys(self._hvdx_delay, self.backward_passes_per_step)
+        self._hvdx_forget_started()
         if topk is not None:
             self._hvdx_sync.load_state_dict(topk)
             if self._hvdx_sync.overlaps_dense():
                 self._hvdx_register_hooks()
-            params = dict(self._hvdx_entries)
-            self._hvdx_velocity = {
-                n: v.detach().to(params[n].device, params[n].dtype).clone()
-                for n, v in topk.get("velocity", {}).items() if n in params}
+            self._hvdx_load_velocity(topk.get("velocity", {}))
 
     def _hvdx_joined_round(self):
         """One step of the other ranks, taken by this rank after ``hvd.join()``
-        (:meth:`~hvdx.strategies.topk.mpi_sync.TopKSynchronizer.joined_step`): ``True`` once every
-        rank has joined, ``False`` after a step of the others, ``None`` when hvdx runs no
-        collective of its own (autotune chose dense: Horovod's join answers everything).
-        Gradients, velocities and parameters are left alone."""
+        (:meth:`~hvdx.strategies.topk.mpi_driver.TopKSynchronizer.joined_step`): ``True``
+        once every rank has joined, ``False`` after a step of the others, ``None`` when
+        hvdx runs no collective of its own (autotune chose dense: Horovod's join answers
+        everything). Gradients, velocities and parameters are left alone."""
         sync = self._hvdx_sync
         if sync.overlaps_dense():
             return None
@@ -307,7 +270,7 @@ class _TopKOptimizer(CompressingOptimizer):
         """Give every rank ``root_rank``'s share of hvdx's state that the ranks must hold
         alike; collective.
 
-        1. the synchronizer's (:meth:`~hvdx.strategies.topk.mpi_sync.TopKSynchronizer.
+        1. the synchronizer's (:meth:`~hvdx.strategies.topk.mpi_driver.TopKSynchronizer.
            shared_state`: the step, autotune's choice, a ``gathered`` server's residuals);
         2. with ``momentum_correction``, the velocity of every tensor the next step
            leaves dense (below ``min_size``, during warm-up or autotune, or once
@@ -328,18 +291,7 @@ class _TopKOptimizer(CompressingOptimizer):
         own_state = shared.pop("own_state")
         sync.load_shared_state(shared)
         if sync.compression.momentum_correction:
-            dense = self._hvdx_dense_names()
-            velocity = {n: v.detach().cpu() for n, v in self._hvdx_velocity.items()
-                        if n in dense}
-            velocity = _hvd.broadcast_object(velocity, root_rank,
-                                             name="hvdx.topk.dense_velocity")
-            params = dict(self._hvdx_entries)
-            for name in dense:
-                if name in velocity:
-                    self._hvdx_velocity[name] = velocity[name].to(
-                        params[name].device, params[name].dtype).clone()
-                else:
-                    self._hvdx_velocity.pop(name, None)
+            self._hvdx_broadcast_dense_velocity(root_rank)
         if own_state:
             say_once_per_job(
                 "broadcast_optimizer_state: each rank keeps its own TopK residuals"
@@ -351,80 +303,7 @@ class _TopKOptimizer(CompressingOptimizer):
         if sync.overlaps_dense():
             self._hvdx_register_hooks()
 
-    def _hvdx_dense_names(self):
-        """The names of the tensors the next step leaves dense (sparse gradients
-        aside, which keep no velocity)."""
-        dense, _ = self._hvdx_sync.split([p.numel() for _, p in self._hvdx_entries])
-        return {self._hvdx_entries[position][0] for position in dense}
-
     # --- internals ------------------------------------------------------------------
-
-    def _hvdx_register_hooks(self):
-        """Once autotune chose dense: start each gradient's allreduce as soon as the
-        backward pass has accumulated it, as Horovod's own optimizer does, so that
-        communication overlaps the rest of the backward pass.
-
-        The hooks hold the optimizer weakly: an optimizer dropped by the user stops
-        reacting to the parameters' gradients.
-        """
-        if self._hvdx_hooks is not None:
-            return
-        this = weakref.ref(self)
-
-        def make_hook(position):
-            def hook(_):
-                optimizer = this()
-                if optimizer is not None:
-                    optimizer._hvdx_gradient_ready(position)
-            return hook
-
-        self._hvdx_delay = {position: self.backward_passes_per_step
-                            for position in range(len(self._hvdx_entries))}
-        self._hvdx_hooks = [p.register_post_accumulate_grad_hook(make_hook(position))
-                            for position, (_, p) in enumerate(self._hvdx_entries)]
-
-    def _hvdx_gradient_ready(self, position):
-        """A backward pass accumulated ``position``'s gradient: after the
-        ``backward_passes_per_step``-th, start its allreduce (Horovod's hook)."""
-        if not self._hvdx_sync.overlaps_dense():
-            return
-        if position in self._hvdx_handles or self._hvdx_delay[position] <= 0:
-            raise AssertionError(
-                "Gradients were computed more than backward_passes_per_step times before "
-                "call to step(). Increase backward_passes_per_step to accumulate gradients "
-                "locally.")
-        self._hvdx_delay[position] -= 1
-        name, p = self._hvdx_entries[position]
-        if self._hvdx_delay[position] == 0 and not p.grad.is_sparse:
-            self._hvdx_handles[position] = self._hvdx_dense_async(name, p)
-
-    def _hvdx_synchronize_dense(self):
-        """A step after autotune chose dense: Horovod's average of every gradient.
-
-        1. start the allreduces the backward pass did not (a gradient set by hand, a
-           sparse one, a parameter without gradient: zeros, as Horovod sends);
-        2. wait for all of them, in the fixed order;
-        3. with ``momentum_correction``: weight decay on the average (the parameters are
-           the same on every rank, so this is the average of the decayed gradients), then
-           SGD's momentum, as for any tensor left dense.
-        No NaN/Inf agreement: no residual is at stake, and Horovod has none.
-        """
-        entries = self._hvdx_entries
-        for position, (name, p) in enumerate(entries):
-            if position not in self._hvdx_handles:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                self._hvdx_handles[position] = self._hvdx_dense_async(name, p)
-        for position in sorted(self._hvdx_handles):
-            self._hvdx_dense_wait(position, self._hvdx_handles[position])
-        self._hvdx_handles.clear()
-        self._hvdx_delay = dict.fromkeys(self._hvdx_delay, self.backward_passes_per_step)
-        grads = [p.grad for _, p in entries]
-        self._hvdx_sync.dense_step([g.numel() for g in grads],
-                                   [g.element_size() for g in grads])
-        if self._hvdx_sync.compression.momentum_correction:
-            self._hvdx_weight_decay()
-            self._hvdx_after_exchange([])
 
     def _hvdx_skip_nonfinite(self):
         """A step whose gradients are not finite on some rank (step 2): every ``p.grad``
@@ -447,131 +326,6 @@ class _TopKOptimizer(CompressingOptimizer):
                 else:
                     g.fill_(float("nan"))
         self._hvdx_synchronized = True
-
-    def _hvdx_group_of(self):
-        """``{id(parameter): its param_group}``."""
-        return {id(p): group for group in self.param_groups for p in group["params"]}
-
-    def _hvdx_local_momentum(self, grads):
-        """Momentum correction, before the exchange: weight decay into every gradient,
-        then each compressed tensor's local velocity ``v <- m v + g``, which the exchange
-        compresses instead of the gradient (``p.grad`` receives the update after it)."""
-        entries, groups = self._hvdx_entries, self._hvdx_group_of()
-        _, compressed = self._hvdx_sync.split(
-            [g.numel() for g in grads], [i for i, g in enumerate(grads) if g.is_sparse])
-        self._hvdx_weight_decay()
-        fresh = self._hvdx_flatten_velocity(compressed)
-        with torch.no_grad():
-            for position in compressed:
-                name, p = entries[position]
-                v = self._hvdx_velocity.get(name)
-                if v is None:
-                    self._hvdx_velocity[name] = p.grad.detach().clone()
-                elif name in fresh:
-                    v.copy_(p.grad)
-                else:  # v <- m v + g in one pass over v
-                    torch.add(p.grad, v, alpha=groups[id(p)]["momentum"], out=v)
-        return compressed
-
-    def _hvdx_flatten_velocity(self, compressed):
-        """Keep the velocities of the ``compressed`` positions as consecutive views of one
-        flat buffer (when they share a dtype and a device); return the names whose
-        velocity starts this step (zero in the buffer, not yet set).
-
-        The buffer is rebuilt, keeping every velocity's values, when the compressed set
-        changed or a velocity was replaced (a loaded checkpoint)."""
-        entries, velocity = self._hvdx_entries, self._hvdx_velocity
-        names = tuple(entries[p][0] for p in compressed)
-        layout = self._hvdx_flat_velocity
-        if layout is not None and layout[0] == names and all(
-                n in velocity and velocity[n]._base is layout[1] for n in names):
-            return ()
-        self._hvdx_flat_velocity = None
-        params = [entries[p][1] for p in compressed]
-        if not params or len({(p.dtype, p.grad.device) for p in params}) != 1:
-            return ()
-        buffer = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype,
-                             device=params[0].grad.device)
-        fresh, start = set(), 0
-        with torch.no_grad():
-            for name, p in zip(names, params):
-                view = buffer[start:start + p.numel()].view(p.shape)
-                start += p.numel()
-                old = velocity.get(name)
-                if old is None:
-                    fresh.add(name)
-                else:
-                    view.copy_(old)
-                velocity[name] = view
-        self._hvdx_flat_velocity = (names, buffer)
-        return fresh
-
-    def _hvdx_after_exchange(self, compressed):
-        """Momentum correction, after the exchange: factor masking for the compressed
-        tensors, SGD's momentum on the average for the dense ones."""
-        entries, groups = self._hvdx_entries, self._hvdx_group_of()
-        sent = self._hvdx_sync.last_sent if self._hvdx_sync.compression.momentum_masking \
-            else {}
-        done = set(compressed)
-        with torch.no_grad():
-            for position in compressed:
-                name, p = entries[position]
-                indices = sent.get(position)
-                if indices is not None and len(indices):
-                    self._hvdx_velocity[name].view(-1)[
-                        torch.from_numpy(np.asarray(indices, np.int64)).to(p.device)] = 0
-            for position, (name, p) in enumerate(entries):
-                if position in done or p.grad.is_sparse:
-                    continue
-                momentum = groups[id(p)]["momentum"]
-                v = self._hvdx_velocity.get(name)
-                v = p.grad.detach().clone() if v is None else v.mul_(momentum).add_(p.grad)
-                self._hvdx_velocity[name] = v
-                p.grad.copy_(v)
-
-    def _hvdx_weight_decay(self):
-        """Momentum correction: ``g <- g + wd p`` for every dense ``p.grad``, with its
-        group's ``wd`` (the wrapped SGD then steps without weight decay)."""
-        groups = self._hvdx_group_of()
-        with torch.no_grad():
-            for _, p in self._hvdx_entries:
-                decay = groups[id(p)]["weight_decay"]
-                if decay and not p.grad.is_sparse:
-                    p.grad.add_(p.detach(), alpha=decay)
-
-    def _hvdx_dense_wait(self, position, started):
-        """Wait for ``started = (handle, was_sparse)`` of :meth:`_hvdx_dense_async`;
-        a gradient that was sparse becomes sparse again."""
-        handle, was_sparse = started
-        out = _hvd.synchronize(handle)
-        if was_sparse:
-            self._hvdx_entries[position][1].grad = out.to_sparse()
-
-    def _hvdx_dense_async(self, name, p):
-        """Horovod's allreduce of ``p.grad`` (in place when dense)."""
-        g = p.grad
-        was_sparse = g.is_sparse
-        if was_sparse:
-            g = g.to_dense()
-            p.grad = g
-        op, prescale, postscale = self._hvdx_op, 1.0, 1.0
-        if op == _hvd.Average and self._hvdx_predivide != 1.0:
-            prescale = 1.0 / self._hvdx_predivide
-            postscale = self._hvdx_predivide
-        handle = _hvd.allreduce_async_(g, name=f"hvdx.topk.dense.{name}", op=op,
-                                       prescale_factor=prescale, postscale_factor=postscale,
-                                       process_set=self._hvdx_process_set)
-        return handle, was_sparse
-
-
-def _check_momentum_correction(optimizer) -> None:
-    """``momentum_correction`` takes SGD's momentum over: SGD without Nesterov or
-    dampening only (anything else would be applied twice or differently). The same test
-    decides whether a preset keeps it (:func:`hvdx.strategies.topk.presets.for_optimizer`)."""
-    refusal = momentum_correction_refusal(optimizer._hvdx_base.__name__,
-                                          optimizer.param_groups)
-    if refusal is not None:
-        raise ValueError(refusal)
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
