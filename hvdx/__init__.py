@@ -6,7 +6,7 @@ Change one line of a Horovod script::
 
 and everything works as before, bit for bit. hvdx's strategies are then switched on
 through the optimizer's ``compression=`` and ``sync=`` arguments (the strategy
-contract: :mod:`hvdx.strategy`).
+contract: :mod:`hvdx.strategy_contract`).
 
 Framework adapters: :mod:`hvdx.torch`, :mod:`hvdx.tensorflow`,
 :mod:`hvdx.tensorflow.keras`. Framework-neutral algorithms: :mod:`hvdx.core`.

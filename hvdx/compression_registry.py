@@ -12,7 +12,7 @@
 After :func:`register_compressor`, ``hvd.Compression.<name>(*args, **kwargs)`` (torch
 and TensorFlow) and ``HVDX_COMPRESSION=<name>(<literal arguments>)`` build a
 :class:`UserCompression` spec, which the entry points resolve and check across ranks
-like every strategy (:mod:`hvdx.strategy`): the fingerprint holds the compressor's
+like every strategy (:mod:`hvdx.strategy_contract`): the fingerprint holds the compressor's
 class (qualified name) and its :meth:`~hvdx.core.compression_protocol.Compressor.settings`,
 so a rank with another setting fails on every rank. The algorithm is
 :mod:`hvdx.core.user_compression`; the adapters are :mod:`hvdx.torch.user_compression`
@@ -29,7 +29,7 @@ from hvdx.core.compression_protocol import Compressor, check_compressor_class
 from hvdx.strategies import catalogue
 from hvdx.strategies.catalogue import RegisteredClassSpec, qualified, settings_of
 from hvdx.strategies.descriptor import Constructor, StrategyDescriptor, VARIABLES, load
-from hvdx.strategy import CompressionStrategy, kept_for_every_rank
+from hvdx.strategy_contract import CompressionStrategy, kept_for_every_rank
 
 __all__ = ["RESERVED", "Registered", "UserCompression", "builder", "built_in_constructor",
            "register_compressor", "registered"]
@@ -116,7 +116,7 @@ def builder(name: str) -> Callable[..., "UserCompression"]:
 
     build.__name__ = build.__qualname__ = name
     build.__doc__ = f"Build compression={name}(...): {qualified(cls)} with error feedback."
-    build.hvdx_builds = "compression"  # refused uncalled (hvdx.strategy.strategy_of)
+    build.hvdx_builds = "compression"  # refused uncalled (hvdx.strategy_contract.strategy_of)
     try:  # help() and HVDX_COMPRESSION's check of the arguments see the constructor's
         build.__signature__ = inspect.signature(cls)
     except (TypeError, ValueError):
@@ -157,10 +157,10 @@ class UserCompression(RegisteredClassSpec, CompressionStrategy):
     (``describe`` and ``repr``: :class:`~hvdx.strategies.catalogue.RegisteredClassSpec`).
 
     A ``ValueError`` of the compressor's constructor is kept, in a job of several
-    ranks, and raised on every rank by the entry point (:func:`hvdx.strategy.validating`);
+    ranks, and raised on every rank by the entry point (:func:`hvdx.strategy_contract.validating`);
     a ``TypeError`` (arguments it does not take) is raised at once, as by any call. Its
     job checks (``op`` Average or Sum, ``gradient_predivide_factor`` 1) are
-    :meth:`~hvdx.strategy.CompressionStrategy.prepare`'s.
+    :meth:`~hvdx.strategy_contract.CompressionStrategy.prepare`'s.
     """
 
     name: ClassVar[str] = "user_compression"

@@ -28,12 +28,12 @@ Every entry point (``DistributedOptimizer`` of torch and Keras,
 3. the spec is built by the constructor the code would call (the framework's
    ``Compression.topk``, ``hvdx.DSSync``, ``hvdx.Decentralized``), so it is validated
    the same way, and it carries ``(variable, raw value)``
-   (:attr:`hvdx.strategy.Strategy.environment`): the entry point's cross-rank check
+   (:attr:`hvdx.strategy_contract.Strategy.environment`): the entry point's cross-rank check
    compares that entry, so a rank launched with another value fails every rank;
 4. an error (syntax, an unknown name, a forbidden expression, an argument the
    constructor refuses) is a ``ValueError`` naming the variable and its value; in a job
    of several ranks it is kept and raised on every rank after the entry point's
-   cross-rank check (:func:`hvdx.strategy.kept_for_every_rank`);
+   cross-rank check (:func:`hvdx.strategy_contract.kept_for_every_rank`);
 5. one spec per framework, variable and value in a process (a TensorFlow tape is made
    every step and keeps the DS-Sync or graph state on its spec); rank 0 prints the
    choice once per entry point and value, and a strategy the code passes once per
@@ -58,7 +58,7 @@ from hvdx import log
 from hvdx.keywords import unexpected_keyword
 from hvdx.strategies import catalogue
 from hvdx.strategies.descriptor import load
-from hvdx.strategy import Strategy, kept_for_every_rank
+from hvdx.strategy_contract import Strategy, kept_for_every_rank
 
 __all__ = ["COMPRESSION_VARIABLE", "SYNC_VARIABLE", "accepted_names", "asks_for_dssync",
            "check_at_init", "choose", "forget", "parse"]

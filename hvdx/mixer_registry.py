@@ -59,12 +59,12 @@ from hvdx.keywords import unexpected_keyword
 from hvdx.strategies import catalogue
 from hvdx.strategies.catalogue import RegisteredClassSpec, qualified, settings_of
 from hvdx.strategies.descriptor import StrategyDescriptor, VARIABLES
-from hvdx.strategy import Job, MixingStrategy, kept_for_every_rank
+from hvdx.strategy_contract import Job, MixingStrategy, kept_for_every_rank
 
 __all__ = ["MIXING_OPTIONS", "Mixer", "RESERVED", "UserMixing", "check_matrix", "mixer",
            "register_mixer", "registered_mixers"]
 
-#: The options every mixing strategy takes (:class:`hvdx.strategy.MixingStrategy`),
+#: The options every mixing strategy takes (:class:`hvdx.strategy_contract.MixingStrategy`),
 #: keywords of every registered mixer's spec; a mixer's constructor may not use them.
 MIXING_OPTIONS = ("global_every", "swa_start", "swa_every", "average_optimizer_state")
 
@@ -237,7 +237,7 @@ class UserMixing(RegisteredClassSpec, MixingStrategy):
 
     A ``ValueError`` of the mixer's constructor (or of an option) is kept, in a job of
     several ranks, and raised on every rank by the entry point
-    (:func:`hvdx.strategy.validating`).
+    (:func:`hvdx.strategy_contract.validating`).
     """
 
     argument: ClassVar[str] = "sync"
@@ -273,7 +273,7 @@ class UserMixing(RegisteredClassSpec, MixingStrategy):
         changed = {k: v for k, v in options.items() if v != defaults[k]}
         return f"{self.name}({_arguments(self.args, {**self.kwargs, **changed})})"
 
-    # --- the strategy contract (hvdx.strategy) ---------------------------------------
+    # --- the strategy contract (hvdx.strategy_contract) ---------------------------------------
 
     def prepare(self, job: Job) -> Any:
         """Check the arguments against the job; a mixer by matrix gives step 0's matrix

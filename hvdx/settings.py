@@ -6,7 +6,7 @@ import inspect
 from typing import List, Tuple
 
 from hvdx._version import __version__
-from hvdx.strategy import Strategy, strategy_of
+from hvdx.strategy_contract import Strategy, strategy_of
 
 __all__ = ["group_sizes", "horovod_settings", "validate_sync"]
 
@@ -21,9 +21,9 @@ def horovod_settings(**settings) -> List[Tuple[str, object]]:
     """Fingerprint entries for the optimizer's settings, rendered rank-independently.
 
     Classes (Horovod compressors) are rendered by qualified name, process sets by their
-    ranks, hvdx strategies by :meth:`~hvdx.strategy.Strategy.describe`, so that the
+    ranks, hvdx strategies by :meth:`~hvdx.strategy_contract.Strategy.describe`, so that the
     same settings give the same text on every rank. A strategy whose constructor failed
-    (:func:`hvdx.strategy.validating`) adds its error as ``<strategy>.error``, which
+    (:func:`hvdx.strategy_contract.validating`) adds its error as ``<strategy>.error``, which
     :func:`hvdx.mpi.check_consistent` reports on every rank. A strategy built from the
     environment (:mod:`hvdx.environment`) adds ``(variable, raw value)`` first, so that
     ranks launched with different values name the variable where they disagree.

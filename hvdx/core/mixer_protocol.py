@@ -8,7 +8,8 @@ framework (:mod:`hvdx.torch.mixing_driver`, :mod:`hvdx.tensorflow.mixing_state`)
 ``t`` the driver:
 
 1. asks the mixer for the step's exchange, ``mixer.exchange(t, everyone)``
-   (``everyone``: a ``global_every`` step, :meth:`hvdx.strategy.MixingStrategy.global_due`);
+   (``everyone``: a ``global_every`` step,
+   :meth:`hvdx.strategy_contract.MixingStrategy.global_due`);
 2. runs it on the framework's tensors:
 
    - :class:`Everyone`: the mean over all ranks (Horovod's grouped allreduce);

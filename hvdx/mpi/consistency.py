@@ -12,7 +12,7 @@ from mpi4py import MPI
 from typing import Iterable, List, Optional, Tuple
 
 from hvdx.core.fingerprint import Fingerprint, first_difference, first_error
-from hvdx.strategy import Job, Resolved, Setting, Strategy, resolve
+from hvdx.strategy_contract import Job, Resolved, Setting, Strategy, resolve
 
 __all__ = ["check_consistent", "resolve_checked"]
 
@@ -51,7 +51,7 @@ def resolve_checked(strategy: Optional[Strategy], job: Job, settings: List[Setti
        the check, as ``<what>.error``): preparing a strategy may be collective (DS-Sync
        detects the topology), so every rank must first know that all hold the same,
        valid spec; then raise ``kept`` (every rank kept the same);
-    2. resolve the strategy (:func:`hvdx.strategy.resolve`);
+    2. resolve the strategy (:func:`hvdx.strategy_contract.resolve`);
     3. check ``parameters`` with every setting (the resolution's, ``more_settings``);
     4. raise the resolution's error, on every rank alike.
 

@@ -290,9 +290,9 @@ class RegisteredClassSpec:
     (:class:`hvdx.compression_registry.UserCompression`,
     :class:`hvdx.mixer_registry.UserMixing`), in logs and in the entry point's own
     fingerprint entry: ``call() [module.Class] settings=[...]``, or the invalid spec's
-    ``repr`` (:meth:`hvdx.strategy.Strategy.invalid_repr`).
+    ``repr`` (:meth:`hvdx.strategy_contract.Strategy.invalid_repr`).
 
-    A mixin, listed before the :class:`hvdx.strategy.Strategy` base: the spec gives
+    A mixin, listed before the :class:`hvdx.strategy_contract.Strategy` base: the spec gives
     ``call()`` (its name and arguments as the user wrote them), ``cls`` (the registered
     class), ``settings`` (:func:`settings_of` of its instance), and ``error`` and
     ``invalid_repr()`` from its base.

@@ -133,7 +133,7 @@ class PlanOption:
 
 
 #: The shared mixing drivers, every synchronization strategy's adapters (its mixer,
-#: :meth:`hvdx.strategy.MixingStrategy.make_mixer`, is all that differs).
+#: :meth:`hvdx.strategy_contract.MixingStrategy.make_mixer`, is all that differs).
 MIXING_DRIVERS = {
     "torch_adapter": "hvdx.torch.mixing_optimizer:adapter",
     "tensorflow_tape": "hvdx.tensorflow.mixing_tape:tape_adapter",

@@ -49,7 +49,7 @@ def _tensorflow_constructor(build: str, arguments: Optional[str]) -> Callable:
             return neutral(*args, **fitted(kwargs))
     converted = tf.autograph.experimental.do_not_convert(constructor)
     builds = getattr(neutral, "hvdx_builds", None)
-    if builds is not None:  # refused uncalled, as the neutral one (hvdx.strategy.strategy_of)
+    if builds is not None:  # refused uncalled, as the neutral one (hvdx.strategy_contract.strategy_of)
         converted.hvdx_builds = builds
     return converted
 

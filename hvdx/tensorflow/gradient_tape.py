@@ -5,7 +5,7 @@ import tensorflow as tf
 
 from hvdx import environment, step_log
 from hvdx.settings import group_sizes, horovod_settings
-from hvdx.strategy import strategy_or_error
+from hvdx.strategy_contract import strategy_or_error
 from hvdx.tensorflow import registry
 from hvdx.tensorflow.compression import Compression
 from hvdx.tensorflow.runtime import check_variables_once, flat_variables

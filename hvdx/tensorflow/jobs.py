@@ -1,4 +1,4 @@
-"""How TensorFlow's entry points resolve a strategy: the :class:`~hvdx.strategy.Job`
+"""How TensorFlow's entry points resolve a strategy: the :class:`~hvdx.strategy_contract.Job`
 they describe, and the resolution of a synchronization strategy (collective).
 
 Both entry points (:func:`hvdx.tensorflow.DistributedGradientTape`, Keras'
@@ -14,7 +14,7 @@ import horovod.tensorflow as _hvd
 from hvdx.mpi import communicator_for
 from hvdx.mpi.consistency import resolve_checked
 from hvdx.settings import horovod_settings
-from hvdx.strategy import Job, Resolved, Strategy
+from hvdx.strategy_contract import Job, Resolved, Strategy
 
 __all__ = ["job", "resolve_sync"]
 

@@ -53,7 +53,7 @@ from hvdx.mpi import check_consistent, communicator_for
 from hvdx.mpi.comm import world
 from hvdx.mpi.neighbor_exchange import FusedExchange, consensus_distance
 from hvdx.mpi.user_mixer_exchange import Peers
-from hvdx.strategy import MixingStrategy
+from hvdx.strategy_contract import MixingStrategy
 from hvdx.tensorflow.jobs import job, resolve_sync
 
 __all__ = ["MixingState", "average_over_all_ranks", "decentralized_state", "dssync_state",
@@ -168,7 +168,7 @@ class MixingState(tf.Module):
         to the SWA running mean when due, then ``step += 1``; eagerly or in a graph.
 
         Whether the step is an SWA sample is the spec's decision
-        (:meth:`hvdx.strategy.MixingStrategy.swa_due`), taken in the same eager
+        (:meth:`hvdx.strategy_contract.MixingStrategy.swa_due`), taken in the same eager
         ``py_function`` that mixes, which returns it as its last output."""
         variables = list(self._variables) + list(extra)
         step = self.step.read_value()
@@ -197,7 +197,7 @@ class MixingState(tf.Module):
         to the SWA running mean when due, then ``step += 1``; eagerly or in a graph.
 
         Whether the step is an SWA sample is the spec's decision
-        (:meth:`hvdx.strategy.MixingStrategy.swa_due`), taken in the same eager
+        (:meth:`hvdx.strategy_contract.MixingStrategy.swa_due`), taken in the same eager
         ``py_function`` that mixes, which returns it as its last output."""
         variables = list(self._variables) + list(extra)
         step = self.step.read_value()

@@ -5,12 +5,12 @@ both TensorFlow entry points resolve a strategy before its adapter runs.
 
 The entry points (:func:`hvdx.tensorflow.DistributedGradientTape`,
 :func:`hvdx.tensorflow.keras.DistributedOptimizer`) find the strategy among their
-arguments (:func:`hvdx.strategy.strategy_of`) and call :func:`tape` or :func:`keras`,
+arguments (:func:`hvdx.strategy_contract.strategy_of`) and call :func:`tape` or :func:`keras`,
 which
 
-1. resolve it against the job (:class:`~hvdx.strategy.Job`, with the user's ``op``,
+1. resolve it against the job (:class:`~hvdx.strategy_contract.Job`, with the user's ``op``,
    ``gradient_predivide_factor`` and ``backward_passes_per_step``): a strategy's job
-   checks are its spec's :meth:`~hvdx.strategy.Strategy.prepare`, for both frameworks.
+   checks are its spec's :meth:`~hvdx.strategy_contract.Strategy.prepare`, for both frameworks.
    A synchronization strategy (DS-Sync, graphs, a registered mixer) is resolved
    collectively and raises on every rank (:func:`hvdx.tensorflow.jobs.resolve_sync`).
    A compression strategy (TopK, a registered compressor) is resolved on this rank: its
@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple
 
 from hvdx.strategies import catalogue
-from hvdx.strategy import Resolved, Strategy, adapter_for, kept_for_every_rank, resolve
+from hvdx.strategy_contract import Resolved, Strategy, adapter_for, kept_for_every_rank, resolve
 
 __all__ = ["GradientArguments", "KERAS_ADAPTERS", "TAPE_ADAPTERS", "TAPE_COUNTERS",
            "TAPE_FITS", "checks_its_own_variables", "fit_tape", "keras", "tape",
@@ -58,7 +58,7 @@ class GradientArguments(NamedTuple):
     checked_settings: Tuple = ()
 
     def job(self):
-        """The :class:`~hvdx.strategy.Job` these arguments describe."""
+        """The :class:`~hvdx.strategy_contract.Job` these arguments describe."""
         from hvdx.tensorflow.jobs import job
 
         return job(self.compression, self.process_set, self.op,

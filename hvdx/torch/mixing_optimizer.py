@@ -11,7 +11,7 @@ optimizers. What every mixing strategy shares lives here, once:
 2. the tensors to mix, in one fixed order on every rank: the parameters, then (with
    ``average_optimizer_state``) their optimizer state tensors, then the floating-point
    buffers given as ``named_buffers`` (BatchNorm running statistics);
-3. every ``global_every``-th step (:meth:`hvdx.strategy.MixingStrategy.global_due`)
+3. every ``global_every``-th step (:meth:`hvdx.strategy_contract.MixingStrategy.global_due`)
    an average over all ranks instead of mixing; otherwise the mixer's step, which may
    stay in flight until the parameters are next read (the mixer says when it must
    complete);
@@ -35,7 +35,7 @@ import horovod.torch as _hvd
 import torch
 
 from hvdx.core.group_averaging import running_mean
-from hvdx.strategy import MixingStrategy
+from hvdx.strategy_contract import MixingStrategy
 from hvdx.torch.finite import first_nonfinite
 from hvdx.torch.mixing_driver import MixingDriver, average_over_all_ranks
 from hvdx.torch.wrapping import subclass_of
@@ -46,7 +46,7 @@ __all__ = ["adapter", "make_mixing_optimizer", "mixed_tensors"]
 def adapter(optimizer, sync: MixingStrategy, plan, args):
     """Every mixing strategy's adapter in :mod:`hvdx.torch.registry` (the catalogue
     names it): the shared optimizer with the spec's own mixer
-    (:meth:`hvdx.strategy.MixingStrategy.make_mixer`). Collective where the mixer
+    (:meth:`hvdx.strategy_contract.MixingStrategy.make_mixer`). Collective where the mixer
     registers process sets."""
     return make_mixing_optimizer(optimizer, args.named_parameters, sync,
                                  sync.make_mixer(plan), args.named_buffers)

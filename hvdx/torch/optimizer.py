@@ -9,7 +9,7 @@ from hvdx import environment, step_log
 from hvdx.mpi import communicator_for
 from hvdx.mpi.consistency import resolve_checked
 from hvdx.settings import group_sizes, horovod_settings
-from hvdx.strategy import strategy_or_error
+from hvdx.strategy_contract import strategy_or_error
 from hvdx.torch import registry
 from hvdx.torch.join import track
 from hvdx.torch.compression import Compression

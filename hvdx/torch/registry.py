@@ -1,7 +1,7 @@
 """Which PyTorch adapter runs which hvdx strategy, as the catalogue says.
 
 :func:`hvdx.torch.DistributedOptimizer` resolves the strategy it was given
-(:mod:`hvdx.strategy`), checks it across ranks, then calls :func:`build`, which looks
+(:mod:`hvdx.strategy_contract`), checks it across ranks, then calls :func:`build`, which looks
 the strategy's name up in :data:`ADAPTERS`, a view of the catalogue
 (:mod:`hvdx.strategies.catalogue`: each descriptor's ``torch_adapter``). A new strategy
 is one descriptor there and its adapter module; neither this module nor the entry point
@@ -16,7 +16,7 @@ from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Tuple
 import horovod.torch as _hvd
 
 from hvdx.strategies import catalogue
-from hvdx.strategy import Job, Strategy, adapter_for
+from hvdx.strategy_contract import Job, Strategy, adapter_for
 
 __all__ = ["ADAPTERS", "FITS", "OptimizerArguments", "build", "fit", "job",
            "outside_the_set"]
@@ -39,7 +39,7 @@ class OptimizerArguments(NamedTuple):
 
 def job(compression, process_set, op=None, gradient_predivide_factor=1.0,
         backward_passes_per_step=1) -> Job:
-    """The :class:`~hvdx.strategy.Job` a torch entry point resolves strategies for."""
+    """The :class:`~hvdx.strategy_contract.Job` a torch entry point resolves strategies for."""
     return Job(size=_hvd.size(), rank=_hvd.rank(), horovod=_hvd, compression=compression,
                no_compression=_hvd.Compression.none, process_set=process_set,
                framework="torch", op=op, gradient_predivide_factor=gradient_predivide_factor,

@@ -45,7 +45,7 @@ def make_user_compression_optimizer(optimizer, named_parameters,
                                     gradient_predivide_factor, comm):
     """An instance of a class made at run time from ``optimizer``'s class
     (``isinstance(result, type(optimizer))`` holds); the arguments passed the spec's
-    job checks (:meth:`hvdx.strategy.CompressionStrategy.prepare`)."""
+    job checks (:meth:`hvdx.strategy_contract.CompressionStrategy.prepare`)."""
     cls = subclass_of(optimizer, _UserCompressionOptimizer)
     return cls(optimizer.param_groups, named_parameters, compression,
                backward_passes_per_step, op == _hvd.Sum, comm)

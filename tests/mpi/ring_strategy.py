@@ -6,7 +6,7 @@ for ``hvdx.strategies.ring.spec``, the folder a built-in would have."""
 # hvdx/strategies/ring/spec.py
 from hvdx.core.mixing_graphs import Neighbors
 from hvdx.core.mixer_protocol import Everyone, Mixer, Neighbours
-from hvdx.strategy import Job, MixingStrategy, validating
+from hvdx.strategy_contract import Job, MixingStrategy, validating
 
 
 class Ring(MixingStrategy):

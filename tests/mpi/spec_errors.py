@@ -1,7 +1,7 @@
 """How a strategy spec refuses a bad argument, at any number of ranks.
 
 In a job of one rank the constructor raises its ``ValueError`` at once. In a job of
-several it keeps it (:func:`hvdx.strategy.validating`), and the entry point that takes
+several it keeps it (:func:`hvdx.strategy_contract.validating`), and the entry point that takes
 the spec raises it on every rank after the cross-rank check, so that a wrong value on
 one rank only cannot end that rank alone.
 """

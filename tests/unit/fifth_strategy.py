@@ -21,7 +21,7 @@ from hvdx.core.mixer_protocol import Mixer
 from hvdx.core.validation import check_integer
 from hvdx.strategies.descriptor import (BenchVariant, Constructor, PlanOption,
                                         StrategyDescriptor)
-from hvdx.strategy import MixingStrategy, validating
+from hvdx.strategy_contract import MixingStrategy, validating
 
 
 # --- mixer.py ----------------------------------------------------------------------

@@ -286,7 +286,7 @@ def test_init_refuses_a_name_no_script_may_register(monkeypatch, variable, raw):
 def test_a_value_refused_for_this_job_names_the_variable():
     from types import SimpleNamespace
 
-    from hvdx.strategy import Job, resolve
+    from hvdx.strategy_contract import Job, resolve
 
     spec = sync("DSSync('shuffle', group_size=3)")
     everyone = object()  # Horovod's global process set

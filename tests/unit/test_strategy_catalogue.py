@@ -19,7 +19,7 @@ from hvdx.strategies.descriptor import (KINDS, VARIABLES, Constructor, StrategyD
                                         load)
 from hvdx.strategies.topk.presets import PRESETS
 from hvdx.strategies.topk.spec import topk
-from hvdx.strategy import Strategy
+from hvdx.strategy_contract import Strategy
 
 pytestmark = [pytest.mark.topk, pytest.mark.user_compression, pytest.mark.dssync,
               pytest.mark.decentralized, pytest.mark.user_mixer, pytest.mark.stanza]
@@ -265,7 +265,7 @@ def test_a_malformed_descriptor_is_refused():
 
 
 def test_a_wrong_sync_names_the_catalogues_synchronization_strategies():
-    from hvdx.strategy import strategy_of
+    from hvdx.strategy_contract import strategy_of
 
     with pytest.raises(TypeError) as raised:
         strategy_of(None, "DSSync")

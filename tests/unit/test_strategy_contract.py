@@ -23,7 +23,7 @@ from hvdx.core.topology import Topology
 from hvdx.mixer_registry import UserMixing
 from hvdx.strategies import catalogue
 from hvdx.strategies.descriptor import load
-from hvdx.strategy import Job, MixingStrategy, Strategy, global_due, resolve, strategy_of
+from hvdx.strategy_contract import Job, MixingStrategy, Strategy, global_due, resolve, strategy_of
 from strategy_entries import EntryHalf, entry_ids
 
 pytestmark = [pytest.mark.topk, pytest.mark.user_compression, pytest.mark.dssync,

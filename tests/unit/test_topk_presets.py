@@ -5,7 +5,7 @@ import pytest
 
 from hvdx.strategies.topk.presets import for_optimizer, momentum_correction_refusal
 from hvdx.strategies.topk.spec import topk
-from hvdx.strategy import strategy_of
+from hvdx.strategy_contract import strategy_of
 
 pytestmark = [pytest.mark.topk]
 

@@ -13,7 +13,7 @@ from hvdx import compression_registry, environment
 from hvdx.compression_registry import UserCompression, register_compressor
 from hvdx.core.user_compression import Compressor, step_all_ranks
 from hvdx.strategies.topk.spec import topk
-from hvdx.strategy import Job, resolve, strategy_of
+from hvdx.strategy_contract import Job, resolve, strategy_of
 
 pytestmark = [pytest.mark.topk, pytest.mark.user_compression]
 

@@ -13,7 +13,7 @@ from hvdx import environment, mixer_registry
 from hvdx.mixer_registry import MIXING_OPTIONS, Mixer, UserMixing, register_mixer
 from hvdx.mixer_registry import check_matrix
 from hvdx.strategies import catalogue
-from hvdx.strategy import Job, resolve, strategy_of
+from hvdx.strategy_contract import Job, resolve, strategy_of
 
 pytestmark = [pytest.mark.topk, pytest.mark.user_compression, pytest.mark.dssync,
               pytest.mark.decentralized, pytest.mark.user_mixer, pytest.mark.stanza]

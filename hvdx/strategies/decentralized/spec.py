@@ -23,7 +23,7 @@ step ``t``, item 3, :mod:`hvdx.core.mixing_graphs`; the numpy reference is
    is mix ``m = t // J`` (:func:`hvdx.core.mixing_graphs.mix_index`) and ``W_t`` is the
    graph's matrix ``m``, so a one-peer graph takes every shift in turn whatever ``J``
    is;
-4. the options of every mixing strategy (:class:`hvdx.strategy.MixingStrategy`):
+4. the options of every mixing strategy (:class:`hvdx.strategy_contract.MixingStrategy`):
    ``global_every``, the SWA merge, ``average_optimizer_state``.
 
 The optimizer's momentum stays local (DmSGD): mixing it too is
@@ -50,7 +50,7 @@ from hvdx.core import mixing_graphs
 from hvdx.core.counters import MixingStats
 from hvdx.core.group_averaging import ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT
 from hvdx.core.validation import check_integer
-from hvdx.strategy import Job, MixingStrategy, validating
+from hvdx.strategy_contract import Job, MixingStrategy, validating
 
 __all__ = ["ORDERS", "Decentralized", "DecentralizedStats", "MixingGraph"]
 
@@ -72,7 +72,7 @@ class Decentralized(MixingStrategy):
             docstring).
         mix_every: mix every ``mix_every`` steps (local steps in between).
         global_every, swa_start, swa_every, average_optimizer_state: as for every
-            mixing strategy (:class:`hvdx.strategy.MixingStrategy`).
+            mixing strategy (:class:`hvdx.strategy_contract.MixingStrategy`).
 
     Raises:
         ValueError: naming the argument and its value: an unknown topology, a matrix
@@ -107,7 +107,7 @@ class Decentralized(MixingStrategy):
                           swa_every=swa_every,
                           average_optimizer_state=average_optimizer_state)
 
-    # --- the strategy contract (hvdx.strategy) ---------------------------------------
+    # --- the strategy contract (hvdx.strategy_contract) ---------------------------------------
 
     def prepare(self, job: Job) -> "MixingGraph":
         """Check the arguments against the job and return this rank's graph."""

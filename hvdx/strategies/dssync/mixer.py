@@ -81,7 +81,7 @@ class GroupMixer(Mixer):
 
     def exchange(self, step: int, everyone: bool) -> Group:
         # group_at answers all ranks at the global_every steps (the same
-        # hvdx.strategy.global_due as ``everyone``), and runs the probe at probing steps.
+        # hvdx.strategy_contract.global_due as ``everyone``), and runs the probe at probing steps.
         groups = self.groups
         group = groups.group_at(step)
         return Group(group, groups.process_set(group) if len(group) >= 2 else None,

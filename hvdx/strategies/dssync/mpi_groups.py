@@ -39,7 +39,7 @@ from hvdx.mpi.consistency import check_consistent
 from hvdx.strategies.dssync.core_link_rates import link_rates_from_environment
 from hvdx.strategies.dssync.core_schedule import ShuffleSchedule
 from hvdx.strategies.dssync.mpi_adapt import DSSyncAdaptation
-from hvdx.strategy import MixingStrategy, Strategy
+from hvdx.strategy_contract import MixingStrategy, Strategy
 
 __all__ = ["DSSyncGroups", "DSSyncStats", "LOOKAHEAD", "dynamic_process_sets",
            "registered_sets", "static_groups"]
@@ -360,7 +360,7 @@ def static_groups(sync: MixingStrategy, size: int) -> List[Tuple[int, ...]]:
     Raises:
         ValueError: for ``schedule="shuffle"``, whose groups are too many to register
             statically: use ``hvd.init(process_sets="dynamic")``; for an invalid
-            ``sync`` (:func:`hvdx.strategy.validating`). Raised on every rank, with the
+            ``sync`` (:func:`hvdx.strategy_contract.validating`). Raised on every rank, with the
             same message, after the ranks compared their arguments over
             ``MPI.COMM_WORLD`` (collective): ``hvd.init`` would hang otherwise.
     """

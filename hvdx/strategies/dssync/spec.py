@@ -32,7 +32,7 @@ from hvdx.strategies.dssync.core_link_rates import (LINK_RATES_VARIABLES,
                                                     link_rates_from_environment, parse_link_rates)
 from hvdx.strategies.dssync.core_schedule import (ListSchedule, RotationSchedule, ShuffleSchedule,
                                                   default_rotation_parameters)
-from hvdx.strategy import Job, MixingStrategy, validating
+from hvdx.strategy_contract import Job, MixingStrategy, validating
 
 __all__ = ["DSSync", "DSSyncPlan", "LINK_RATES_VARIABLES", "link_rates_from_environment",
            "parse_link_rates"]
@@ -160,7 +160,7 @@ class DSSync(MixingStrategy):
     name = "dssync"
     state_key = "hvdx_dssync"
 
-    # --- the strategy contract (hvdx.strategy) ---------------------------------------
+    # --- the strategy contract (hvdx.strategy_contract) ---------------------------------------
 
     def prepare(self, job: Job) -> DSSyncPlan:
         """Detect the topology if the rotation needs it (collective over all ranks),

@@ -20,7 +20,7 @@ from hvdx.keywords import bind, unexpected_keyword
 from hvdx.strategies.topk.core_bidirectional import MODES, TopKConfig, canonical_topk_method
 from hvdx.strategies.topk.core_selection import DEFAULT_SAMPLE_SIZE
 from hvdx.strategies.topk.presets import preset_arguments
-from hvdx.strategy import CompressionStrategy, Job, kept_for_every_rank, validating
+from hvdx.strategy_contract import CompressionStrategy, Job, kept_for_every_rank, validating
 
 __all__ = ["MODES_AUTO", "RENAMED", "SELECTIONS", "SMALL_TENSORS", "SMALL_TENSORS_ALIASES",
            "TopKCompression", "topk"]
@@ -247,7 +247,7 @@ def topk(*args, preset: Optional[str] = None, **kwargs) -> TopKCompression:
         ValueError: an argument is out of range, named with its value (``ratio=2.0``,
             ``preset='fastest'``), or an old name and its new one disagree, naming
             both; in a job of several ranks, raised by the optimizer or tape that takes
-            the spec, on every rank (:func:`hvdx.strategy.validating`).
+            the spec, on every rank (:func:`hvdx.strategy_contract.validating`).
         TypeError: an argument ``topk`` does not take, at once (as any Python call),
             naming the closest keyword it takes (``ration``: ``ratio``).
     """
@@ -361,7 +361,7 @@ def _with_preset(signature: inspect.Signature) -> inspect.Signature:
 # help(topk) and IDEs show the real arguments, not *args and **kwargs.
 topk.__signature__ = _with_preset(_TOPK_SIGNATURE)
 #: ``compression=hvd.Compression.topk`` (not called) is refused by this mark
-#: (:func:`hvdx.strategy.strategy_of`): Horovod's compressors are passed uncalled.
+#: (:func:`hvdx.strategy_contract.strategy_of`): Horovod's compressors are passed uncalled.
 topk.hvdx_builds = "compression"
 
 

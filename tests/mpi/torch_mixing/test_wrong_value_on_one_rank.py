@@ -4,7 +4,7 @@ Every public constructor is covered: the strategy specs (``Compression.topk``,
 ``hvdx.DSSync``, ``hvdx.Decentralized``), ``DistributedOptimizer`` itself and
 ``dssync_process_sets``. Rank 1 gets the wrong value, the others a valid one. In a job
 of several ranks a spec's constructor keeps its ``ValueError``
-(:func:`hvdx.strategy.validating`) and the optimizer raises it on every rank after the
+(:func:`hvdx.strategy_contract.validating`) and the optimizer raises it on every rank after the
 cross-rank check; a plain Horovod allreduce afterwards shows that no rank was left
 inside a collective.
 """
