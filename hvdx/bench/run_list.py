@@ -73,7 +73,7 @@ def same_settings(workloads: Sequence[str], strategies: Sequence[str]
                   ) -> Dict[Tuple[str, str], Tuple[str, object]]:
     """``(workload, strategy) -> (the earlier strategy, the settings both run)`` for each
     strategy whose settings on the workload
-    (:attr:`~hvdx.bench.strategies.Strategy.settings_on`) equal an earlier one's in
+    (:attr:`~hvdx.bench.strategy_row.BenchRow.settings_on`) equal an earlier one's in
     ``strategies``: both presets under an adaptive optimizer, for example. The run would
     repeat the earlier one, so it is measured once."""
     same: Dict[Tuple[str, str], Tuple[str, object]] = {}

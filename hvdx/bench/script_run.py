@@ -43,7 +43,8 @@ import numpy as np
 
 from hvdx import step_log
 from hvdx.bench.script import parse_throughput, strategy_environment, switch_imports
-from hvdx.bench.strategies import STRATEGIES, allreduce_bytes_per_rank
+from hvdx.bench.strategies import STRATEGIES
+from hvdx.bench.strategy_row import allreduce_bytes_per_rank
 
 __all__ = ["ScriptSummary", "prepare", "render_table", "run_script_bench", "summarize"]
 

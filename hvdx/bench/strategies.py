@@ -11,8 +11,8 @@ The table (:data:`STRATEGIES`) is a view of the strategy catalogue
 (:mod:`hvdx.strategies.catalogue`): Horovod's baseline, then each built-in strategy's
 rows (its descriptor's ``bench``: a name, the lazy path of the function that makes the
 row, its arguments), then the floor. Each strategy's rows are made in its own folder
-(``hvdx/strategies/<name>/bench_rows.py``); the row's type and the helpers the rows
-share are :mod:`hvdx.bench.strategy_row`'s, named here too.
+(``hvdx/strategies/<name>/bench_rows.py``); the row's type (:class:`BenchRow`) and the
+helpers the rows share are :mod:`hvdx.bench.strategy_row`'s.
 """
 
 from __future__ import annotations
@@ -20,14 +20,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, Iterable, List
 
-# The shared helpers keep the names they had here (the rows' own modules use them).
-from hvdx.bench.strategy_row import (Strategy, allreduce_bytes_per_rank,  # noqa: F401
-                                     call as _call, counted_bytes as _counted_bytes)
+from hvdx.bench.strategy_row import BenchRow
 from hvdx.strategies import catalogue
 from hvdx.strategies.descriptor import load
 
-__all__ = ["ALIASES", "DEFAULT_STRATEGIES", "FULL_STRATEGIES", "Strategy", "STRATEGIES",
-           "allreduce_bytes_per_rank", "strategy_names"]
+__all__ = ["ALIASES", "DEFAULT_STRATEGIES", "FULL_STRATEGIES", "STRATEGIES",
+           "strategy_names"]
 
 
 def _horovod(optimizer, model):
@@ -44,10 +42,10 @@ def _gradient_bytes(optimizer, model, size, steps):
 
 
 #: The baseline: Horovod's own optimizer.
-HOROVOD = Strategy("horovod", "Horovod ring allreduce (baseline)", _horovod, _gradient_bytes,
+HOROVOD = BenchRow("horovod", "Horovod ring allreduce (baseline)", _horovod, _gradient_bytes,
                    cost_model="horovod", script_env={})
 #: Not a way to train together: the limit of every strategy on these cores.
-FLOOR = Strategy("floor", "the floor: every rank trains alone, no communication at all "
+FLOOR = BenchRow("floor", "the floor: every rank trains alone, no communication at all "
                  "(Horovod idle)", lambda optimizer, model: optimizer,
                  lambda optimizer, model, size, steps: (0.0, 0.0), default=False,
                  needs_code="the floor (every rank training alone) cannot be had from a "
@@ -55,7 +53,7 @@ FLOOR = Strategy("floor", "the floor: every rank trains alone, no communication 
                  "still communicate")
 
 
-def _rows() -> Dict[str, Strategy]:
+def _rows() -> Dict[str, BenchRow]:
     """Horovod, each built-in strategy's rows in catalogue order, the floor."""
     rows = [HOROVOD]
     for entry in catalogue.BUILT_IN:
@@ -71,7 +69,7 @@ def _rows() -> Dict[str, Strategy]:
     return table
 
 
-STRATEGIES: Dict[str, Strategy] = _rows()
+STRATEGIES: Dict[str, BenchRow] = _rows()
 
 #: What a plain ``hvdx bench`` runs (every method, TopK as its two presets): the adaptive DS-Sync pays off under contention
 #: only, so it runs when asked for (``--strategies ...,dssync_adaptive``); so do the

@@ -1,4 +1,4 @@
-"""One row of ``hvdx bench``'s table, :class:`Strategy`, and what the rows share.
+"""One row of ``hvdx bench``'s table, :class:`BenchRow`, and what the rows share.
 
 The table itself (:data:`hvdx.bench.strategies.STRATEGIES`) is built from the strategy
 catalogue; each built-in strategy's rows are made in its own folder
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional
 
-__all__ = ["Strategy", "allreduce_bytes_per_rank", "call", "counted_bytes"]
+__all__ = ["BenchRow", "allreduce_bytes_per_rank", "call", "counted_bytes"]
 
 
 def allreduce_bytes_per_rank(nbytes: int, size: int) -> float:
@@ -26,7 +26,7 @@ def allreduce_bytes_per_rank(nbytes: int, size: int) -> float:
 
 
 @dataclass(frozen=True)
-class Strategy:
+class BenchRow:
     """How to build the optimizer, and the bytes a rank sends per step."""
 
     name: str

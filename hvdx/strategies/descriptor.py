@@ -99,7 +99,7 @@ class BenchVariant:
 
     Attributes:
         name: the row's name in ``--strategies`` (``"fast"``).
-        make: lazy path of ``make(name, **kwargs) -> hvdx.bench.strategies.Strategy``:
+        make: lazy path of ``make(name, **kwargs) -> hvdx.bench.strategy_row.BenchRow``:
             how the bench builds the optimizer, counts the bytes, labels the row and
             spells it for a script's variables.
         kwargs: literal keyword arguments of ``make`` (``{"preset": "fast"}``).

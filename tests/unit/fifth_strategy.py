@@ -15,7 +15,7 @@ from typing import Dict
 
 import numpy as np
 
-from hvdx.bench.strategy_row import Strategy, call
+from hvdx.bench.strategy_row import BenchRow, call
 from hvdx.core.cost.types import _Plan
 from hvdx.core.mixer_protocol import Mixer
 from hvdx.core.validation import check_integer
@@ -92,9 +92,9 @@ def _mixed_bytes(optimizer, model, size, steps):
     return each_way, each_way
 
 
-def fifth_strategy(name: str, level: int = 1) -> Strategy:
+def fifth_strategy(name: str, level: int = 1) -> BenchRow:
     """A row of ``hvdx bench``: Fifth at ``level``."""
-    return Strategy(name, f"fifth, level {level}", _fifth_with(level), _mixed_bytes,
+    return BenchRow(name, f"fifth, level {level}", _fifth_with(level), _mixed_bytes,
                     cost_model="fifth", cost_options={"fifth_level": level},
                     script_env={"HVDX_SYNC": call("Fifth", {"level": level})})
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Dict
 
-from hvdx.bench.strategy_row import Strategy, call
+from hvdx.bench.strategy_row import BenchRow, call
 
 __all__ = ["DECENTRALIZED_CTA_OPTIONS", "DECENTRALIZED_OPTIONS",
            "DECENTRALIZED_STATIC_OPTIONS", "decentralized_bytes", "decentralized_strategy"]
@@ -90,13 +90,13 @@ _ORDERS = {"adapt_then_combine": "adapt-then-combine",
            "combine_then_adapt": "combine-then-adapt (exchange during forward and backward)"}
 
 
-def decentralized_strategy(name: str, **changes) -> Strategy:
+def decentralized_strategy(name: str, **changes) -> BenchRow:
     """A decentralized row: :data:`DECENTRALIZED_OPTIONS` with ``changes``
     (``topology=``, ``order=``)."""
     options = dict(DECENTRALIZED_OPTIONS, **changes)
     label = (f"decentralized SGD, {_GRAPHS[options['topology']]}, "
              f"{_ORDERS[options['order']]}")
-    return Strategy(name, label, _decentralized_with(options), decentralized_bytes,
+    return BenchRow(name, label, _decentralized_with(options), decentralized_bytes,
                     cost_model="decentralized", cost_options=dict(options),
                     period_of=_graph_period,
                     final_stats=_decentralized_final_stats, before_eval=_complete_exchange,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Dict
 
 from hvdx.bench.run_environment import bench_topology
-from hvdx.bench.strategy_row import Strategy, call
+from hvdx.bench.strategy_row import BenchRow, call
 
 __all__ = ["DSSYNC_ADAPTIVE_OPTIONS", "DSSYNC_OPTIONS", "dssync_strategy"]
 
@@ -62,14 +62,14 @@ def _dssync_bytes(optimizer, model, size, steps):
     return each_way, each_way
 
 
-def dssync_strategy(name: str, adaptive: bool = False) -> Strategy:
+def dssync_strategy(name: str, adaptive: bool = False) -> BenchRow:
     """A DS-Sync row: the rotation with :data:`DSSYNC_OPTIONS`, or re-planned from the
     probe (:data:`DSSYNC_ADAPTIVE_OPTIONS`)."""
     options = DSSYNC_ADAPTIVE_OPTIONS if adaptive else DSSYNC_OPTIONS
     label = (f"DS-Sync rotation, re-planned from a bandwidth probe every "
              f"{options['probe_every']} steps" if adaptive else
              "DS-Sync rotation, parameters from the cost of crossing")
-    return Strategy(name, label, _dssync_adaptive if adaptive else _dssync, _dssync_bytes,
+    return BenchRow(name, label, _dssync_adaptive if adaptive else _dssync, _dssync_bytes,
                     cost_model="dssync", cost_options_of=_rotation_options,
                     period_of=_rotation_period, init_kwargs={"process_sets": "dynamic"},
                     script_env={"HVDX_SYNC": call("DSSync", options)})

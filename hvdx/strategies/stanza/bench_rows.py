@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Dict
 
-from hvdx.bench.strategy_row import Strategy, allreduce_bytes_per_rank
+from hvdx.bench.strategy_row import BenchRow, allreduce_bytes_per_rank
 
 __all__ = ["STANZA_NEEDS_CODE", "stanza_bytes", "stanza_strategy"]
 
@@ -61,7 +61,7 @@ STANZA_NEEDS_CODE = ("Stanza needs code (hvd.Stanza(features, head, ...) drives 
                      "training step): no variable switches a script to it")
 
 
-def stanza_strategy(name: str, fc_workers=1, micro_batches: int = 1) -> Strategy:
+def stanza_strategy(name: str, fc_workers=1, micro_batches: int = 1) -> BenchRow:
     """A Stanza row: ``fc_workers`` FC workers (``"auto"``: a probe decides), each batch
     in ``micro_batches``."""
     if fc_workers == "auto":
@@ -73,7 +73,7 @@ def stanza_strategy(name: str, fc_workers=1, micro_batches: int = 1) -> Strategy
                     "the features compute the next)")
     elif fc_workers == 1:
         workers += " (the last rank)"
-    return Strategy(name, f"Stanza layer separation, {workers}",
+    return BenchRow(name, f"Stanza layer separation, {workers}",
                     _stanza_with(fc_workers, micro_batches), stanza_bytes,
                     cost_model="stanza",
                     cost_options={"fc_workers": 1 if fc_workers == "auto" else fc_workers},

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Optional
 
-from hvdx.bench.strategy_row import Strategy, call, counted_bytes
+from hvdx.bench.strategy_row import BenchRow, call, counted_bytes
 from hvdx.strategies.topk import presets as topk_presets
 
 __all__ = ["TOPK_DGC_OPTIONS", "TOPK_MASKED_OPTIONS", "TOPK_METHOD", "TOPK_RATIO",
@@ -56,12 +56,12 @@ def _topk_preset(preset: str):
     return build
 
 
-def topk_strategy(name: str, preset: Optional[str] = None) -> Strategy:
+def topk_strategy(name: str, preset: Optional[str] = None) -> BenchRow:
     """A TopK row: the bench's own setting (:data:`TOPK_RATIO` both ways,
     :data:`TOPK_METHOD`), or a preset's (``HVDX_COMPRESSION=<preset>``)."""
     sharded = {"mode": "sharded"}
     if preset is None:
-        return Strategy(
+        return BenchRow(
             name, f"bidirectional TopK {TOPK_RATIO:g}/{TOPK_RATIO:g} with error feedback, "
             f"{TOPK_METHOD} selector", _topk_with(downlink_ratio=TOPK_RATIO), counted_bytes,
             cost_model="topk",
@@ -74,7 +74,7 @@ def topk_strategy(name: str, preset: Optional[str] = None) -> Strategy:
     ratios = f"{up:g}/{down:g}," if up == down else f"{up:g} up, {down:g} down,"
     masking = "with" if options["momentum_masking"] else "without"
     adaptive = topk_presets.ADAPTIVE_RATIO
-    return Strategy(name, f"bidirectional TopK {ratios} global selection, DGC momentum "
+    return BenchRow(name, f"bidirectional TopK {ratios} global selection, DGC momentum "
                     f"correction {masking} masking, small tensors averaged by hvdx "
                     f"({adaptive:g} both ways under Adam's family)",
                     _topk_preset(preset), counted_bytes, cost_model="topk",
