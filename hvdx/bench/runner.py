@@ -12,8 +12,8 @@ Steps:
 3. after a barrier, each rank reads its data interface's byte counters, then trains;
    the clock runs during training steps only (evaluation is excluded; communication a
    strategy leaves in flight past ``step()`` is completed on the clock before an
-   evaluation, :attr:`~hvdx.bench.strategy_row.BenchRow.before_eval`), and so does each rank's time in hvdx's
-   own MPI waits (:func:`hvdx.mpi.sparse.waited_s`);
+   evaluation, :attr:`~hvdx.bench.strategy_row.BenchRow.before_eval`), and so does
+   each rank's time in hvdx's own MPI waits (:func:`hvdx.mpi.sparse.waited_s`);
 4. every ``--eval-every`` steps all ranks evaluate on the test set, the mean of the
    workload's quality (test accuracy; validation bits per byte for ``lm``) is recorded
    against training time, and rank 0 prints a progress line (JSON);
