@@ -14,7 +14,7 @@ cost layout ``core_cost.py`` and its ``descriptor.py``), and one line in
    one per registered compressor (kind ``compression``, all sharing the adapters of
    ``user_compression``), and :func:`unregister` takes it out again;
 3. the look-ups (:func:`descriptor`, :func:`of_kind`, :func:`environment_constructors`,
-   :func:`adapters`) read the built-in entries, then the registered ones, each time
+   :func:`field_table`) read the built-in entries, then the registered ones, each time
    they are called: a compressor registered after a registry was imported is seen.
 
 Nothing here imports a framework (the paths are lazy: :mod:`hvdx.strategies.descriptor`).
@@ -34,7 +34,7 @@ from hvdx.strategies.dssync.descriptor import DSSYNC
 from hvdx.strategies.stanza.descriptor import STANZA
 from hvdx.strategies.topk.descriptor import TOPK
 
-__all__ = ["BUILT_IN", "ClassRegistry", "LazyView", "RegisteredClassSpec", "adapters",
+__all__ = ["BUILT_IN", "ClassRegistry", "LazyView", "RegisteredClassSpec", "field_table",
            "all_descriptors", "descriptor", "environment_constructors", "exports",
            "module_exports", "of_kind", "qualified", "register", "registered_entry",
            "settings_of", "unregister", "variable_kind"]
@@ -195,7 +195,7 @@ def unregister(name: str) -> None:
 
 class LazyView(Mapping):
     """Name -> the object a lazy path names, for the paths ``paths()`` gives: a
-    read-only view of the catalogue (:func:`adapters`; the cost model's layouts,
+    read-only view of the catalogue (:func:`field_table`; the cost model's layouts,
     :data:`hvdx.core.cost.layouts.STRATEGIES`).
 
     Looking a name up imports its module (as the registries' own functions used to,
@@ -220,7 +220,7 @@ class LazyView(Mapping):
         return f"<{self._what}: {sorted(self._paths())}>"
 
 
-def adapters(field: str, kinds: Optional[Tuple[str, ...]] = None) -> Mapping:
+def field_table(field: str, kinds: Optional[Tuple[str, ...]] = None) -> Mapping:
     """A live view name -> object of the descriptor field ``field``
     (``"torch_adapter"``, ``"tensorflow_tape"``, ...), for strategies of ``kinds``
     (default: those an entry point's ``compression=`` or ``sync=`` carries)."""

@@ -16,7 +16,7 @@ that reduces the gradients, is this instance's replacement:
    this instance's helper gets the replacement too.
 
 :func:`eagerly` runs a replacement's exchange (eager Python on numpy) inside a graph
-too; :func:`adapters` makes a compression strategy's three entries in
+too; :func:`compression_entries` makes a compression strategy's three entries in
 :mod:`hvdx.tensorflow.registry` from its replacement and its state.
 """
 
@@ -24,7 +24,7 @@ from typing import Callable, List, Tuple
 
 import tensorflow as tf
 
-__all__ = ["adapters", "eagerly", "on_keras_optimizer", "on_tape"]
+__all__ = ["compression_entries", "eagerly", "on_keras_optimizer", "on_tape"]
 
 
 def on_tape(tape, allreduce_grads: Callable):
@@ -65,8 +65,8 @@ def eagerly(step: Callable, tensors: List[tf.Tensor], name: str) -> List[tf.Tens
     return list(out)
 
 
-def adapters(replacement: Callable, tape_state: Callable, new_state: Callable,
-             attribute: str) -> Tuple[Callable, Callable, Callable]:
+def compression_entries(replacement: Callable, tape_state: Callable, new_state: Callable,
+                        attribute: str) -> Tuple[Callable, Callable, Callable]:
     """``(tape_adapter, keras_adapter, tape_counters)`` of a compression strategy (the
     catalogue names them).
 

@@ -75,8 +75,8 @@ class GradientArguments(NamedTuple):
 #: Strategy name -> ``adapter(horovod, strategy, plan, arguments, user_object)``: live views
 #: of the catalogue's ``tensorflow_tape`` and ``tensorflow_keras`` entries
 #: (:mod:`hvdx.strategies.catalogue`; a registered compressor's included).
-TAPE_ADAPTERS: Mapping[str, Callable] = catalogue.adapters("tensorflow_tape")
-KERAS_ADAPTERS: Mapping[str, Callable] = catalogue.adapters("tensorflow_keras")
+TAPE_ADAPTERS: Mapping[str, Callable] = catalogue.field_table("tensorflow_tape")
+KERAS_ADAPTERS: Mapping[str, Callable] = catalogue.field_table("tensorflow_keras")
 
 
 def _build(table: Mapping[str, Callable], what: str, horovod: Callable,
@@ -120,7 +120,7 @@ def checks_its_own_variables(strategy: Optional[Strategy]) -> bool:
 
 #: Strategy name -> ``counters(tape, variables) -> hvdx_stats``, beside the adapters
 #: (the catalogue's ``tensorflow_tape_counters`` entries).
-TAPE_COUNTERS: Mapping[str, Callable] = catalogue.adapters("tensorflow_tape_counters")
+TAPE_COUNTERS: Mapping[str, Callable] = catalogue.field_table("tensorflow_tape_counters")
 
 
 def tape_counters(strategy: Optional[Strategy]) -> Optional[Callable]:
@@ -132,7 +132,7 @@ def tape_counters(strategy: Optional[Strategy]) -> Optional[Callable]:
 
 #: Strategy name -> ``fit(spec) -> spec`` as a tape runs it (the catalogue's
 #: ``tensorflow_tape_fit`` entries: ``HVDX_SYNC``'s ``Decentralized`` order).
-TAPE_FITS: Mapping[str, Callable] = catalogue.adapters("tensorflow_tape_fit")
+TAPE_FITS: Mapping[str, Callable] = catalogue.field_table("tensorflow_tape_fit")
 
 
 def fit_tape(strategy: Strategy) -> Strategy:

@@ -38,7 +38,7 @@ from hvdx.compression_registry import UserCompression
 from hvdx.mpi import communicator_for
 from hvdx.mpi.user_compression_exchange import (UserCompressionStats,
                                                 UserCompressionSynchronizer)
-from hvdx.tensorflow.allreduce_replacement import adapters, eagerly
+from hvdx.tensorflow.allreduce_replacement import compression_entries, eagerly
 from hvdx.tensorflow.residual_state import ResidualState, StatesByVariables
 
 __all__ = ["CompressionState", "compression_state", "keras_adapter", "tape_adapter",
@@ -149,6 +149,6 @@ def _replacement(spec: UserCompression, args, state_of):
 #: Horovod's tape or Keras optimizer with the compressor in place of its allreduce (the
 #: arguments passed the spec's job checks, :meth:`UserCompression.prepare`); a Keras
 #: optimizer's state is ``opt.hvdx_compression`` (tracked)
-#: (:func:`hvdx.tensorflow.allreduce_replacement.adapters`).
-tape_adapter, keras_adapter, tape_counters = adapters(
+#: (:func:`hvdx.tensorflow.allreduce_replacement.compression_entries`).
+tape_adapter, keras_adapter, tape_counters = compression_entries(
     _replacement, compression_state, CompressionState, "hvdx_compression")

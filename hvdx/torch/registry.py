@@ -59,12 +59,12 @@ def outside_the_set(optimizer, args: OptimizerArguments):
 
 #: Strategy name -> ``adapter(optimizer, strategy, plan, arguments)``: a live view of
 #: the catalogue's ``torch_adapter`` entries (a registered compressor's included).
-ADAPTERS: Mapping[str, Callable] = catalogue.adapters("torch_adapter")
+ADAPTERS: Mapping[str, Callable] = catalogue.field_table("torch_adapter")
 
 
 #: Strategy name -> ``fit(spec, optimizer)``: the spec as it runs with the optimizer (a
 #: view of the catalogue's ``torch_fit`` entries).
-FITS: Mapping[str, Callable] = catalogue.adapters("torch_fit")
+FITS: Mapping[str, Callable] = catalogue.field_table("torch_fit")
 
 
 def fit(strategy: Strategy, optimizer) -> Strategy:

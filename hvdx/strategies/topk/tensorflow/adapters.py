@@ -70,7 +70,7 @@ from hvdx.strategies.topk.core_counters import TopKStats
 from hvdx.strategies.topk.mpi_driver import TopKSynchronizer
 from hvdx.strategies.topk.mpi_nonfinite import first_nonfinite
 from hvdx.strategies.topk.spec import TopKCompression
-from hvdx.tensorflow.allreduce_replacement import adapters, eagerly
+from hvdx.tensorflow.allreduce_replacement import compression_entries, eagerly
 from hvdx.tensorflow.residual_state import ResidualState, StatesByVariables
 
 __all__ = ["TopKState", "keras_adapter", "make_allreduce_grads", "tape_adapter",
@@ -246,6 +246,6 @@ def _replacement(strategy: TopKCompression, args, state_of):
 #: Horovod's tape or Keras optimizer with TopK in place of its allreduce (steps 1 to 5;
 #: the arguments passed the spec's job checks, :meth:`TopKCompression.prepare`); a Keras
 #: optimizer's state is ``opt.hvdx_topk``, its bytes ``opt.hvdx_stats``
-#: (:func:`hvdx.tensorflow.allreduce_replacement.adapters`).
-tape_adapter, keras_adapter, tape_counters = adapters(_replacement, topk_state, TopKState,
-                                                      "hvdx_topk")
+#: (:func:`hvdx.tensorflow.allreduce_replacement.compression_entries`).
+tape_adapter, keras_adapter, tape_counters = compression_entries(
+    _replacement, topk_state, TopKState, "hvdx_topk")
