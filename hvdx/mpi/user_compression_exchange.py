@@ -29,6 +29,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from hvdx.core.counters import Counters
 from hvdx.core.user_compression import (Compressor, combine, combine_summed,
                                         compress_with_feedback)
 from hvdx.mpi import timeline
@@ -39,26 +40,18 @@ __all__ = ["JOINED", "UserCompressionStats", "UserCompressionSynchronizer"]
 JOINED = "joined"
 
 
-class UserCompressionStats:
+class UserCompressionStats(Counters):
     """Bytes this rank's exchanges sent and received, since construction, as TopK's
     counters (``total_sent``, ``total_received``, ``steps``: the exchanges)."""
 
-    __slots__ = ("total_sent", "total_received", "steps")
+    INITIAL = {"total_sent": 0, "total_received": 0, "steps": 0}
+    __slots__ = tuple(INITIAL)
 
-    def __init__(self):
-        self.total_sent = self.total_received = 0
-        self.steps = 0
-
-    def add(self, sent: int, received: int) -> None:
+    def record(self, sent: int, received: int) -> None:
+        """Count one exchange that sent ``sent`` and received ``received`` bytes."""
         self.total_sent += sent
         self.total_received += received
         self.steps += 1
-
-    def as_dict(self) -> Dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-    def __repr__(self):
-        return f"UserCompressionStats({self.as_dict()})"
 
 
 class UserCompressionSynchronizer:
@@ -164,7 +157,7 @@ class UserCompressionSynchronizer:
         n = self.comm.Get_size()
         # A ring allreduce's share: each rank sends and receives 2 (n - 1) / n buffers.
         moved = int(2 * (n - 1) * flat.nbytes // n)
-        self.stats.add(moved, moved)
+        self.stats.record(moved, moved)
         if began:
             timeline.record("HVDX_COMPRESSION_ALLREDUCE",
                             f"compression {type(self.compressor).__name__}", began,
@@ -209,7 +202,7 @@ class UserCompressionSynchronizer:
         rank = self.comm.Get_rank()
         nbytes = [_payload_bytes(payloads) for _, payloads in everyone]
         sent, received = nbytes[rank] * (len(everyone) - 1), sum(nbytes) - nbytes[rank]
-        self.stats.add(sent, received)
+        self.stats.record(sent, received)
         if began:
             timeline.record("HVDX_COMPRESSION_ALLGATHER",
                             f"compression {type(self.compressor).__name__}", began,
