@@ -189,7 +189,7 @@ class UserCompression(RegisteredClassSpec, CompressionStrategy):
                                                 sorted(self.kwargs.items())]
         return f"{self.registered_name}({', '.join(parts)})"
 
-    def fingerprint_settings(self, job, plan) -> List:
+    def fingerprint_settings(self, job, setup) -> List:
         """The class and its settings (also in :meth:`describe`, which is the
         ``compression`` entry: TensorFlow's entry points compare that one)."""
         return [("compression.class", qualified(self.cls)),

@@ -284,7 +284,7 @@ class UserMixing(RegisteredClassSpec, MixingStrategy):
                          f"{qualified(self.cls)}.matrix(0, {job.size})")
         return None
 
-    def make_mixer(self, plan) -> Mixer:
+    def make_mixer(self, setup) -> Mixer:
         """The user's mixer itself (one per spec: its state is the spec's)."""
         return self.mixer
 
@@ -293,7 +293,7 @@ class UserMixing(RegisteredClassSpec, MixingStrategy):
         (:func:`hvdx.core.mixer_protocol.mixed_arrays`)."""
         return mixed_arrays(self.mixer, step, arrays, peers)
 
-    def fingerprint_settings(self, job: Job, plan) -> List:
+    def fingerprint_settings(self, job: Job, setup) -> List:
         return [("sync.class", qualified(self.cls)),
                 ("sync.settings", repr(self.settings)),
                 ("sync.size", job.size)] + \

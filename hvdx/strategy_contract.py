@@ -10,7 +10,7 @@ never name a concrete strategy. They:
    raises ``TypeError`` at once, before any collective, as every rank passes it);
 2. resolve it against the job (:func:`resolve`): :meth:`Strategy.prepare` validates what
    depends on the job (the world size, the other arguments) and builds the run-time
-   plan (a schedule, a graph); :meth:`Strategy.fingerprint_settings` lists the
+   setup (a schedule, a graph); :meth:`Strategy.fingerprint_settings` lists the
    fingerprint entries.
    A ``ValueError`` there does not raise yet: it becomes a fingerprint entry. So does
    one from the spec's constructor in a job of several ranks (:func:`validating`): a
@@ -102,7 +102,7 @@ _NO_OP = object()
 
 
 class Strategy(abc.ABC):
-    """One hvdx strategy's spec: fingerprint, validation, and its run-time plan.
+    """One hvdx strategy's spec: fingerprint, validation, and its run-time setup.
 
     Subclasses set :attr:`name` (the registry key, also the ``sync`` fingerprint entry)
     and :attr:`argument` (the entry-point argument that carries it), and validate every
@@ -126,12 +126,12 @@ class Strategy(abc.ABC):
         return f"{type(self).__name__}(<invalid: {self.error}>)"
 
     def prepare(self, job: Job) -> Any:
-        """Validate against ``job`` and return the run-time plan (collective only where
+        """Validate against ``job`` and return the run-time setup (collective only where
         a subclass says so). Raises ``ValueError`` naming the argument."""
         return None
 
     @abc.abstractmethod
-    def fingerprint_settings(self, job: Job, plan: Any) -> List[Setting]:
+    def fingerprint_settings(self, job: Job, setup: Any) -> List[Setting]:
         """Fingerprint entries: every choice that all ranks must share."""
 
     def describe(self) -> str:
@@ -200,8 +200,8 @@ class MixingStrategy(Strategy):
     #: attribute of its state on a TensorFlow tape or Keras optimizer.
     state_key: ClassVar[str] = "hvdx_mixer"
 
-    def make_mixer(self, plan) -> Any:
-        """The :class:`hvdx.core.mixer_protocol.Mixer` this rank runs, for the plan
+    def make_mixer(self, setup) -> Any:
+        """The :class:`hvdx.core.mixer_protocol.Mixer` this rank runs, for the setup
         :meth:`prepare` returned (the drivers call it once per optimizer or tape
         state)."""
         raise NotImplementedError(f"{type(self).__name__}.make_mixer")
@@ -249,10 +249,10 @@ class MixingStrategy(Strategy):
 
 @dataclass
 class Resolved:
-    """A strategy resolved on this rank: fingerprint settings, plan, or the error."""
+    """A strategy resolved on this rank: fingerprint settings, setup, or the error."""
 
     settings: List[Setting]
-    plan: Any = None
+    setup: Any = None
     error: Optional[Exception] = None
 
     def raise_error(self) -> None:
@@ -276,8 +276,8 @@ def resolve(strategy: Optional[Strategy], job: Job) -> Resolved:
     if strategy.error is not None:
         return Resolved([], None, strategy.error)
     try:
-        plan = strategy.prepare(job)
-        return Resolved(list(strategy.fingerprint_settings(job, plan)), plan)
+        setup = strategy.prepare(job)
+        return Resolved(list(strategy.fingerprint_settings(job, setup)), setup)
     except ValueError as error:
         if strategy.environment is not None:
             from hvdx.environment_variables import refused

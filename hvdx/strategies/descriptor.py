@@ -153,12 +153,12 @@ class StrategyDescriptor:
         title: the human name in messages (``"DS-Sync"``).
         constructors: the names its variable (:data:`VARIABLES` of its kind) accepts,
             presets included, in the order messages list them.
-        torch_adapter: lazy path of ``adapter(optimizer, strategy, plan, arguments)``
+        torch_adapter: lazy path of ``adapter(optimizer, strategy, setup, arguments)``
             (:mod:`hvdx.torch.registry`), or ``None``.
         torch_fit: lazy path of ``fit(spec, optimizer) -> spec``, which settles what
             depends on the optimizer before the cross-rank check, or ``None``.
         tensorflow_tape, tensorflow_keras: lazy paths of
-            ``adapter(horovod, strategy, plan, arguments, user_object)`` for
+            ``adapter(horovod, strategy, setup, arguments, user_object)`` for
             ``DistributedGradientTape`` and Keras' ``DistributedOptimizer``
             (:mod:`hvdx.tensorflow.registry`), or ``None``.
         tensorflow_tape_counters: lazy path of ``counters(tape, variables)`` for the

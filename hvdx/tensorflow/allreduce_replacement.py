@@ -83,11 +83,11 @@ def compression_entries(replacement: Callable, tape_state: Callable, new_state: 
 
     # Plain Python, often called while a tf.function is traced: nothing to convert.
     @tf.autograph.experimental.do_not_convert
-    def tape_adapter(horovod, strategy, plan, args, gradtape):
+    def tape_adapter(horovod, strategy, setup, args, gradtape):
         """``DistributedGradientTape``: Horovod's tape, with the strategy on it."""
         return on_tape(horovod(), replacement(strategy, args, tape_state))
 
-    def keras_adapter(horovod, strategy, plan, args, optimizer):
+    def keras_adapter(horovod, strategy, setup, args, optimizer):
         """Keras' ``DistributedOptimizer``: Horovod's optimizer, with the strategy on
         it."""
         state = new_state()

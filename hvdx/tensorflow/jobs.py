@@ -3,7 +3,7 @@ they describe, and the resolution of a synchronization strategy (collective).
 
 Both entry points (:func:`hvdx.tensorflow.DistributedGradientTape`, Keras'
 ``DistributedOptimizer``) resolve through :mod:`hvdx.tensorflow.registry`, which calls
-these, then hand the adapter the plan: the same (strategy, plan, arguments) as
+these, then hand the adapter the setup: the same (strategy, setup, arguments) as
 PyTorch's entry point (:mod:`hvdx.torch.registry`).
 """
 
@@ -63,7 +63,7 @@ def resolve_sync(sync: Strategy, this_job: Job, what: str,
     resolved, checked = resolve_checked(sync, this_job,
                                         horovod_settings(sync=sync, **(settings or {})),
                                         comm, what)
-    result = Resolved(checked, resolved.plan)
+    result = Resolved(checked, resolved.setup)
     if once:
         setattr(sync, _RESOLVED, result)
     return result

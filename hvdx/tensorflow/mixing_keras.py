@@ -27,7 +27,7 @@ from hvdx.tensorflow.mixing_tape import extra_variables, scale_local
 __all__ = ["keras_adapter", "loss_scaling", "make_mixing_keras_optimizer"]
 
 
-def keras_adapter(horovod, sync, plan, args, optimizer):
+def keras_adapter(horovod, sync, setup, args, optimizer):
     """Every mixing strategy's Keras ``DistributedOptimizer`` in
     :mod:`hvdx.tensorflow.registry` (the catalogue names it): an optimizer whose
     ``apply_gradients`` steps locally and mixes, before the local step if the mixer
@@ -35,7 +35,7 @@ def keras_adapter(horovod, sync, plan, args, optimizer):
     (:func:`make_mixing_keras_optimizer`). Horovod's aggregation arguments were compared
     across ranks with ``sync``, so a wrong value is refused on every rank."""
     what = "keras DistributedOptimizer"
-    state = new_state(sync, plan, args.checked_settings)
+    state = new_state(sync, setup, args.checked_settings)
     passes = args.backward_passes_per_step
     if isinstance(passes, bool) or not isinstance(passes, numbers.Integral) or passes < 1:
         raise ValueError(

@@ -353,10 +353,10 @@ def average_over_all_ranks(values: List[tf.Tensor], name: str,
     return out
 
 
-def new_state(sync, plan, settings) -> MixingState:
-    """The state of ``sync``'s mixer for ``plan``, with ``settings`` (every setting the
+def new_state(sync, setup, settings) -> MixingState:
+    """The state of ``sync``'s mixer for ``setup``, with ``settings`` (every setting the
     ranks compared when ``sync`` was resolved) kept for the check of its variables."""
-    state = MixingState(sync, sync.make_mixer(plan))
+    state = MixingState(sync, sync.make_mixer(setup))
     state._bound.settings = list(settings)
     return state
 
@@ -365,12 +365,12 @@ def new_state(sync, plan, settings) -> MixingState:
 _TAPE_STATE = "_hvdx_tensorflow_state"
 
 
-def tape_state(sync, plan, settings) -> MixingState:
+def tape_state(sync, setup, settings) -> MixingState:
     """The state every tape given ``sync`` shares, made (:func:`new_state`) by the first
     tape, from the resolution the tapes share (:func:`hvdx.tensorflow.jobs.resolve_sync`)."""
     state = getattr(sync, _TAPE_STATE, None)
     if state is None:
-        state = new_state(sync, plan, settings)
+        state = new_state(sync, setup, settings)
         setattr(sync, _TAPE_STATE, state)
     return state
 
@@ -388,7 +388,7 @@ def state_of(sync, name: Optional[str], constructor: str) -> MixingState:
         raise ValueError(f"sync={sync!r} must be a hvdx.{constructor}")
     resolved = resolve_sync(sync, job(_hvd.Compression.none, _hvd.global_process_set),
                             "DistributedGradientTape", once=True)
-    return tape_state(sync, resolved.plan, resolved.settings)
+    return tape_state(sync, resolved.setup, resolved.settings)
 
 
 def _state_getter(name: Optional[str], constructor: str, function: str, what: str):

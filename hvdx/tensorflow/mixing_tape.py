@@ -31,12 +31,12 @@ _TAPE_CLASSES: Dict[tuple, type] = {}
 # Often called while a tf.function is traced: AutoGraph must not convert (slowly, and
 # uselessly: no tensor decides anything here) the registration and mpi4py code below.
 @tf.autograph.experimental.do_not_convert
-def tape_adapter(horovod, sync, plan, args, gradtape):
+def tape_adapter(horovod, sync, setup, args, gradtape):
     """Every mixing strategy's ``DistributedGradientTape`` in
     :mod:`hvdx.tensorflow.registry` (the catalogue names it): ``gradtape`` as a tape
     whose ``gradient`` mixes (:func:`make_mixing_tape`) with the state the tapes given
     ``sync`` share (``args``: :class:`hvdx.tensorflow.registry.GradientArguments`)."""
-    state = tape_state(sync, plan, args.checked_settings)
+    state = tape_state(sync, setup, args.checked_settings)
     sync.check_tape()
     return make_mixing_tape(gradtape, state, sync.state_key, args.non_trainable_variables,
                             args.scale_local_gradients)

@@ -17,8 +17,8 @@ which
    variables, and so its cross-rank check, come with the first gradients
    (:func:`hvdx.tensorflow.runtime.check_variables_once`), so a refusal is kept for
    that check and raised then on every rank;
-2. call the adapter with ``(horovod, strategy, plan, arguments, user object)``, as
-   PyTorch's entry point calls its adapters with ``(optimizer, strategy, plan,
+2. call the adapter with ``(horovod, strategy, setup, arguments, user object)``, as
+   PyTorch's entry point calls its adapters with ``(optimizer, strategy, setup,
    arguments)``. ``horovod()`` builds Horovod's own tape or optimizer from the user's
    arguments: a compression strategy installs itself on that object; a synchronization
    strategy (:mod:`hvdx.tensorflow.mixing_state`) replaces it and checks its variables across
@@ -72,7 +72,7 @@ class GradientArguments(NamedTuple):
                     scale_local_gradients=self.scale_local_gradients)
 
 
-#: Strategy name -> ``adapter(horovod, strategy, plan, arguments, user_object)``: live views
+#: Strategy name -> ``adapter(horovod, strategy, setup, arguments, user_object)``: live views
 #: of the catalogue's ``tensorflow_tape`` and ``tensorflow_keras`` entries
 #: (:mod:`hvdx.strategies.catalogue`; a registered compressor's included).
 TAPE_ADAPTERS: Mapping[str, Callable] = catalogue.field_table("tensorflow_tape")
@@ -104,7 +104,7 @@ def _build(table: Mapping[str, Callable], what: str, horovod: Callable,
         if resolved.error is not None:
             return stand_in(), Resolved(resolved.settings, None,
                                         kept_for_every_rank(resolved.error))
-    built = adapter(horovod, strategy, resolved.plan, args, user)
+    built = adapter(horovod, strategy, resolved.setup, args, user)
     from hvdx.tensorflow.join_guard import track
 
     track(strategy)  # hvd.join() refuses from now on (hvdx.tensorflow.join_guard)

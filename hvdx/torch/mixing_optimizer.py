@@ -43,13 +43,13 @@ from hvdx.torch.wrapping import subclass_of
 __all__ = ["adapter", "make_mixing_optimizer", "mixed_tensors"]
 
 
-def adapter(optimizer, sync: MixingStrategy, plan, args):
+def adapter(optimizer, sync: MixingStrategy, setup, args):
     """Every mixing strategy's adapter in :mod:`hvdx.torch.registry` (the catalogue
     names it): the shared optimizer with the spec's own mixer
     (:meth:`hvdx.strategy_contract.MixingStrategy.make_mixer`). Collective where the mixer
     registers process sets."""
     return make_mixing_optimizer(optimizer, args.named_parameters, sync,
-                                 sync.make_mixer(plan), args.named_buffers)
+                                 sync.make_mixer(setup), args.named_buffers)
 
 
 def make_mixing_optimizer(optimizer, named_parameters, sync: MixingStrategy, mixer,

@@ -106,7 +106,7 @@ def DistributedOptimizer(optimizer, named_parameters=None,
             groups=groups, sparse_as_dense=sparse_as_dense, process_set=process_set)
     else:
         distributed = registry.build(
-            optimizer, strategy, resolved.plan, registry.OptimizerArguments(
+            optimizer, strategy, resolved.setup, registry.OptimizerArguments(
                 named_parameters, backward_passes_per_step, op, gradient_predivide_factor,
                 sparse_as_dense, process_set, comm,
                 named_buffers if sync is not None else None))

@@ -57,7 +57,7 @@ def outside_the_set(optimizer, args: OptimizerArguments):
         sparse_as_dense=args.sparse_as_dense, process_set=args.process_set)
 
 
-#: Strategy name -> ``adapter(optimizer, strategy, plan, arguments)``: a live view of
+#: Strategy name -> ``adapter(optimizer, strategy, setup, arguments)``: a live view of
 #: the catalogue's ``torch_adapter`` entries (a registered compressor's included).
 ADAPTERS: Mapping[str, Callable] = catalogue.field_table("torch_adapter")
 
@@ -81,7 +81,7 @@ def fit(strategy: Strategy, optimizer) -> Strategy:
     return FITS[strategy.name](strategy, optimizer)
 
 
-def build(optimizer, strategy: Strategy, plan, args: OptimizerArguments):
+def build(optimizer, strategy: Strategy, setup, args: OptimizerArguments):
     """The optimizer that runs ``strategy`` (after the cross-rank check)."""
     adapter = adapter_for(ADAPTERS, strategy, "hvdx.torch.DistributedOptimizer")
-    return adapter(optimizer, strategy, plan, args)
+    return adapter(optimizer, strategy, setup, args)

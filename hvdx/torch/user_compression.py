@@ -149,7 +149,7 @@ def _to_numpy(t) -> np.ndarray:
     return np.asarray(t).copy()
 
 
-def adapter(optimizer, spec: UserCompression, plan, args):
+def adapter(optimizer, spec: UserCompression, setup, args):
     """A registered compressor's adapter in :mod:`hvdx.torch.registry` (the catalogue
     names it for every registered compressor): hvdx's optimizer with error feedback, or
     Horovod's on a rank outside ``process_set``."""

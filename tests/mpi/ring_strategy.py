@@ -20,11 +20,11 @@ class Ring(MixingStrategy):
         self.check_gradient_arguments(job, "the ring")
         return (job.rank, job.size)
 
-    def fingerprint_settings(self, job, plan):
+    def fingerprint_settings(self, job, setup):
         return [("ring.size", job.size), ("ring.global_every", self.global_every)]
 
-    def make_mixer(self, plan):
-        return RingMixer(*plan)
+    def make_mixer(self, setup):
+        return RingMixer(*setup)
 
 
 class RingMixer(Mixer):

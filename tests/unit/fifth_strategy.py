@@ -58,13 +58,13 @@ class Fifth(MixingStrategy):
         self.level = check_integer("level", level, 1)
         self._init_mixing(global_every=global_every)
 
-    def fingerprint_settings(self, job, plan):
+    def fingerprint_settings(self, job, setup):
         return [("fifth.level", self.level), ("fifth.global_every", self.global_every)]
 
     def describe(self) -> str:
         return f"fifth level={self.level}"
 
-    def make_mixer(self, plan) -> FifthMixer:
+    def make_mixer(self, setup) -> FifthMixer:
         return FifthMixer(self.level)
 
 

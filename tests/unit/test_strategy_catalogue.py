@@ -55,7 +55,7 @@ class _DummySpec(Strategy):
     def __init__(self, level):
         self.level = level
 
-    def fingerprint_settings(self, job, plan):
+    def fingerprint_settings(self, job, setup):
         return [("dummy.level", self.level)]
 
 

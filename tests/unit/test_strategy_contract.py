@@ -136,7 +136,7 @@ def test_every_strategy_has_an_adapter_in_every_framework(catalogue_entry):
 class _Unregistered(Strategy):
     name = "unregistered"
 
-    def fingerprint_settings(self, job, plan):
+    def fingerprint_settings(self, job, setup):
         return []
 
 

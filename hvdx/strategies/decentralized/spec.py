@@ -122,7 +122,7 @@ class Decentralized(MixingStrategy):
                 stacklevel=4)
         return graph
 
-    def fingerprint_settings(self, job: Job, plan) -> List[Tuple[str, object]]:
+    def fingerprint_settings(self, job: Job, setup) -> List[Tuple[str, object]]:
         return [("decentralized.topology", mixing_graphs.topology_name(self.topology)),
                 ("decentralized.size", job.size),
                 ("decentralized.order", self.order),

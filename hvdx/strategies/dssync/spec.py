@@ -34,13 +34,13 @@ from hvdx.strategies.dssync.core_schedule import (ListSchedule, RotationSchedule
                                                   default_rotation_parameters)
 from hvdx.strategy_contract import Job, MixingStrategy, validating
 
-__all__ = ["DSSync", "DSSyncPlan", "LINK_RATES_VARIABLES", "link_rates_from_environment",
+__all__ = ["DSSync", "DSSyncSetup", "LINK_RATES_VARIABLES", "link_rates_from_environment",
            "parse_link_rates"]
 
 SCHEDULES = ("rotation", "shuffle")
 
 
-class DSSyncPlan(NamedTuple):
+class DSSyncSetup(NamedTuple):
     """What :meth:`DSSync.prepare` found for the job: the schedule and its inputs."""
 
     schedule: object
@@ -162,7 +162,7 @@ class DSSync(MixingStrategy):
 
     # --- the strategy contract (hvdx.strategy_contract) ---------------------------------------
 
-    def prepare(self, job: Job) -> DSSyncPlan:
+    def prepare(self, job: Job) -> DSSyncSetup:
         """Detect the topology if the rotation needs it (collective over all ranks),
         check the other arguments, and build the schedule for the job."""
         topology = None
@@ -172,16 +172,16 @@ class DSSync(MixingStrategy):
             topology = detect_topology(world(job.global_process_set))
         self.check_gradient_arguments(job, "DS-Sync")
         rates = link_rates_from_environment() if self.needs_topology else None
-        return DSSyncPlan(self.build(job.size, topology, rates), topology, rates)
+        return DSSyncSetup(self.build(job.size, topology, rates), topology, rates)
 
-    def fingerprint_settings(self, job: Job, plan: DSSyncPlan) -> List[Tuple[str, object]]:
-        return self.settings(job.size, plan.topology, plan.link_rates)
+    def fingerprint_settings(self, job: Job, setup: DSSyncSetup) -> List[Tuple[str, object]]:
+        return self.settings(job.size, setup.topology, setup.link_rates)
 
-    def make_mixer(self, plan: DSSyncPlan):
+    def make_mixer(self, setup: DSSyncSetup):
         """DS-Sync's mixer (:class:`hvdx.strategies.dssync.mixer.GroupMixer`)."""
         from hvdx.strategies.dssync.mixer import GroupMixer
 
-        return GroupMixer(self, plan.schedule)
+        return GroupMixer(self, setup.schedule)
 
     @property
     def needs_topology(self) -> bool:

@@ -190,7 +190,7 @@ class TopKCompression(CompressionStrategy):
         self.check_reduction(job)
         return None
 
-    def fingerprint_settings(self, job, plan) -> List:
+    def fingerprint_settings(self, job, setup) -> List:
         """Nothing beyond :meth:`describe`, which is the ``compression`` entry itself."""
         return []
 

@@ -339,7 +339,7 @@ def _to_numpy(t) -> np.ndarray:
     return np.asarray(t).copy()
 
 
-def adapter(optimizer, strategy: TopKCompression, plan, args):
+def adapter(optimizer, strategy: TopKCompression, setup, args):
     """TopK's adapter in :mod:`hvdx.torch.registry` (the catalogue names it): hvdx's
     TopK optimizer, or Horovod's on a rank outside ``process_set``."""
     from hvdx.torch.registry import outside_the_set
