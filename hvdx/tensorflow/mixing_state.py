@@ -189,35 +189,6 @@ class MixingState(tf.Module):
             self.swa_count.assign_add(tf.cast(due, tf.int64))
         self.step.assign_add(1)
 
-    # --- one step -----------------------------------------------------------------------
-
-    @tf.autograph.experimental.do_not_convert
-    def average(self, extra: Sequence[tf.Variable] = ()) -> None:
-        """Mix the variables (and ``extra``, the optimizer's slots), then add the result
-        to the SWA running mean when due, then ``step += 1``; eagerly or in a graph.
-
-        Whether the step is an SWA sample is the spec's decision
-        (:meth:`hvdx.strategy_contract.MixingStrategy.swa_due`), taken in the same eager
-        ``py_function`` that mixes, which returns it as its last output."""
-        variables = list(self._variables) + list(extra)
-        step = self.step.read_value()
-        *mixed, due = tf.py_function(
-            self._mix_at_tensor, [step] + [v.read_value() for v in variables],
-            [v.dtype for v in variables] + [tf.bool], name=f"hvdx_{self.name}")
-        for v, value in zip(variables, mixed):
-            if not tf.executing_eagerly():
-                value.set_shape(v.shape)  # py_function outputs have unknown shapes
-            v.assign(value)
-        if self.swa:
-            if not tf.executing_eagerly():
-                due.set_shape([])
-            count = self.swa_count.read_value()
-            for mean, value in zip(self.swa, mixed):
-                updated = running_mean(mean, tf.cast(count, mean.dtype), value)
-                mean.assign(tf.where(due, updated, mean))
-            self.swa_count.assign_add(tf.cast(due, tf.int64))
-        self.step.assign_add(1)
-
     def _mix_at_tensor(self, step, *values):
         """Body of the ``tf.py_function``: eager, with this step's peers; the mixed
         values, then whether they are an SWA sample."""

@@ -1,6 +1,7 @@
 """docs/design.md's complete example of a new mixing strategy is the code the tests run
 (tests/mpi/ring_strategy.py, run by tests/mpi/torch_mixing/test_new_mixing_strategy.py
-and tests/mpi/tensorflow_mixing/test_tf_new_mixing_strategy.py)."""
+and tests/mpi/tensorflow_mixing/test_tf_new_mixing_strategy.py, with
+tests/mpi/ring_catalogue.py)."""
 
 import pathlib
 

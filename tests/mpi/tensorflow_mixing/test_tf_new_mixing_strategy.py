@@ -16,13 +16,13 @@ import pytest
 import tensorflow as tf
 
 import hvdx.tensorflow as hvd
-from hvdx.strategies import catalogue
 from hvdx.tensorflow.mixing_state import state_of
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import quadratic_steps  # noqa: E402
 import ring_strategy  # noqa: E402
+from ring_catalogue import add_the_ring, ring_matrix  # noqa: E402
 
 LR = 0.1
 ENTRIES = ["keras-eager", "keras-function", "tape-eager", "tape-function"]
@@ -30,18 +30,7 @@ ENTRIES = ["keras-eager", "keras-function", "tape-eager", "tape-function"]
 
 @pytest.fixture
 def ring_in_the_catalogue(monkeypatch):
-    """The example's folder stands in for hvdx/strategies/ring/, and its entry is one
-    more line of the catalogue."""
-    monkeypatch.setitem(sys.modules, "hvdx.strategies.ring.spec", ring_strategy)
-    monkeypatch.setattr(catalogue, "BUILT_IN", catalogue.BUILT_IN + (ring_strategy.RING,))
-
-
-def ring_matrix(n):
-    w = np.zeros((n, n))
-    for i in range(n):
-        for j in {(i - 1) % n, i, (i + 1) % n}:
-            w[i, j] = 1.0
-    return w / w.sum(axis=1, keepdims=True)
+    add_the_ring(monkeypatch)
 
 
 def centres(n, d=3):

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 import hvdx.torch as hvd
-from hvdx.strategies import catalogue
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import ring_strategy  # noqa: E402
+from ring_catalogue import add_the_ring, ring_matrix  # noqa: E402
 from hvdx_variables import hvdx_variables  # noqa: E402
 
 SHAPES = [(3,), (2, 2)]
@@ -30,18 +30,7 @@ LR = 0.1
 
 @pytest.fixture
 def ring_in_the_catalogue(monkeypatch):
-    """The example's folder stands in for hvdx/strategies/ring/, and its entry is one
-    more line of the catalogue."""
-    monkeypatch.setitem(sys.modules, "hvdx.strategies.ring.spec", ring_strategy)
-    monkeypatch.setattr(catalogue, "BUILT_IN", catalogue.BUILT_IN + (ring_strategy.RING,))
-
-
-def ring_matrix(n):
-    w = np.zeros((n, n))
-    for i in range(n):
-        for j in {(i - 1) % n, i, (i + 1) % n}:
-            w[i, j] = 1.0
-    return w / w.sum(axis=1, keepdims=True)
+    add_the_ring(monkeypatch)
 
 
 def targets(rank):
