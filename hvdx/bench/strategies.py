@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, Iterable, List
 
-from hvdx.bench.strategy_row import BenchRow
+from hvdx.bench.strategy_row import BenchRow, allreduce_bytes_per_rank
 from hvdx.strategies import catalogue
 from hvdx.strategies.descriptor import load
 
