@@ -66,7 +66,7 @@ BUILT_IN: Tuple[StrategyDescriptor, ...] = (
         # user); it carries what hvdx.tensorflow exports for them all.
         # Its adapters are the shared mixing drivers', as every synchronization
         # strategy's (hvdx.strategies.descriptor.MIXING_DRIVERS).
-        state_exports=("hvdx.tensorflow.mixing_state:mixer_state",),
+        state_exports=("hvdx.tensorflow.mixing_state:STATE_GETTERS.mixer_state",),
         tensorflow_exports=("hvdx.tensorflow.mixing_state:MixingState",)),
     STANZA,
 )

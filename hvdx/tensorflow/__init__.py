@@ -68,11 +68,11 @@ __getattr__, __dir__ = _catalogue.module_exports(__name__, "tensorflow")
 topk_state = _load("hvdx.strategies.topk.tensorflow.adapters:topk_state")
 TopKState = _load("hvdx.strategies.topk.tensorflow.adapters:TopKState")
 from hvdx.tensorflow.user_compression import CompressionState, compression_state  # noqa: E402,F401,E501
-from hvdx.tensorflow.mixing_state import dssync_state  # noqa: E402,F401
+dssync_state = _load("hvdx.tensorflow.mixing_state:STATE_GETTERS.dssync_state")
 dssync_process_sets = _load("hvdx.strategies.dssync.mixer:dssync_process_sets")
 from hvdx.strategies.dssync.spec import DSSync  # noqa: E402,F401
-from hvdx.tensorflow.mixing_state import decentralized_state  # noqa: E402,F401
+decentralized_state = _load("hvdx.tensorflow.mixing_state:STATE_GETTERS.decentralized_state")
 from hvdx.strategies.decentralized.spec import Decentralized  # noqa: E402,F401
-from hvdx.tensorflow.mixing_state import mixer_state  # noqa: E402,F401
+mixer_state = _load("hvdx.tensorflow.mixing_state:STATE_GETTERS.mixer_state")
 from hvdx.tensorflow.mixing_state import MixingState  # noqa: E402,F401
 Stanza = _load("hvdx.strategies.stanza.tensorflow.trainer:Stanza")

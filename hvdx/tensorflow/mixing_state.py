@@ -53,11 +53,12 @@ from hvdx.mpi import check_consistent, communicator_for
 from hvdx.mpi.comm import world
 from hvdx.mpi.neighbor_exchange import FusedExchange, consensus_distance
 from hvdx.mpi.user_mixer_exchange import Peers
+from hvdx.strategies import catalogue
 from hvdx.strategy_contract import MixingStrategy
 from hvdx.tensorflow.jobs import job, resolve_sync
 
-__all__ = ["MixingState", "average_over_all_ranks", "decentralized_state", "dssync_state",
-           "mixer_state", "new_state", "state_of", "tape_state"]
+__all__ = ["MixingState", "STATE_GETTERS", "average_over_all_ranks", "new_state", "state_of",
+           "tape_state"]
 
 #: MPI tags of the fused buffers, per family: hvdx's communicator only (torch's are
 #: 0x4876 and 0x4877; one framework runs per process, but distinct tags cost nothing).
@@ -347,41 +348,57 @@ def tape_state(sync, setup, settings) -> MixingState:
 
 
 @tf.autograph.experimental.do_not_convert
-def state_of(sync, name: Optional[str], constructor: str) -> MixingState:
-    """The state the tapes given ``sync`` keep (made at the first call, collective:
-    every rank calls it, or builds its first tape, at the same point). ``name``: the
-    strategy's name (``None``: any registered mixer); ``constructor``:
-    ``hvdx.<constructor>``, what ``sync`` must be."""
-    # A registered mixer's spec keeps its state under the key they all share.
-    wanted = isinstance(sync, MixingStrategy) and (
-        sync.state_key == "hvdx_mixer" if name is None else sync.name == name)
-    if not wanted:
-        raise ValueError(f"sync={sync!r} must be a hvdx.{constructor}")
+def state_of(sync) -> MixingState:
+    """The state the tapes given the mixing strategy ``sync`` keep (made at the first
+    call, collective: every rank calls it, or builds its first tape, at the same
+    point)."""
     resolved = resolve_sync(sync, job(_hvd.Compression.none, _hvd.global_process_set),
                             "DistributedGradientTape", once=True)
     return tape_state(sync, resolved.setup, resolved.settings)
 
 
-def _state_getter(name: Optional[str], constructor: str, function: str, what: str):
-    """``hvd.<function>(sync)``: :func:`state_of` for one strategy (or every registered
-    mixer), the name ``hvdx.tensorflow`` exports (the catalogue's ``state_exports``)."""
+class _StateGetters:
+    """``hvd.<name>(sync)`` (``hvd.dssync_state``, ``hvd.mixer_state``, ...): the
+    function a mixing strategy's catalogue entry exports as
+    ``"hvdx.tensorflow.mixing_state:STATE_GETTERS.<name>"`` (its ``state_exports``),
+    made from the entry at first use. It gives :func:`state_of` for a spec of that
+    entry (a registered mixer's entry shares the exports of the entry they all share),
+    and refuses any other, naming the constructor; no strategy is named here."""
 
-    @tf.autograph.experimental.do_not_convert
-    def getter(sync) -> MixingState:
-        return state_of(sync, name, constructor)
+    def __getattr__(self, name: str):
+        path = f"{__name__}:STATE_GETTERS.{name}"
+        entry = next((d for d in catalogue.BUILT_IN if path in d.state_exports), None)
+        if entry is None:
+            raise AttributeError(name)
+        constructor = next((c.name for c in entry.constructors), "mixer(...)")
 
-    getter.__name__ = getter.__qualname__ = function
-    getter.__doc__ = (
-        f"The state ``DistributedGradientTape(tape, sync=sync)`` keeps for {what} "
-        "(a :class:`MixingState`, made at the first call, collective: every rank calls "
-        "it, or builds its first tape, at the same point). Put it in a "
-        "``tf.train.Checkpoint`` to resume the same schedule; "
-        f"``{function}(sync).synchronize_parameters()`` averages over all ranks.")
-    return getter
+        @tf.autograph.experimental.do_not_convert
+        def getter(sync) -> MixingState:
+            if not (isinstance(sync, MixingStrategy) and
+                    path in _state_exports(sync.name)):
+                raise ValueError(f"sync={sync!r} must be a hvdx.{constructor}")
+            return state_of(sync)
+
+        getter.__name__ = getter.__qualname__ = name
+        getter.__doc__ = (
+            f"The state ``DistributedGradientTape(tape, sync=sync)`` keeps for a "
+            f"``hvdx.{constructor}`` (a :class:`MixingState`, made at the first "
+            "call, collective: every rank calls it, or builds its first tape, at the "
+            "same point). Put it in a ``tf.train.Checkpoint`` to resume the same "
+            f"schedule; ``{name}(sync).synchronize_parameters()`` averages over all "
+            "ranks.")
+        setattr(self, name, getter)  # the same function at every look-up
+        return getter
 
 
-dssync_state = _state_getter("dssync", "DSSync", "dssync_state", "``hvdx.DSSync``")
-decentralized_state = _state_getter("decentralized", "Decentralized", "decentralized_state",
-                                    "``hvdx.Decentralized``")
-mixer_state = _state_getter(None, "mixer(...)", "mixer_state",
-                            "a registered mixer's ``hvdx.mixer(...)``")
+def _state_exports(name: str):
+    """The state exports of the catalogue entry ``name`` (a registered mixer's entry
+    has those of the entry all registered mixers share); none for an unknown name."""
+    try:
+        return catalogue.descriptor(name).state_exports
+    except KeyError:
+        return ()
+
+
+#: The catalogue's TensorFlow state getters (:class:`_StateGetters`).
+STATE_GETTERS = _StateGetters()

@@ -251,7 +251,7 @@ def test_the_frameworks_export_each_strategys_names():
     import hvdx.tensorflow as tf_hvd
     import hvdx.torch as torch_hvd
     from hvdx.strategies.dssync import mixer as tf_dssync
-    from hvdx.tensorflow import mixing_state as tf_mixing
+    from hvdx.tensorflow.mixing_state import STATE_GETTERS as tf_mixing
     from hvdx.strategies.stanza.tensorflow import trainer as tf_stanza
     from hvdx.strategies.topk.tensorflow import adapters as tf_topk
     from hvdx.tensorflow import user_compression as tf_user

@@ -19,7 +19,7 @@ DECENTRALIZED = StrategyDescriptor(
     # The exponential graphs: static, one-peer, and one-peer overlapped with the compute.
     cost_compared=({"topology": "static-exp"}, {"topology": "one-peer-exp"},
                    {"topology": "one-peer-exp", "order": "combine_then_adapt"}),
-    state_exports=("hvdx.tensorflow.mixing_state:decentralized_state",),
+    state_exports=("hvdx.tensorflow.mixing_state:STATE_GETTERS.decentralized_state",),
     examples=("Decentralized(topology='one-peer-exp')",),
     bench=tuple(BenchVariant(name, "hvdx.strategies.decentralized.bench_rows:decentralized_strategy", kwargs,
                              default=not kwargs) for name, kwargs in (

@@ -13,7 +13,7 @@ DSSYNC = StrategyDescriptor(
     name="dssync", kind="sync", title="DS-Sync",
     constructors=(Constructor("DSSync", "hvdx.strategies.dssync.spec:DSSync"),),
     cost_model="dssync", cost_layout="hvdx.strategies.dssync.core_cost:_dssync",
-    state_exports=("hvdx.tensorflow.mixing_state:dssync_state",),
+    state_exports=("hvdx.tensorflow.mixing_state:STATE_GETTERS.dssync_state",),
     dynamic_process_sets=True,
     examples=("DSSync(intra_phases=4)",),
     torch_exports=("hvdx.strategies.dssync.mixer:dssync_process_sets",),

@@ -62,6 +62,5 @@ def test_the_example_ring_trains_as_the_numpy_reference(ring_in_the_catalogue, e
     order = "combine_then_adapt" if entry.startswith("tape") else "adapt_then_combine"
     expected = reference(5, hvd.size(), order, global_every)[hvd.rank()]
     assert np.allclose(x.numpy(), expected, rtol=1e-5, atol=1e-5), (x.numpy(), expected)
-    state = optimizer.hvdx_ring if optimizer is not None else \
-        state_of(sync, "ring", "Ring")
+    state = optimizer.hvdx_ring if optimizer is not None else state_of(sync)
     assert int(state.step.numpy()) == 5

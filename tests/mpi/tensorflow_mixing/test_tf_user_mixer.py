@@ -22,7 +22,7 @@ from mpi4py import MPI
 import hvdx
 import hvdx.tensorflow as hvd
 from hvdx.mixer_registry import UserMixing
-from hvdx.tensorflow.mixing_state import mixer_state
+from hvdx.tensorflow import mixer_state
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
