@@ -52,9 +52,7 @@ import inspect
 import keyword
 from typing import Any, Callable, ClassVar, Dict, List, MutableMapping, Optional
 
-import numpy as np
-
-from hvdx.core.mixer_protocol import Mixer, check_matrix, mixed_arrays
+from hvdx.core.mixer_protocol import MIXER_METHODS, Mixer, check_matrix
 from hvdx.keywords import unexpected_keyword
 from hvdx.strategies import catalogue
 from hvdx.strategies.catalogue import RegisteredClassSpec, qualified, settings_of
@@ -113,8 +111,7 @@ def register_mixer(name: str, mixer_class: type) -> None:
                          f"choose another name (taken: {sorted(RESERVED)})")
     if not (isinstance(mixer_class, type) and issubclass(mixer_class, Mixer)):
         raise TypeError(f"mixer_class={mixer_class!r} must be a subclass of hvdx.Mixer")
-    if mixer_class.matrix is Mixer.matrix and mixer_class.mix is Mixer.mix and \
-            mixer_class.exchange is Mixer.exchange:
+    if all(getattr(mixer_class, m) is getattr(Mixer, m) for m in MIXER_METHODS):
         raise TypeError(f"mixer_class={qualified(mixer_class)} implements neither "
                         "matrix(step, size) nor mix(step, arrays, peers)")
     _check_capabilities(mixer_class)
@@ -287,11 +284,6 @@ class UserMixing(RegisteredClassSpec, MixingStrategy):
     def make_mixer(self, setup) -> Mixer:
         """The user's mixer itself (one per spec: its state is the spec's)."""
         return self.mixer
-
-    def mixed(self, step: int, arrays: List[np.ndarray], peers) -> List[np.ndarray]:
-        """Step ``step``'s mixing of ``arrays`` by the user's mixer
-        (:func:`hvdx.core.mixer_protocol.mixed_arrays`)."""
-        return mixed_arrays(self.mixer, step, arrays, peers)
 
     def fingerprint_settings(self, job: Job, setup) -> List:
         return [("sync.class", qualified(self.cls)),

@@ -11,7 +11,7 @@ import pytest
 import hvdx
 from hvdx import environment, mixer_registry
 from hvdx.mixer_registry import MIXING_OPTIONS, Mixer, UserMixing, register_mixer
-from hvdx.mixer_registry import check_matrix
+from hvdx.core.mixer_protocol import check_matrix, mixed_arrays
 from hvdx.strategies import catalogue
 from hvdx.strategy_contract import Job, resolve, strategy_of
 
@@ -233,9 +233,10 @@ def test_a_mix_that_returns_the_wrong_arrays_is_refused_naming_the_mixer(what, t
     arrays = [np.ones((2, 2)), np.ones(3)]
     with pytest.raises(ValueError, match=text.replace("(", r"\(").replace(")", r"\)")
                        if what == "one_short" else text):
-        UserMixing("returns", Returns, (what,)).mixed(3, arrays, peers=None)
+        mixed_arrays(UserMixing("returns", Returns, (what,)).mixer, 3, arrays, peers=None)
 
 
 def test_a_mix_gives_its_arrays_back_as_numpy_arrays():
-    got = UserMixing("returns", Returns).mixed(0, [np.ones(2), np.array([3.0])], peers=None)
+    got = mixed_arrays(UserMixing("returns", Returns).mixer, 0, [np.ones(2), np.array([3.0])],
+                       peers=None)
     assert [g.tolist() for g in got] == [[2.0, 2.0], [6.0]]
