@@ -15,8 +15,8 @@ and TensorFlow) and ``HVDX_COMPRESSION=<name>(<literal arguments>)`` build a
 like every strategy (:mod:`hvdx.strategy_contract`): the fingerprint holds the compressor's
 class (qualified name) and its :meth:`~hvdx.core.compression_protocol.Compressor.settings`,
 so a rank with another setting fails on every rank. The algorithm is
-:mod:`hvdx.core.user_compression`; the adapters are :mod:`hvdx.torch.user_compression`
-and :mod:`hvdx.tensorflow.user_compression`.
+:mod:`hvdx.core.user_compression`; the shared compression drivers run it
+(:mod:`hvdx.torch.compression_driver`, :mod:`hvdx.tensorflow.compression_driver`).
 """
 
 from __future__ import annotations

@@ -69,14 +69,16 @@ _SPECS: Dict[Tuple[str, str, Callable], Strategy] = {}
 _SAID: Set[Tuple[str, str, str]] = set()
 
 
-def choose(compression, sync, no_compression, topk: Callable, what: str,
+def choose(compression, sync, no_compression, constructors, what: str,
            fit: Optional[Callable[[Strategy], Strategy]] = None):
     """The entry point's ``compression`` and ``sync``, filled from the environment.
 
     Args:
         compression, sync: the entry point's arguments as the code passed them.
         no_compression: the framework's ``Compression.none`` (Horovod's default).
-        topk: the framework's ``Compression.topk``, which builds ``HVDX_COMPRESSION``.
+        constructors: the framework's ``Compression`` class, whose
+            ``Compression.<name>`` builds a built-in strategy named in
+            ``HVDX_COMPRESSION`` as that framework gives it (:func:`parse`).
         what: the entry point, for rank 0's message.
         fit: ``spec -> spec`` as it runs at this entry point (torch:
             :func:`hvdx.torch.registry.fit` with the optimizer; the tape:
@@ -93,7 +95,8 @@ def choose(compression, sync, no_compression, topk: Callable, what: str,
     """
     try:
         if compression is no_compression:
-            compression = _chosen(COMPRESSION_VARIABLE, topk, what, compression, fit)
+            compression = _chosen(COMPRESSION_VARIABLE, constructors, what, compression,
+                                  fit)
         else:
             compression = _fitted(compression, fit)
             _ignored(COMPRESSION_VARIABLE, f"compression={_name(compression)}", what)
@@ -109,10 +112,12 @@ def choose(compression, sync, no_compression, topk: Callable, what: str,
     return compression, sync, None
 
 
-def parse(variable: str, raw: str, topk: Optional[Callable] = None) -> Optional[Strategy]:
+def parse(variable: str, raw: str, constructors=None) -> Optional[Strategy]:
     """The spec ``raw`` describes for ``variable`` (``None`` for ``none``), built by its
-    constructor (``topk`` for ``HVDX_COMPRESSION``: the framework's
-    ``Compression.topk``).
+    constructor: for a built-in strategy, ``getattr(constructors, name)`` where
+    ``constructors`` is given (a framework's ``Compression`` class, whose constructors
+    apply the catalogue's framework arguments: TensorFlow's TopK presets leave DGC's
+    momentum correction out), else the catalogue's framework-neutral one.
 
     Raises:
         ValueError: naming ``variable``, ``raw`` and what it accepts; a constructor's
@@ -135,9 +140,11 @@ def parse(variable: str, raw: str, topk: Optional[Callable] = None) -> Optional[
         found = accepted[name]
     if found is None:
         raise refused(variable, raw, f"unknown name {name!r}{_closest(name, accepted)}")
-    # The framework's own topk wins over the catalogue's framework-neutral one: its
-    # presets may differ (TensorFlow's leave DGC's momentum correction out).
-    constructor = topk if name == "topk" and topk is not None else load(found[0].build)
+    # The framework's own constructor wins over the catalogue's framework-neutral one:
+    # its arguments may differ (the entry's tensorflow_arguments).
+    framework_own = constructors is not None and variable == COMPRESSION_VARIABLE and \
+        found[1].built_in and isinstance(found[0].build, str)
+    constructor = getattr(constructors, name) if framework_own else load(found[0].build)
     signature = inspect.signature(constructor)
     unknown = unexpected_keyword(name, signature, kwargs)  # naming the closest keyword
     if unknown is not None:
@@ -219,16 +226,16 @@ def _fitted(value, fit: Optional[Callable[[Strategy], Strategy]]):
     return fit(value) if fit is not None and isinstance(value, Strategy) else value
 
 
-def _chosen(variable: str, topk: Optional[Callable], what: str, default,
+def _chosen(variable: str, constructors, what: str, default,
             fit: Optional[Callable[[Strategy], Strategy]] = None):
     """The spec of ``variable``'s value (cached, as parsed), as ``fit`` makes it run
     here, or ``default`` if unset or none."""
     raw = os.environ.get(variable)
     if raw is None:
         return default
-    key = (variable, raw, topk)
+    key = (variable, raw, constructors)
     if key not in _SPECS:
-        spec = parse(variable, raw, topk)
+        spec = parse(variable, raw, constructors)
         if spec is None:
             _say(what, variable, raw, "no hvdx strategy (Horovod's own default)")
             return default
@@ -270,20 +277,7 @@ def _said_once(key: Tuple[str, str, str], line: str, severity: str) -> None:
 
 def _summary(spec: Strategy) -> str:
     """The strategy's name and every setting, for rank 0's message."""
-    if spec.name == "topk":
-        way = "bidirectional" if spec.downlink_ratio is not None else "unidirectional"
-        return f"{way} TopK, {spec.describe()[len('topk '):]}{_dropped(spec)}"
-    return f"{_title(spec.name)}, {spec!r}"
-
-
-def _dropped(spec: Strategy) -> str:
-    """`` momentum_correction=False`` where a TopK preset's momentum correction was
-    dropped for the optimizer (:func:`hvdx.strategies.topk.presets.for_optimizer`): the
-    spec's description leaves a ``False`` out as the default (so that it equals the
-    same settings given one by one), but the preset's name promised ``True``."""
-    dropped = "momentum_correction" in getattr(spec, "from_preset", ()) and \
-        not spec.momentum_correction
-    return " momentum_correction=False" if dropped else ""
+    return spec.summary(_title(spec.name))
 
 
 def _title(name: str) -> str:

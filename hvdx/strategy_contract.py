@@ -139,6 +139,11 @@ class Strategy(abc.ABC):
         entry (``compression=`` or ``sync=``)."""
         return self.name
 
+    def summary(self, title: str) -> str:
+        """Rank 0's line for a spec chosen by a variable (:mod:`hvdx.environment`):
+        ``title`` (its catalogue entry's) and every setting."""
+        return f"{title}, {self!r}"
+
 
 class CompressionStrategy(Strategy):
     """A strategy passed as ``compression=`` that synchronizes the gradients itself

@@ -33,6 +33,17 @@ layer-wise or global), its memory the worker residual with DGC's momentum correc
 with a server residual: ``"gathered"`` (one allgather; every rank aggregates) and
 ``"sharded"`` (alltoall to the shard owners, then allgather).
 
+Every compression strategy, built-in or registered, is run by one driver per framework
+(:mod:`hvdx.torch.compression_driver`, :mod:`hvdx.tensorflow.compression_driver`), over
+the strategy's *synchronizer*: the composition of its three parts across ranks
+(mpi4py), which its catalogue entry names (``synchronizer``). A synchronizer has
+:data:`SYNCHRONIZER_METHODS` and :data:`SYNCHRONIZER_ATTRIBUTES`; the drivers hand it
+flat numpy views of the gradients and write back what it returns.
+:class:`hvdx.mpi.user_compression_exchange.UserCompressionSynchronizer` composes a
+registered :class:`Compressor` with its memory and an ``allgather`` or ``allreduce``
+communicator; :class:`hvdx.strategies.topk.mpi_driver.TopKSynchronizer` is TopK's, with
+the capabilities the drivers offer (:data:`DRIVER_CAPABILITIES`).
+
 Numpy and the standard library only.
 """
 
@@ -42,8 +53,9 @@ from typing import ClassVar, Dict, List, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["COMMUNICATORS", "Compressor", "MEMORIES", "TOPK_COMMUNICATORS",
-           "check_compressor_class"]
+__all__ = ["COMMUNICATORS", "Compressor", "DRIVER_CAPABILITIES", "MEMORIES",
+           "SYNCHRONIZER_ATTRIBUTES", "SYNCHRONIZER_METHODS", "TOPK_COMMUNICATORS",
+           "check_compressor_class", "missing_from_synchronizer"]
 
 #: The memories a compressor may declare.
 MEMORIES = ("residual", "none")
@@ -51,6 +63,59 @@ MEMORIES = ("residual", "none")
 COMMUNICATORS = ("allgather", "allreduce")
 #: Built-in TopK's own communicators (sparse pairs, downlink compression).
 TOPK_COMMUNICATORS = ("gathered", "sharded")
+
+
+#: What a compression driver calls on a synchronizer:
+#:
+#: - ``for_spec(names, spec, comm, sum_op, labels, shapes)`` (a classmethod): the
+#:   synchronizer of one run, the tensors in a fixed order (the same on every rank);
+#: - ``synchronize(sizes, flat, start_dense, first_bad, force_dense, itemsizes,
+#:   joined, out)``: one step, collective. ``flat(position)`` is a tensor's gradient as
+#:   a flat array, ``first_bad`` this rank's first tensor with NaN or Inf
+#:   (``len(sizes)``: none). ``start_dense(positions)`` starts Horovod's allreduce of the
+#:   tensors the synchronizer leaves dense and returns a callable that waits for it (or
+#:   ``None``). It returns ``{position: flat result}``, or ``None`` on every rank when
+#:   some rank's gradient was not finite (then nothing in it changed, and the driver
+#:   makes every gradient NaN, as Horovod's allreduce would have);
+#: - ``joined_step(sizes, agree_first)``: the step of the others, for a rank that has
+#:   joined (``hvd.join()``); ``True`` once every rank has;
+#: - ``overlaps_dense()``: whether every step from now on is Horovod's allreduce alone
+#:   (the driver may then start it during the backward pass);
+#: - ``state_dict()``, ``check_state_dict(state)``, ``load_state_dict(state)``,
+#:   ``empty_state()`` and ``check_saved_rank(state, rank)`` (static): the checkpoint,
+#:   its arrays in the entries ``ARRAY_ENTRIES`` names;
+#: - ``shared_state()``, ``load_shared_state(state)``, ``holds_own_state()``: what a
+#:   broadcast of the optimizer state gives every rank, and whether this rank keeps
+#:   state of its own that it does not copy.
+SYNCHRONIZER_METHODS = ("for_spec", "synchronize", "joined_step", "overlaps_dense",
+                        "state_dict", "check_state_dict", "load_state_dict",
+                        "empty_state", "check_saved_rank", "shared_state",
+                        "load_shared_state", "holds_own_state")
+#: Class attributes: ``STATE_KEY`` (its key in a torch ``optimizer.state_dict()``),
+#: ``TENSORFLOW_ATTRIBUTE`` (a Keras optimizer's attribute that holds its state),
+#: ``ARRAY_ENTRIES``, ``KEEPS_FLOAT64`` (float64 gradients are handed over in float64,
+#: else float32), ``STATS`` (its counters' class, :class:`hvdx.core.counters.Counters`),
+#: ``RESIDUALS`` (what a broadcast's note says each rank keeps); and per instance
+#: ``names``, ``step``, ``stats``, ``comm`` and ``mode`` (the communicator's name).
+SYNCHRONIZER_ATTRIBUTES = ("STATE_KEY", "TENSORFLOW_ATTRIBUTE", "ARRAY_ENTRIES",
+                           "KEEPS_FLOAT64", "STATS", "RESIDUALS")
+#: What the drivers offer a synchronizer beyond the protocol, and what asks for it:
+#:
+#: - ``"dense_allreduce"``: the tensors ``synchronize`` passes to ``start_dense`` go
+#:   through Horovod's allreduce (op, ``gradient_predivide_factor``, process set), and
+#:   once ``overlaps_dense()`` is true every allreduce starts from the backward pass's
+#:   hooks (torch); a synchronizer that leaves nothing dense never uses it;
+#: - ``"momentum_correction"``: the spec's ``momentum_correction`` is true (DGC, torch's
+#:   SGD): the driver compresses each tensor's local velocity, and the synchronizer
+#:   then also has ``check_finite(first_bad)``, ``split(sizes, force_dense)`` and
+#:   ``last_sent`` (the entries each tensor sent, for the velocity's masking).
+DRIVER_CAPABILITIES = ("dense_allreduce", "momentum_correction")
+
+
+def missing_from_synchronizer(cls: type) -> List[str]:
+    """The methods and class attributes of the protocol that ``cls`` lacks."""
+    return [name for name in SYNCHRONIZER_METHODS + SYNCHRONIZER_ATTRIBUTES
+            if not hasattr(cls, name)]
 
 
 class Compressor:

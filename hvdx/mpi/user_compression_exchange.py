@@ -25,7 +25,7 @@ entries, so every rank refuses the step alike, before any residual changes), the
 from __future__ import annotations
 
 import sys
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -65,9 +65,26 @@ class UserCompressionSynchronizer:
         labels: the tensors' names for messages (default ``names``).
     """
 
+    #: The key of this state in a torch ``optimizer.state_dict()``; the attribute of a
+    #: Keras optimizer that holds it (:mod:`hvdx.torch.compression_driver`,
+    #: :mod:`hvdx.tensorflow.compression_driver`).
+    STATE_KEY = "hvdx_user_compression"
+    TENSORFLOW_ATTRIBUTE = "hvdx_compression"
+    #: The entries of :meth:`state_dict` that map tensor names to arrays.
+    #: What each rank keeps of its own (the words of a broadcast's note).
+    RESIDUALS = "compression residuals"
+    ARRAY_ENTRIES = ("residuals",)
+    #: Float64 gradients are compressed in float64 (anything else in float32).
+    KEEPS_FLOAT64 = True
+    STATS = UserCompressionStats
+
     def __init__(self, names: Sequence[str], compressor: Compressor, comm,
-                 sum_op: bool = False, labels: Optional[Sequence[str]] = None):
+                 sum_op: bool = False, labels: Optional[Sequence[str]] = None,
+                 shapes: Optional[Sequence[Sequence[int]]] = None):
         self.names = tuple(names)
+        #: Each tensor's shape (a compressor sees the gradient in its shape); ``None``:
+        #: the flat arrays are compressed flat.
+        self.shapes = None if shapes is None else tuple(tuple(s) for s in shapes)
         self.labels = tuple(labels) if labels is not None else self.names
         self.compressor = compressor
         self.comm = comm
@@ -77,14 +94,65 @@ class UserCompressionSynchronizer:
         self._reported_nonfinite = False
         self.stats = UserCompressionStats()
 
-    def synchronize(self, arrays: Sequence[np.ndarray]) -> Optional[List[np.ndarray]]:
-        """Every tensor's result (the average of every rank's decompressed payloads),
-        in the order of ``arrays`` (one per name); ``None`` when some rank's gradient
-        was not finite (then no residual and no step counter changed). Collective."""
+    @classmethod
+    def for_spec(cls, names, spec, comm, sum_op=False, labels=None, shapes=None):
+        """The synchronizer of a :class:`~hvdx.compression_registry.UserCompression`
+        spec (the compression drivers' constructor, shared with TopK's)."""
+        return cls(names, spec.compressor, comm, sum_op, labels, shapes)
+
+    mode = property(lambda self: self.compressor.communicator,
+                    doc="The communicator this run uses (``\"allgather\"`` or "
+                        "``\"allreduce\"``).")
+
+    # --- the synchronizer protocol (hvdx.core.compression_protocol) ----------------------
+
+    def synchronize(self, sizes: Sequence[int], flat: Callable[[int], np.ndarray],
+                    start_dense: Optional[Callable] = None,
+                    first_bad: Optional[int] = None, force_dense: Sequence[int] = (),
+                    itemsizes=None, joined=None, out=None
+                    ) -> Optional[Dict[int, np.ndarray]]:
+        """One step of every tensor (:data:`~hvdx.core.compression_protocol.
+        SYNCHRONIZER_METHODS`): ``{position: flat result}`` (the average of every
+        rank's decompressed payloads), or ``None`` when some rank's gradient was not
+        finite (then no residual and no step counter changed). Collective.
+
+        Nothing is left dense (``start_dense`` is called with no tensor), so a sparse
+        gradient (``force_dense``) is compressed densified; ``flat`` is called only when
+        this rank's gradients are finite (``first_bad`` is ``None`` or ``len(sizes)``).
+        ``itemsizes``, ``joined`` and ``out`` are TopK's and are not used here.
+        """
+        if len(sizes) != len(self.names):
+            raise ValueError(f"got {len(sizes)} gradients for {len(self.names)} tensors")
+        if start_dense is not None:
+            wait = start_dense([])
+            if wait is not None:
+                wait()
+        bad = None if first_bad is None or first_bad >= len(sizes) else first_bad
+        arrays = None
+        if bad is None:
+            arrays = [self._shaped(p, flat(p)) for p in range(len(sizes))]
+        results = self._step(bad, arrays)
+        if results is None:
+            return None
+        return {p: r.reshape(-1) for p, r in enumerate(results)}
+
+    def synchronize_arrays(self, arrays: Sequence[np.ndarray]
+                           ) -> Optional[List[np.ndarray]]:
+        """:meth:`synchronize` on whole arrays (numpy callers and tests): every
+        tensor's result in its array's shape, or ``None`` (a gradient was not finite
+        on some rank). Collective."""
         if len(arrays) != len(self.names):
             raise ValueError(f"got {len(arrays)} gradients for {len(self.names)} tensors")
         first_bad = next((i for i, a in enumerate(arrays) if not np.all(np.isfinite(a))),
                          None)
+        return self._step(first_bad, None if first_bad is not None else list(arrays))
+
+    def _shaped(self, position: int, array: np.ndarray) -> np.ndarray:
+        return array if self.shapes is None else array.reshape(self.shapes[position])
+
+    def _step(self, first_bad: Optional[int], arrays) -> Optional[List[np.ndarray]]:
+        """Error feedback, the exchange and the average (module docstring); ``arrays``
+        is ``None`` where ``first_bad`` names this rank's first non-finite tensor."""
         sent, fresh = None, {}
         if first_bad is None:
             sent = []
@@ -172,11 +240,13 @@ class UserCompressionSynchronizer:
             out.append(payloads)
         return out
 
-    def joined_step(self) -> bool:
+    def joined_step(self, sizes=None, agree_first: bool = False) -> bool:
         """One step of the other ranks, taken by a rank that has joined (``hvd.join()``):
         it sends nothing and counts as zeros in their average, as in Horovod; its
         residuals stay, its step counter follows theirs. ``True`` once every rank has
-        joined (then nothing else happens). Collective."""
+        joined (then nothing else happens). Collective. (``sizes`` and
+        ``agree_first`` are the protocol's: this synchronizer agrees on NaN/Inf in its
+        exchange, never before it.)"""
         if self.compressor.communicator == "allreduce":
             everyone = self.comm.allgather((JOINED, None))
             if all(i == JOINED for i, _ in everyone):
@@ -232,6 +302,12 @@ class UserCompressionSynchronizer:
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict`'s output, checked first (a refused one changes
         nothing): residuals of these tensors only, saved by this rank."""
+        self.check_state_dict(state)
+        self.step = int(state["step"])
+        self.residuals = {n: np.array(r, copy=True) for n, r in state["residuals"].items()}
+
+    def check_state_dict(self, state: dict) -> None:
+        """Raise what :meth:`load_state_dict` would raise, changing nothing."""
         unknown = sorted(set(state["residuals"]) - set(self.names))
         if unknown:
             raise ValueError(f"the checkpoint's compression residuals name tensors this "
@@ -244,8 +320,37 @@ class UserCompressionSynchronizer:
                 "accumulated them. Save a checkpoint on every rank, one file per rank, "
                 "and load each rank's own, or use hvd.save_checkpoint / "
                 "hvd.load_checkpoint, which keep every rank's state in one file")
+
+    @staticmethod
+    def empty_state() -> dict:
+        """The state of a run that has taken no step."""
+        return {"step": 0, "rank": None, "residuals": {}}
+
+    @staticmethod
+    def check_saved_rank(state: dict, rank: int) -> None:
+        """Refuse a restored state that holds another rank's residuals."""
+        saved = state.get("rank")
+        if saved is not None and int(saved) != rank and state["residuals"]:
+            raise ValueError(f"this checkpoint holds the compression residuals of rank "
+                             f"{int(saved)} and this is rank {rank}: residuals belong to "
+                             "the rank that accumulated them; save and load one "
+                             "checkpoint per rank")
+
+    def shared_state(self) -> dict:
+        """What every rank must hold alike: the step counter (a compressor's seeds may
+        depend on it)."""
+        return {"step": self.step}
+
+    def load_shared_state(self, state: dict) -> None:
         self.step = int(state["step"])
-        self.residuals = {n: np.array(r, copy=True) for n, r in state["residuals"].items()}
+
+    def holds_own_state(self) -> bool:
+        """Whether this rank holds state of its own that a broadcast does not copy."""
+        return bool(self.residuals)
+
+    def overlaps_dense(self) -> bool:
+        """Never: every step is this synchronizer's own exchange."""
+        return False
 
 
 def _signature(sent) -> tuple:

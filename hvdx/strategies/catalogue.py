@@ -39,13 +39,6 @@ __all__ = ["BUILT_IN", "ClassRegistry", "LazyView", "RegisteredClassSpec", "fiel
            "module_exports", "of_kind", "qualified", "register", "registered_entry",
            "settings_of", "unregister", "variable_kind"]
 
-# The adapters a registered compressor runs with (one pair of modules for them all).
-_USER_COMPRESSION = dict(
-    torch_adapter="hvdx.torch.user_compression:adapter",
-    tensorflow_tape="hvdx.tensorflow.user_compression:tape_adapter",
-    tensorflow_keras="hvdx.tensorflow.user_compression:keras_adapter",
-    tensorflow_tape_counters="hvdx.tensorflow.user_compression:tape_counters")
-
 
 #: The built-in strategies, each once (each from its folder's descriptor.py).
 BUILT_IN: Tuple[StrategyDescriptor, ...] = (
@@ -54,10 +47,11 @@ BUILT_IN: Tuple[StrategyDescriptor, ...] = (
         name="user_compression", kind="compression",
         title="a registered compressor with error feedback",
         # No constructor of its own: each registered compressor is an entry of its
-        # own (register()), whose name is the constructor.
-        **_USER_COMPRESSION,
-        state_exports=("hvdx.tensorflow.user_compression:compression_state",),
-        tensorflow_exports=("hvdx.tensorflow.user_compression:CompressionState",)),
+        # own (register()), whose name is the constructor. Its adapters are the
+        # shared compression drivers', as every compression strategy's.
+        synchronizer="hvdx.mpi.user_compression_exchange:UserCompressionSynchronizer",
+        state_exports=("hvdx.tensorflow.compression_residuals:STATE_GETTERS.compression_state",),
+        tensorflow_exports=("hvdx.tensorflow.compression_residuals:CompressionState",)),
     DSSYNC,
     DECENTRALIZED,
     StrategyDescriptor(

@@ -7,7 +7,7 @@ checkpoint exports). A descriptor holds all of it; the catalogue
 views of it.
 
 Everything that lives in a framework is named by a *lazy path*, ``"module:attribute"``
-(``"hvdx.strategies.topk.torch.optimizer:adapter"``), and imported only when it is used
+(``"hvdx.strategies.topk.core_cost:_topk"``), and imported only when it is used
 (:func:`load`):
 
 1. the catalogue is imported by framework-neutral code (the environment parser, which
@@ -142,6 +142,20 @@ MIXING_DRIVERS = {
 }
 
 
+#: The shared compression drivers, every compression strategy's adapters (its
+#: synchronizer, the descriptor's ``synchronizer``, is what differs:
+#: :mod:`hvdx.core.compression_protocol`).
+COMPRESSION_DRIVERS = {
+    "torch_adapter": "hvdx.torch.compression_driver:adapter",
+    "tensorflow_tape": "hvdx.tensorflow.compression_driver:tape_adapter",
+    "tensorflow_keras": "hvdx.tensorflow.compression_driver:keras_adapter",
+    "tensorflow_tape_counters": "hvdx.tensorflow.compression_driver:tape_counters",
+}
+
+#: The default adapters of each kind (a trainer names its own classes).
+DRIVERS = {"sync": MIXING_DRIVERS, "compression": COMPRESSION_DRIVERS}
+
+
 @dataclass(frozen=True)
 class StrategyDescriptor:
     """One strategy, as every part of hvdx that names strategies needs it.
@@ -153,6 +167,10 @@ class StrategyDescriptor:
         title: the human name in messages (``"DS-Sync"``).
         constructors: the names its variable (:data:`VARIABLES` of its kind) accepts,
             presets included, in the order messages list them.
+        synchronizer: for a compressor, lazy path of its synchronizer class, the step
+            of its compressor, memory and communicator over mpi4py that the shared
+            compression drivers run (:data:`hvdx.core.compression_protocol.
+            SYNCHRONIZER_METHODS`), or ``None``.
         torch_adapter: lazy path of ``adapter(optimizer, strategy, setup, arguments)``
             (:mod:`hvdx.torch.registry`), or ``None``.
         torch_fit: lazy path of ``fit(spec, optimizer) -> spec``, which settles what
@@ -207,6 +225,7 @@ class StrategyDescriptor:
     kind: str
     title: str
     constructors: Tuple[Constructor, ...] = ()
+    synchronizer: Optional[str] = None
     torch_adapter: Optional[str] = None
     torch_fit: Optional[str] = None
     tensorflow_tape: Optional[str] = None
@@ -232,12 +251,12 @@ class StrategyDescriptor:
     plan_options: Tuple[PlanOption, ...] = ()
 
     def __post_init__(self):
-        # A synchronization strategy is a mixer (hvdx.core.mixer_protocol), which the
-        # shared drivers run: its adapters are theirs unless it names its own.
-        if self.kind == "sync":
-            for field_name, path in MIXING_DRIVERS.items():
-                if getattr(self, field_name) is None:
-                    object.__setattr__(self, field_name, path)
+        # A synchronization strategy is a mixer (hvdx.core.mixer_protocol), a
+        # compression strategy a synchronizer (hvdx.core.compression_protocol), which
+        # the shared drivers run: its adapters are theirs unless it names its own.
+        for field_name, path in DRIVERS.get(self.kind, {}).items():
+            if getattr(self, field_name) is None:
+                object.__setattr__(self, field_name, path)
         # Checked here, once, so that a malformed entry fails at import (or at
         # register()), not in the middle of a job.
         if self.kind not in KINDS:
@@ -290,7 +309,7 @@ class StrategyDescriptor:
 
     def lazy_paths(self) -> Tuple[Tuple[str, str], ...]:
         """``(field, path)`` of every lazy path it holds, constructors' included."""
-        fields = ("torch_adapter", "torch_fit", "tensorflow_tape", "tensorflow_keras",
+        fields = ("synchronizer", "torch_adapter", "torch_fit", "tensorflow_tape", "tensorflow_keras",
                   "tensorflow_tape_counters", "tensorflow_arguments", "torch_trainer",
                   "tensorflow_trainer", "plan_line", "cost_layout")
         paths = [(f, getattr(self, f)) for f in fields if getattr(self, f) is not None]

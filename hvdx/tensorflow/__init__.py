@@ -8,11 +8,12 @@ unchanged, except:
   its first ``gradient()`` call checks that all ranks agree on the variables and
   settings before the first allreduce;
 - ``Compression`` keeps Horovod's ``none`` and ``fp16`` and adds ``topk`` (bidirectional
-  TopK with error feedback, :mod:`hvdx.strategies.topk.tensorflow.adapters`); :func:`topk_state`
-  gives a tape's residuals (checkpoint them with ``tf.train.Checkpoint``);
+  TopK with error feedback); :func:`topk_state` gives a tape's residuals (checkpoint
+  them with ``tf.train.Checkpoint``);
 - ``Compression.<name>(...)``: a compressor of your own, registered with
-  ``hvdx.register_compressor`` (:mod:`hvdx.tensorflow.user_compression`);
-  :func:`compression_state` gives a tape's residuals;
+  ``hvdx.register_compressor``; :func:`compression_state` gives a tape's residuals.
+  Every compression strategy runs on the shared driver
+  :mod:`hvdx.tensorflow.compression_driver` (:class:`CompressionState`);
 - ``sync=hvdx.mixer(name, ...)``: a mixer of your own, registered with
   ``hvdx.register_mixer``; :func:`mixer_state` gives the tapes' mixing state
   (:class:`MixingState`: checkpoint, ``synchronize_parameters``). Every mixing
@@ -65,9 +66,9 @@ __getattr__, __dir__ = _catalogue.module_exports(__name__, "tensorflow")
 # them; a test checks that each is bound to the catalogue's path. The strategies'
 # TensorFlow modules are loaded by path, not imported here: they import hvdx.tensorflow
 # themselves (tests/unit/test_no_import_cycles.py).
-topk_state = _load("hvdx.strategies.topk.tensorflow.adapters:topk_state")
-TopKState = _load("hvdx.strategies.topk.tensorflow.adapters:TopKState")
-from hvdx.tensorflow.user_compression import CompressionState, compression_state  # noqa: E402,F401,E501
+topk_state = _load("hvdx.tensorflow.compression_residuals:STATE_GETTERS.topk_state")
+compression_state = _load("hvdx.tensorflow.compression_residuals:STATE_GETTERS.compression_state")
+from hvdx.tensorflow.compression_residuals import CompressionState  # noqa: E402,F401
 dssync_state = _load("hvdx.tensorflow.mixing_state:STATE_GETTERS.dssync_state")
 dssync_process_sets = _load("hvdx.strategies.dssync.mixer:dssync_process_sets")
 from hvdx.strategies.dssync.spec import DSSync  # noqa: E402,F401

@@ -1,7 +1,6 @@
 """How a compression strategy takes the place of Horovod's gradient allreduce on
-Horovod's own TensorFlow objects, once for TopK
-(:mod:`hvdx.strategies.topk.tensorflow.adapters`) and a registered compressor
-(:mod:`hvdx.tensorflow.user_compression`).
+Horovod's own TensorFlow objects (for the compression driver,
+:mod:`hvdx.tensorflow.compression_driver`).
 
 Horovod's tape and Keras optimizer stay what they are (their API, their checks, their
 aggregation of several backward passes); only their ``_allreduce_grads``, the function
@@ -16,15 +15,14 @@ that reduces the gradients, is this instance's replacement:
    this instance's helper gets the replacement too.
 
 :func:`eagerly` runs a replacement's exchange (eager Python on numpy) inside a graph
-too; :func:`compression_entries` makes a compression strategy's three entries in
-:mod:`hvdx.tensorflow.registry` from its replacement and its state.
+too.
 """
 
-from typing import Callable, List, Tuple
+from typing import Callable, List
 
 import tensorflow as tf
 
-__all__ = ["compression_entries", "eagerly", "on_keras_optimizer", "on_tape"]
+__all__ = ["eagerly", "on_keras_optimizer", "on_tape"]
 
 
 def on_tape(tape, allreduce_grads: Callable):
@@ -63,41 +61,3 @@ def eagerly(step: Callable, tensors: List[tf.Tensor], name: str) -> List[tf.Tens
     for o, t in zip(out, tensors):
         o.set_shape(t.shape)
     return list(out)
-
-
-def compression_entries(replacement: Callable, tape_state: Callable, new_state: Callable,
-                        attribute: str) -> Tuple[Callable, Callable, Callable]:
-    """``(tape_adapter, keras_adapter, tape_counters)`` of a compression strategy (the
-    catalogue names them).
-
-    Args:
-        replacement: ``(strategy, arguments, state_of) -> allreduce_grads``, the
-            strategy's replacement of Horovod's ``_allreduce_grads`` for the entry
-            point's arguments (:class:`hvdx.tensorflow.registry.GradientArguments`);
-            ``state_of(variables)`` gives the state it keeps its residuals in.
-        tape_state: ``variables -> state``: the tapes' states, one per list of
-            variables (a tape lives one step).
-        new_state: ``() -> state``: a Keras optimizer's own, tracked as
-            ``optimizer.<attribute>`` (so checkpoints of the optimizer hold it).
-    """
-
-    # Plain Python, often called while a tf.function is traced: nothing to convert.
-    @tf.autograph.experimental.do_not_convert
-    def tape_adapter(horovod, strategy, setup, args, gradtape):
-        """``DistributedGradientTape``: Horovod's tape, with the strategy on it."""
-        return on_tape(horovod(), replacement(strategy, args, tape_state))
-
-    def keras_adapter(horovod, strategy, setup, args, optimizer):
-        """Keras' ``DistributedOptimizer``: Horovod's optimizer, with the strategy on
-        it."""
-        state = new_state()
-        return on_keras_optimizer(horovod(), state, attribute,
-                                  replacement(strategy, args, lambda variables: state))
-
-    def tape_counters(tape, variables):
-        """The counters of the state of the variables the tape reduced (for the step
-        log)."""
-        local = getattr(tape, "_local_sources", ())  # Horovod keeps these out
-        return tape_state([v for v in variables if v.ref() not in local]).stats
-
-    return tape_adapter, keras_adapter, tape_counters

@@ -80,7 +80,7 @@ class Compression(_hvd.Compression, metaclass=_Registered):
     builds a :class:`~hvdx.strategies.topk.spec.TopKCompression`: bidirectional TopK with error
     feedback, which :func:`hvdx.tensorflow.DistributedGradientTape` and
     :func:`hvdx.tensorflow.keras.DistributedOptimizer` run with hvdx's own
-    synchronization (see :mod:`hvdx.strategies.topk.tensorflow.adapters`)::
+    synchronization (see :mod:`hvdx.tensorflow.compression_driver`)::
 
         compression=hvd.Compression.topk(ratio=0.01, downlink_ratio=0.01)
 
@@ -89,5 +89,5 @@ class Compression(_hvd.Compression, metaclass=_Registered):
 
     ``Compression.<name>(...)`` builds a compressor registered under ``name``
     (:func:`hvdx.register_compressor`), run with error feedback by
-    :mod:`hvdx.tensorflow.user_compression`.
+    :mod:`hvdx.tensorflow.compression_driver`.
     """

@@ -39,7 +39,7 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     Ignored otherwise (Horovod averages gradients only).
 
     ``compression=hvd.Compression.topk(...)``: bidirectional TopK with error feedback,
-    synchronized by hvdx (see :mod:`hvdx.strategies.topk.tensorflow.adapters`); ``op`` must be
+    synchronized by hvdx (see :mod:`hvdx.tensorflow.compression_driver`); ``op`` must be
     ``Average`` or ``Sum``, and :func:`hvdx.tensorflow.topk_state` gives the residuals to
     checkpoint.
 
@@ -48,7 +48,7 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     """
     # fit_tape: HVDX_SYNC's Decentralized in the order a tape runs, before rank 0 says it.
     compression, sync, from_environment = environment.choose(
-        compression, sync, _hvd.Compression.none, Compression.topk,
+        compression, sync, _hvd.Compression.none, Compression,
         "DistributedGradientTape", fit=registry.fit_tape)
     strategy, problem = strategy_or_error(compression, sync)
     problem = problem or from_environment

@@ -1,7 +1,7 @@
 """Horovod's optimizer surface, once for every compression strategy's torch optimizer.
 
-TopK (:mod:`hvdx.strategies.topk.torch.optimizer`) and a registered compressor
-(:mod:`hvdx.torch.user_compression`) replace Horovod's gradient allreduce by their own
+The compression driver (:mod:`hvdx.torch.compression_driver`), which runs TopK and
+registered compressors, replaces Horovod's gradient allreduce by their own
 exchange, and keep what a Horovod script calls on the optimizer:
 
 1. the trained parameters, by name (``named_parameters``, else ``param_groups[g][i]``),

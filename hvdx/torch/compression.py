@@ -23,7 +23,7 @@ class Compression(_hvd.Compression, metaclass=Registered):
 
     ``Compression.<name>(...)`` builds a compressor registered under ``name``
     (:func:`hvdx.register_compressor`), run with error feedback by
-    :mod:`hvdx.torch.user_compression`.
+    :mod:`hvdx.torch.compression_driver`.
     """
 
     topk = staticmethod(_topk)

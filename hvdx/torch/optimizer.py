@@ -49,7 +49,7 @@ def DistributedOptimizer(optimizer, named_parameters=None,
 
     ``compression`` also takes ``hvdx.torch.Compression.topk(...)``: bidirectional TopK
     with error feedback, synchronized by hvdx itself (see
-    :mod:`hvdx.strategies.topk.torch.optimizer`); ``op`` must then be ``Average`` or ``Sum``.
+    :mod:`hvdx.torch.compression_driver`); ``op`` must then be ``Average`` or ``Sum``.
 
     Before anything is sent, every rank of ``process_set`` compares the parameter names,
     shapes and dtypes and the settings; a mismatch raises the same ``ValueError`` on
@@ -71,7 +71,7 @@ def DistributedOptimizer(optimizer, named_parameters=None,
     # on every rank, so the fingerprint below compares what runs): fitted before rank 0
     # describes the strategy, so that it describes what runs.
     compression, sync, from_environment = environment.choose(
-        compression, sync, _hvd.Compression.none, Compression.topk, "DistributedOptimizer",
+        compression, sync, _hvd.Compression.none, Compression, "DistributedOptimizer",
         fit=lambda strategy: registry.fit(strategy, optimizer))
     strategy, problem = strategy_or_error(compression, sync)
     problem = problem or from_environment

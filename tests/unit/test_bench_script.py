@@ -95,7 +95,7 @@ def test_every_script_strategy_is_a_value_hvdx_environment_accepts(name):
 
     env = strategy_environment(name)
     compression = environment.parse("HVDX_COMPRESSION", env["HVDX_COMPRESSION"],
-                                     hvd.Compression.topk)
+                                     hvd.Compression)
     sync = environment.parse("HVDX_SYNC", env["HVDX_SYNC"])
     if name == "horovod":
         assert compression is None and sync is None

@@ -28,7 +28,7 @@ def fresh(monkeypatch):
 
 
 def compression(raw):
-    return environment.parse("HVDX_COMPRESSION", raw, topk)
+    return environment.parse("HVDX_COMPRESSION", raw)
 
 
 def sync(raw):
@@ -103,7 +103,7 @@ def test_none_and_empty_are_no_strategy(raw):
 def test_a_value_not_accepted_is_a_value_error_naming_the_variable_and_the_forms(
         variable, raw, reason):
     with pytest.raises(ValueError) as info:
-        environment.parse(variable, raw, topk)
+        environment.parse(variable, raw)
     message = str(info.value)
     assert message.startswith(f"{variable}={raw!r}: ") and reason in message
     assert f"{variable} accepts none, " in message
@@ -129,11 +129,11 @@ def test_the_environment_fills_arguments_the_code_left_at_their_defaults(
         monkeypatch, capsys):
     monkeypatch.setenv("HVDX_COMPRESSION", "topk(0.1, 0.1)")
     monkeypatch.setenv("HVDX_SYNC", "Decentralized('ring')")
-    chosen, synced, error = environment.choose(NONE, None, NONE, topk, "Entry")
+    chosen, synced, error = environment.choose(NONE, None, NONE, None, "Entry")
     assert (chosen, error) == (topk(0.1, 0.1), None)
     assert repr(synced) == repr(hvdx.Decentralized("ring"))
     # One spec per value: a TensorFlow tape, made every step, keeps its state on it.
-    again = environment.choose(NONE, None, NONE, topk, "Entry")
+    again = environment.choose(NONE, None, NONE, None, "Entry")
     assert again[0] is chosen and again[1] is synced
     assert capsys.readouterr().err.splitlines() == [
         "[hvdx] HVDX_COMPRESSION='topk(0.1, 0.1)': bidirectional TopK, ratio=0.1 "
@@ -154,7 +154,7 @@ def test_an_argument_in_the_code_wins_and_the_variable_is_ignored_aloud(
     class Fp16:
         pass
 
-    chosen, synced, error = environment.choose(Fp16, code_sync, NONE, topk, "Entry")
+    chosen, synced, error = environment.choose(Fp16, code_sync, NONE, None, "Entry")
     assert (chosen, synced, error) == (Fp16, code_sync, None)
     said = capsys.readouterr().err.splitlines()
     assert said[0] == "[hvdx] HVDX_COMPRESSION='fast': ignored: the code passes " \
@@ -179,28 +179,28 @@ def test_rank_zero_describes_the_strategy_as_the_entry_point_fits_it(
 
     monkeypatch.setenv("HVDX_COMPRESSION", "fast")
     code = NONE if from_environment else topk(preset="fast")
-    chosen, _, error = environment.choose(code, None, NONE, topk, "Entry", fit=fit)
+    chosen, _, error = environment.choose(code, None, NONE, None, "Entry", fit=fit)
     assert error is None and len(fitted) == 1 and not chosen.momentum_correction
     said = [line for line in capsys.readouterr().err.splitlines() if "TopK, " in line]
     assert said and all(" momentum_correction=False" in line and
                         "momentum_correction=True" not in line for line in said), said
     # Where the preset's correction runs (SGD with momentum), the line says so.
     environment.forget()
-    environment.choose(code, None, NONE, topk, "Entry", fit=lambda spec: spec)
+    environment.choose(code, None, NONE, None, "Entry", fit=lambda spec: spec)
     said = [line for line in capsys.readouterr().err.splitlines() if "TopK, " in line]
     assert said and all("momentum_correction=True" in line for line in said), said
 
 
 def test_unset_or_none_leaves_the_arguments_as_they_are(monkeypatch):
-    assert environment.choose(NONE, None, NONE, topk, "Entry") == (NONE, None, None)
+    assert environment.choose(NONE, None, NONE, None, "Entry") == (NONE, None, None)
     monkeypatch.setenv("HVDX_COMPRESSION", "none")
-    assert environment.choose(NONE, None, NONE, topk, "Entry") == (NONE, None, None)
+    assert environment.choose(NONE, None, NONE, None, "Entry") == (NONE, None, None)
 
 
 def test_alone_a_value_not_accepted_raises_at_once(monkeypatch):
     monkeypatch.setenv("HVDX_SYNC", "DSSync(")
     with pytest.raises(ValueError, match=r"HVDX_SYNC='DSSync\('"):
-        environment.choose(NONE, None, NONE, topk, "Entry")
+        environment.choose(NONE, None, NONE, None, "Entry")
 
 
 def test_init_switches_dynamic_process_sets_on_for_dssync_only(monkeypatch, capsys):
@@ -252,7 +252,7 @@ def test_init_refuses_a_value_the_entry_point_would_refuse_with_the_same_message
     with pytest.raises(VariableError) as at_init:
         init_arguments((), {}, environment.check_at_init)  # as hvd.init calls it
     with pytest.raises(VariableError) as at_entry:
-        environment.choose(NONE, None, NONE, topk, "Entry")
+        environment.choose(NONE, None, NONE, None, "Entry")
     assert str(at_init.value) == str(at_entry.value)
     assert str(at_init.value).startswith(f"{variable}={raw!r}: ")
 
@@ -279,7 +279,7 @@ def test_init_refuses_a_name_no_script_may_register(monkeypatch, variable, raw):
     with pytest.raises(VariableError) as at_init:
         init_arguments((), {}, environment.check_at_init)
     with pytest.raises(VariableError) as at_entry:
-        environment.choose(NONE, None, NONE, topk, "Entry")
+        environment.choose(NONE, None, NONE, None, "Entry")
     assert str(at_init.value) == str(at_entry.value)
 
 

@@ -59,7 +59,7 @@ def test_a_misspelt_keyword_in_code_is_a_type_error_naming_the_closest(build, me
 def test_a_misspelt_keyword_or_name_in_a_variable_is_its_error_naming_the_closest(
         variable, raw, reason):
     with pytest.raises(VariableError) as info:  # a ValueError, as every refused value
-        environment.parse(variable, raw, topk)
+        environment.parse(variable, raw)
     assert str(info.value).startswith(f"{variable}={raw!r}: {reason} {variable} accepts ")
     assert unchained(info.value)
 

@@ -28,7 +28,7 @@ def printed(capsys, monkeypatch, level):
     if level is not None:
         monkeypatch.setenv("HVDX_LOG_LEVEL", level)
     monkeypatch.setenv("HVDX_SYNC", "DSSync()")
-    environment.choose(topk(0.1, 0.1), "a sync", NONE, topk, "Entry")
+    environment.choose(topk(0.1, 0.1), "a sync", NONE, None, "Entry")
     return capsys.readouterr().err.splitlines()
 
 
@@ -59,9 +59,9 @@ def test_a_level_not_known_is_info_and_rank_zero_says_so_once(capsys, monkeypatc
 
 def test_a_strategy_in_the_code_is_said_once_per_entry_point_and_setting(capsys):
     for _ in range(3):  # a TensorFlow tape is made every step, with the same spec
-        environment.choose(topk(0.1, 0.1), None, NONE, topk, "Tape")
-    environment.choose(topk(0.1, 0.1), None, NONE, topk, "Optimizer")
-    environment.choose(topk(0.2), None, NONE, topk, "Optimizer")
+        environment.choose(topk(0.1, 0.1), None, NONE, None, "Tape")
+    environment.choose(topk(0.1, 0.1), None, NONE, None, "Optimizer")
+    environment.choose(topk(0.2), None, NONE, None, "Optimizer")
     said = capsys.readouterr().err.splitlines()
     assert [line.split(" (")[-1] for line in said] == ["Tape)", "Optimizer)", "Optimizer)"]
     assert "unidirectional TopK, ratio=0.2 " in said[-1]
@@ -69,9 +69,9 @@ def test_a_strategy_in_the_code_is_said_once_per_entry_point_and_setting(capsys)
 
 def test_a_line_silenced_is_said_when_the_level_allows_it(capsys, monkeypatch):
     monkeypatch.setenv("HVDX_LOG_LEVEL", "warning")
-    environment.choose(topk(0.1, 0.1), None, NONE, topk, "Entry")
+    environment.choose(topk(0.1, 0.1), None, NONE, None, "Entry")
     monkeypatch.setenv("HVDX_LOG_LEVEL", "info")
-    environment.choose(topk(0.1, 0.1), None, NONE, topk, "Entry")
+    environment.choose(topk(0.1, 0.1), None, NONE, None, "Entry")
     assert capsys.readouterr().err.splitlines() == [CODE]
 
 
@@ -79,7 +79,7 @@ def test_horovods_own_compression_and_an_invalid_spec_are_not_said(capsys):
     class Fp16:
         pass
 
-    environment.choose(Fp16, None, NONE, topk, "Entry")
+    environment.choose(Fp16, None, NONE, None, "Entry")
     assert capsys.readouterr().err == ""
 
 

@@ -323,7 +323,7 @@ def test_the_line_builds_the_strategy_the_row_prices(capsys):
         built = eval(call, names)  # noqa: S307 (the line hvdx printed)
         variable = "HVDX_COMPRESSION" if argument == "compression" else "HVDX_SYNC"
         value = re.sub(r"^(hvd\.Compression|hvdx)\.", "", call)  # topk(...), DSSync(...)
-        from_variable = environment.parse(variable, value, topk)
+        from_variable = environment.parse(variable, value, names["hvd"].Compression)
         assert repr(built) == repr(expected) == repr(from_variable), label
     assert lines["stanza F=1"].startswith("hvd.Stanza(features, head, optimizer, "
                                           "fc_workers=1)")

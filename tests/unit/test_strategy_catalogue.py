@@ -180,7 +180,7 @@ def test_the_environment_accepts_the_catalogues_names(variable):
 def test_the_environment_builds_with_the_catalogues_constructors():
     assert environment.parse(SYNC_VARIABLE, "Decentralized").name == "decentralized"
     assert environment.parse(SYNC_VARIABLE, "DSSync('shuffle', group_size=2)").name == "dssync"
-    assert environment.parse(COMPRESSION_VARIABLE, "safe", topk).preset == "safe"
+    assert environment.parse(COMPRESSION_VARIABLE, "safe").preset == "safe"
 
 
 def test_dssync_is_the_strategy_that_asks_for_dynamic_process_sets():
@@ -198,7 +198,7 @@ def test_a_registered_descriptor_is_in_every_lookup(dummy):
     assert catalogue.environment_constructors(COMPRESSION_VARIABLE)["dummy"][1] is dummy
     assert "dummy" in environment.accepted_names(COMPRESSION_VARIABLE)
     assert "dummy" not in environment.accepted_names(SYNC_VARIABLE)
-    spec = environment.parse(COMPRESSION_VARIABLE, "dummy(level=3)", topk)
+    spec = environment.parse(COMPRESSION_VARIABLE, "dummy(level=3)")
     assert isinstance(spec, _DummySpec) and spec.level == 3
     assert spec.environment == (COMPRESSION_VARIABLE, "dummy(level=3)")
     registry = _torch_registry()
@@ -229,7 +229,7 @@ def test_a_registered_compressor_is_a_catalogue_entry():
         assert entry.torch_adapter == shared.torch_adapter
         # TensorFlow's tapes log its bytes as PyTorch's optimizer does (hvdx_stats).
         assert entry.tensorflow_tape_counters == shared.tensorflow_tape_counters \
-            == "hvdx.tensorflow.user_compression:tape_counters"
+            == "hvdx.tensorflow.compression_driver:tape_counters"
         assert "catalogue_sign" in environment.accepted_names(COMPRESSION_VARIABLE)
     finally:
         compression_registry._REGISTRY.clear()
@@ -410,7 +410,7 @@ def test_a_fifth_built_in_compressor_is_an_attribute_of_both_frameworks_compress
 
 
 @pytest.mark.parametrize("shared, torch_adapter, exported", [
-    ("user_compression", "hvdx.torch.user_compression:adapter", "compression_state"),
+    ("user_compression", "hvdx.torch.compression_driver:adapter", "compression_state"),
     ("user_mixer", "hvdx.torch.mixing_optimizer:adapter", "mixer_state")])
 def test_a_registered_class_runs_with_its_built_in_entrys_adapters(shared, torch_adapter,
                                                                     exported):

@@ -253,7 +253,7 @@ def test_no_adapter_checks_the_reduction_itself():
     ``op`` again would be a second copy to keep in step."""
     adapters = sorted(ROOT.glob("strategies/*/torch/*.py")) + \
         sorted(ROOT.glob("strategies/*/tensorflow/*.py")) + \
-        [ROOT / "torch/user_compression.py", ROOT / "tensorflow/user_compression.py"]
+        [ROOT / "torch/compression_driver.py", ROOT / "tensorflow/compression_driver.py"]
     for path in adapters:
         text = path.read_text()
         assert "Adasum" not in text and "is not supported with" not in text, path

@@ -253,15 +253,16 @@ def test_the_frameworks_export_each_strategys_names():
     from hvdx.strategies.dssync import mixer as tf_dssync
     from hvdx.tensorflow.mixing_state import STATE_GETTERS as tf_mixing
     from hvdx.strategies.stanza.tensorflow import trainer as tf_stanza
-    from hvdx.strategies.topk.tensorflow import adapters as tf_topk
-    from hvdx.tensorflow import user_compression as tf_user
+    from hvdx.tensorflow import compression_residuals as tf_compression
+    from hvdx.tensorflow.compression_residuals import STATE_GETTERS as tf_compression_states
     from hvdx.strategies.dssync import mixer as dssync_optimizer
     from hvdx.strategies.stanza.torch import trainer as torch_stanza
 
     assert torch_hvd.dssync_process_sets is dssync_optimizer.dssync_process_sets
     assert torch_hvd.Stanza is torch_stanza.Stanza
-    for name, module in [("TopKState", tf_topk), ("topk_state", tf_topk),
-                         ("CompressionState", tf_user), ("compression_state", tf_user),
+    for name, module in [("topk_state", tf_compression_states),
+                         ("CompressionState", tf_compression),
+                         ("compression_state", tf_compression_states),
                          ("dssync_process_sets", tf_dssync), ("dssync_state", tf_mixing),
                          ("decentralized_state", tf_mixing),
                          ("Stanza", tf_stanza)]:

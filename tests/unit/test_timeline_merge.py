@@ -192,10 +192,10 @@ class TwoRanks:
 def test_a_registered_compressors_allgather_is_a_span_with_its_payload_bytes(recorder):
     sync = UserCompressionSynchronizer(["w", "b"], Half(), TwoRanks())
     arrays = [np.ones(10, np.float32), np.ones(3, np.float32)]
-    sync.synchronize(arrays)  # no timeline: nothing kept
+    sync.synchronize_arrays(arrays)  # no timeline: nothing kept
     assert recorder._spans == []
     recorder.active = True
-    sync.synchronize(arrays)
+    sync.synchronize_arrays(arrays)
     assert [s[:2] + s[4:] for s in recorder._spans] == \
         [("HVDX_COMPRESSION_ALLGATHER", "compression Half", 26, 26)]
     assert recorder._spans[0][2] <= recorder._spans[0][3]

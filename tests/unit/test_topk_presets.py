@@ -197,7 +197,7 @@ def test_sgd_and_a_group_without_adams_betas_keep_the_presets_ratios():
 def test_the_variable_a_preset_came_from_stays_on_the_changed_spec():
     from hvdx.environment import parse
 
-    spec = parse("HVDX_COMPRESSION", "fast", topk)
+    spec = parse("HVDX_COMPRESSION", "fast")
     fitted, _ = for_optimizer(spec, "Adam", [ADAM])
     assert fitted.environment == ("HVDX_COMPRESSION", "fast")
     assert not fitted.momentum_correction

@@ -16,7 +16,7 @@ Residuals are keyed by tensor name, in the fixed order; under ``selection="globa
 the concatenation of the compressed tensors is one tensor keyed :data:`GLOBAL_NAME`,
 and :attr:`TopKMemory.layout` records which tensors it holds. DGC's momentum
 correction, the other memory of TopK, keeps torch tensors on the parameters' device:
-:mod:`hvdx.strategies.topk.torch.momentum_correction`.
+:mod:`hvdx.torch.momentum_correction`.
 """
 
 from __future__ import annotations

@@ -15,17 +15,15 @@ TOPK = StrategyDescriptor(
     # which there are, so a new preset needs no entry here.
     constructors=(Constructor("topk", "hvdx.strategies.topk.spec:topk"),) + tuple(
         Constructor(p, preset=p, calls="topk") for p in PRESETS),
-    torch_adapter="hvdx.strategies.topk.torch.optimizer:adapter",
-    torch_fit="hvdx.strategies.topk.torch.preset_fit:fit_preset",
-    tensorflow_tape="hvdx.strategies.topk.tensorflow.adapters:tape_adapter",
-    tensorflow_keras="hvdx.strategies.topk.tensorflow.adapters:keras_adapter",
-    tensorflow_tape_counters="hvdx.strategies.topk.tensorflow.adapters:tape_counters",
+    # Its adapters are the shared compression drivers'
+    # (hvdx.strategies.descriptor.COMPRESSION_DRIVERS), which run this synchronizer.
+    synchronizer="hvdx.strategies.topk.mpi_driver:TopKSynchronizer",
+    torch_fit="hvdx.strategies.topk.torch_preset_fit:fit_preset",
     tensorflow_arguments="hvdx.strategies.topk.presets:tensorflow_arguments",
     cost_model="topk", cost_layout="hvdx.strategies.topk.core_cost:_topk",
     cost_compared=({"mode": "gathered"}, {"mode": "sharded"}),
-    state_exports=("hvdx.strategies.topk.tensorflow.adapters:topk_state",),
+    state_exports=("hvdx.tensorflow.compression_residuals:STATE_GETTERS.topk_state",),
     examples=("topk(0.01, 0.01)", "topk(preset='safe', downlink_ratio=0.05)"),
-    tensorflow_exports=("hvdx.strategies.topk.tensorflow.adapters:TopKState",),
     bench=(BenchVariant("topk", "hvdx.strategies.topk.bench_rows:topk_strategy", default=False,
                         full=True),
            # Named as the presets are everywhere else; the names these rows had before

@@ -17,7 +17,8 @@ and runs them every step, with the NaN/Inf agreement
 (:mod:`hvdx.strategies.topk.mpi_autotune`), the checkpoint state
 (:mod:`hvdx.strategies.topk.core_checkpoint`) and the counters
 (:mod:`hvdx.strategies.topk.core_counters`). The framework adapters
-(:mod:`hvdx.strategies.topk.torch.optimizer`, :mod:`hvdx.strategies.topk.tensorflow.adapters`)
+(the compression drivers, :mod:`hvdx.torch.compression_driver` and
+:mod:`hvdx.tensorflow.compression_driver`)
 only turn their gradients into flat float32 numpy arrays, run Horovod's allreduce for
 the tensors the driver leaves dense, and write the updates back.
 
@@ -117,6 +118,25 @@ class TopKSynchronizer:
         last_sent: ``{position: indices}``: the entries of each compressed tensor this
             rank sent in the last step (DGC's momentum factor masking zeroes them).
     """
+
+    #: The key of this state in a torch ``optimizer.state_dict()``, and the attribute
+    #: of a Keras optimizer that holds it (the compression drivers').
+    STATE_KEY = "hvdx_topk"
+    TENSORFLOW_ATTRIBUTE = "hvdx_topk"
+    #: The entries of :meth:`state_dict` that map tensor names to arrays.
+    #: What each rank keeps of its own (the words of a broadcast's note).
+    RESIDUALS = "TopK residuals"
+    ARRAY_ENTRIES = ("worker", "server")
+    #: Every gradient is compressed in float32.
+    KEEPS_FLOAT64 = False
+    STATS = TopKStats
+
+    @classmethod
+    def for_spec(cls, names, spec: TopKCompression, comm, sum_op=False, labels=None,
+                 shapes=None) -> "TopKSynchronizer":
+        """The compression drivers' constructor (TopK selects on flat tensors: the
+        shapes are not needed)."""
+        return cls(names, spec, comm, sum_op=sum_op, labels=labels)
 
     def __init__(self, names: Sequence[str], compression: TopKCompression, comm,
                  sum_op: bool = False, labels: Optional[Sequence[str]] = None):
@@ -365,6 +385,19 @@ class TopKSynchronizer:
         self.step = int(state["step"])
         self.choice = state.get("choice")
         self.timings = [(float(a), float(b)) for a, b in state.get("timings", [])]
+
+    @staticmethod
+    def empty_state() -> dict:
+        """The state of a run that has taken no step."""
+        return {"step": 0, "mode": None, "size": None, "rank": None, "worker": {},
+                "server": {}}
+
+    check_saved_rank = staticmethod(checkpoint.check_saved_rank)
+
+    def holds_own_state(self) -> bool:
+        """Whether this rank holds residuals of its own, which a broadcast does not
+        copy (the worker residuals: what it has not sent yet)."""
+        return bool(self.worker.state_dict())
 
     def shared_state(self) -> dict:
         """What every rank must hold alike, as a broadcast from one rank gives it

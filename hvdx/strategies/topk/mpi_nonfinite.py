@@ -21,6 +21,8 @@ from typing import Sequence
 
 import numpy as np
 
+from hvdx.core.finite import first_nonfinite
+
 from hvdx.mpi import timeline
 from hvdx.mpi.sparse import allgather_int
 
@@ -29,14 +31,6 @@ __all__ = ["JOINED", "NonfiniteAgreement", "first_nonfinite"]
 #: What a rank that has joined (``hvd.join()``) gives the agreement instead of its
 #: first bad position (:meth:`hvdx.strategies.topk.mpi_driver.TopKSynchronizer.joined_step`).
 JOINED = -1
-
-
-def first_nonfinite(arrays: Sequence[np.ndarray]) -> int:
-    """The position of the first array holding NaN or Inf, ``len(arrays)`` if none."""
-    for position, a in enumerate(arrays):
-        if not np.isfinite(a).all():
-            return position
-    return len(arrays)
 
 
 class NonfiniteAgreement:

@@ -158,6 +158,19 @@ class TopKCompression(CompressionStrategy):
             return self.mode
         return "sharded" if n_ranks > 2 else "gathered"
 
+    def summary(self, title: str) -> str:
+        """Rank 0's line for a spec chosen by ``HVDX_COMPRESSION``: the direction and
+        every setting. ``momentum_correction=False`` is added where a preset's momentum
+        correction was dropped for the optimizer (:func:`~hvdx.strategies.topk.presets.
+        for_optimizer`): :meth:`describe` leaves a ``False`` out as the default (so
+        that it equals the same settings given one by one), but the preset's name
+        promised ``True``."""
+        way = "bidirectional" if self.downlink_ratio is not None else "unidirectional"
+        dropped = "momentum_correction" in getattr(self, "from_preset", ()) and \
+            not self.momentum_correction
+        return (f"{way} TopK, {self.describe()[len('topk '):]}"
+                + (" momentum_correction=False" if dropped else ""))
+
     def describe(self) -> str:
         """One rank-independent line for the fingerprint and for logs."""
         if self.error is not None:

@@ -6,7 +6,7 @@ unchanged, except :func:`init` (job-wide abort on an uncaught exception) and
 :func:`DistributedOptimizer`, which accepts every Horovod argument plus ``sync=`` and
 checks on its first gradient aggregation that all ranks agree on the variables and
 settings, ``Compression``, which adds ``topk`` to Horovod's compressors (TopK with
-error feedback, :mod:`hvdx.strategies.topk.tensorflow.adapters`), :func:`load_model`, which wraps
+error feedback, :mod:`hvdx.tensorflow.compression_driver`), :func:`load_model`, which wraps
 the loaded optimizer with hvdx's, and :func:`shutdown`, :func:`start_timeline` and
 :func:`stop_timeline`, which add hvdx's exchanges to Horovod's timeline file once it is
 closed. With no hvdx feature switched on, the optimizer is

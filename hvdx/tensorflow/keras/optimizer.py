@@ -43,7 +43,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     statistics). Ignored otherwise.
 
     ``compression=hvd.Compression.topk(...)``: bidirectional TopK with error feedback,
-    synchronized by hvdx (see :mod:`hvdx.strategies.topk.tensorflow.adapters`); ``op`` must be
+    synchronized by hvdx (see :mod:`hvdx.tensorflow.compression_driver`); ``op`` must be
     ``Average`` or ``Sum``; ``backward_passes_per_step > 1`` works (Horovod's local aggregation
     hands the summed gradients to TopK every N passes). The residuals are the tracked
     ``optimizer.hvdx_topk`` (saved with the optimizer), the bytes ``optimizer.hvdx_stats``.
@@ -52,7 +52,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     from ``HVDX_COMPRESSION`` and ``HVDX_SYNC`` where set (:mod:`hvdx.environment`).
     """
     compression, sync, from_environment = environment.choose(
-        compression, sync, Compression.none, _Compression.topk,
+        compression, sync, Compression.none, _Compression,
         "keras DistributedOptimizer")
     strategy, problem = strategy_or_error(compression, sync)
     problem = problem or from_environment

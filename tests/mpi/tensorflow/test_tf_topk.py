@@ -136,7 +136,7 @@ def test_small_tensors_averaged_by_hvdx_are_horovods_average_and_horovod_idles(
     tensors = [tf.constant(g[hvd.rank()]) for g in grads]
     by_horovod = tape_step(flat_variables(), compiled, compression=hvd.Compression.topk(
         *RATIOS, min_size=MIN_SIZE))(*tensors)
-    import hvdx.strategies.topk.tensorflow.adapters as adapter
+    import hvdx.tensorflow.compression_driver as adapter
     monkeypatch.setattr(adapter, "_hvd", _NoAllreduce(adapter._hvd))
     variables = flat_variables()
     by_hvdx = tape_step(variables, compiled, compression=hvd.Compression.topk(

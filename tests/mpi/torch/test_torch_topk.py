@@ -1092,7 +1092,7 @@ def test_a_preset_with_adam_is_horovods_average_then_adam_at_ratio_one_and_says_
     """Adam has no SGD momentum to take over: the preset runs without momentum
     correction. At ratio 1 (and with its small tensors averaged in the TopK step) that is
     Horovod's dense average followed by plain torch's Adam step."""
-    from hvdx.strategies.topk.torch import preset_fit
+    from hvdx.strategies.topk import torch_preset_fit as preset_fit
 
     preset_fit._SAID.clear()  # earlier tests of this process may have said it already
     capfd.readouterr()
@@ -1136,7 +1136,7 @@ def test_a_preset_with_adam_is_horovods_average_then_adam_at_ratio_one_and_says_
 @pytest.mark.parametrize("preset", ["fast", "safe"])
 def test_presets_use_momentum_correction_only_for_sgd_with_plain_momentum(
         preset, make, corrected, capfd):
-    from hvdx.strategies.topk.torch import preset_fit
+    from hvdx.strategies.topk import torch_preset_fit as preset_fit
 
     preset_fit._SAID.clear()
     capfd.readouterr()

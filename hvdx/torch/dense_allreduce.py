@@ -1,5 +1,6 @@
-"""Horovod's allreduce in TopK's PyTorch optimizer: the tensors a step leaves dense, and
-every tensor once autotune chose dense.
+"""Horovod's allreduce in the PyTorch compression driver (:mod:`hvdx.torch.compression_driver`),
+a capability TopK uses: the tensors a step leaves dense, and every tensor once autotune
+chose dense.
 
 The tensors TopK leaves dense (fewer than ``min_size`` entries, sparse gradients, the
 warm-up and autotune steps) are averaged by Horovod's own allreduce, with the
@@ -31,13 +32,13 @@ __all__ = ["DenseAllreduce"]
 
 
 class DenseAllreduce:
-    """Methods of TopK's optimizer class (:mod:`hvdx.strategies.topk.torch.optimizer`)
+    """Methods of the compression driver's optimizer class (:mod:`hvdx.torch.compression_driver`)
     for Horovod's allreduce (module docstring). It owns the allreduce's settings, the
     handles the backward pass started (``{position: (handle, was_sparse)}``), the
     passes each gradient still awaits and the hooks; it reads the optimizer's
     ``_hvdx_entries``, ``_hvdx_sync`` and ``backward_passes_per_step``, and a dense
     step with momentum correction ends with its weight decay and momentum
-    (:class:`~hvdx.strategies.topk.torch.momentum_correction.MomentumCorrection`)."""
+    (:class:`~hvdx.torch.momentum_correction.MomentumCorrection`)."""
 
     def _hvdx_init_dense(self, op, gradient_predivide_factor, process_set) -> None:
         self._hvdx_op = op
@@ -119,7 +120,7 @@ class DenseAllreduce:
         grads = [p.grad for _, p in entries]
         self._hvdx_sync.dense_step([g.numel() for g in grads],
                                    [g.element_size() for g in grads])
-        if self._hvdx_sync.compression.momentum_correction:
+        if self._hvdx_momentum:
             self._hvdx_weight_decay()
             self._hvdx_after_exchange([])
 

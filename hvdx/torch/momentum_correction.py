@@ -1,4 +1,5 @@
-"""DGC's momentum correction for TopK's PyTorch optimizer: the velocity is the memory.
+"""DGC's momentum correction, a capability of the PyTorch compression driver
+(:mod:`hvdx.torch.compression_driver`) that TopK asks for: the velocity is the memory.
 
 Lin, Han, Mao, Wang & Dally, "Deep Gradient Compression", arXiv 1712.01887, with
 ``momentum_correction=True`` (the wrapped optimizer must be ``torch.optim.SGD`` without
@@ -40,24 +41,27 @@ __all__ = ["MomentumCorrection", "check_momentum_correction"]
 
 
 class MomentumCorrection:
-    """Methods of TopK's optimizer class (:mod:`hvdx.strategies.topk.torch.optimizer`)
+    """Methods of the compression driver's optimizer class (:mod:`hvdx.torch.compression_driver`)
     for steps 1 to 3 above. It owns ``_hvdx_velocity`` and ``_hvdx_flat_velocity``, and
     reads the optimizer's ``_hvdx_entries`` (``(name, parameter)`` in the fixed order),
     ``_hvdx_sync`` and ``param_groups``."""
 
     def _hvdx_init_momentum(self, compression) -> None:
+        #: Whether the strategy asks for momentum correction (a capability: TopK's
+        #: ``momentum_correction=True``; a registered compressor has none).
+        self._hvdx_momentum = bool(getattr(compression, "momentum_correction", False))
         self._hvdx_velocity: Dict[str, torch.Tensor] = {}
         #: Momentum correction: ``(names, buffer)``, the velocities of the compressed
         #: tensors as views of one flat buffer in their fixed order, which the exchange
         #: then reads as one array (no copy into ``p.grad``, no concatenation).
         self._hvdx_flat_velocity: Optional[Tuple[Tuple[str, ...], torch.Tensor]] = None
-        if compression.momentum_correction:
+        if self._hvdx_momentum:
             check_momentum_correction(self)
 
     def _hvdx_local_step(self, closure=None):
         """The wrapped optimizer's own step on ``p.grad``, with no communication (with
         momentum correction, without its momentum and weight decay)."""
-        if not self._hvdx_sync.compression.momentum_correction:
+        if not self._hvdx_momentum:
             return self._hvdx_base.step(self, closure)
         # The velocity (and weight decay) went into p.grad already: step without them.
         saved = [(group["momentum"], group["weight_decay"]) for group in self.param_groups]
@@ -131,7 +135,7 @@ class MomentumCorrection:
         """Momentum correction, after the exchange: factor masking for the compressed
         tensors, SGD's momentum on the average for the dense ones."""
         entries, groups = self._hvdx_entries, self._hvdx_group_of()
-        sent = self._hvdx_sync.last_sent if self._hvdx_sync.compression.momentum_masking \
+        sent = self._hvdx_sync.last_sent if self._hvdx_spec.momentum_masking \
             else {}
         done = set(compressed)
         with torch.no_grad():

@@ -1,9 +1,0 @@
-"""TopK's PyTorch adapter.
-
-hvdx.torch is imported first, here: it re-exports names of the catalogue's
-strategies (:meth:`hvdx.strategies.descriptor.StrategyDescriptor.exports`), and the
-modules of this package build on its own, so a module of this package imported on its
-own finds hvdx.torch whole, as it did when it lived in hvdx/torch/.
-"""
-
-import hvdx.torch  # noqa: F401
