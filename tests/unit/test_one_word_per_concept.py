@@ -18,6 +18,9 @@ from hvdx.strategies.dssync.mpi_groups import DSSyncStats
 from hvdx.strategies.stanza.mpi_exchange import StanzaStats
 from hvdx.strategies.topk.core_counters import TopKStats
 
+pytestmark = [pytest.mark.topk, pytest.mark.stanza, pytest.mark.dssync,
+              pytest.mark.decentralized, pytest.mark.user_compression]
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 VALIDATION = ROOT / "hvdx" / "core" / "validation.py"
 MODULES = sorted((ROOT / "hvdx").rglob("*.py"))
