@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
 
 from hvdx.core import units
+from hvdx.core.validation import check_integer
 
 __all__ = [
     "ClusterSpec",
@@ -163,12 +164,6 @@ def parse_contention(text: str) -> ContentionEvent:
                            until.strip() if until else None)
 
 
-def _positive_int(value: Any, name: str, most: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
-        raise ValueError(f"{name}={value!r} must be an integer from 1 to {most}")
-    return value
-
-
 @dataclass(frozen=True)
 class ClusterSpec:
     """An emulated cluster: ``racks`` x ``hosts_per_rack`` hosts behind shaped links.
@@ -197,8 +192,8 @@ class ClusterSpec:
     contention: Tuple[ContentionEvent, ...] = field(default_factory=tuple)
 
     def __post_init__(self):
-        _positive_int(self.racks, "racks", MAX_HOSTS)
-        _positive_int(self.hosts_per_rack, "hosts_per_rack", MAX_HOSTS)
+        check_integer("racks", self.racks, 1, MAX_HOSTS)
+        check_integer("hosts_per_rack", self.hosts_per_rack, 1, MAX_HOSTS)
         if self.racks * self.hosts_per_rack > MAX_HOSTS:
             raise ValueError(f"racks={self.racks} x hosts_per_rack={self.hosts_per_rack} "
                              f"is more than {MAX_HOSTS} hosts")

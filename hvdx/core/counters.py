@@ -3,6 +3,7 @@ strategies (``optimizer.hvdx_stats``)."""
 
 from __future__ import annotations
 
+import copy
 from typing import ClassVar, Dict
 
 __all__ = ["Counters", "MixingStats"]
@@ -10,14 +11,20 @@ __all__ = ["Counters", "MixingStats"]
 
 class Counters:
     """A subclass lists its counters and their starting values in ``INITIAL`` (in the
-    order :meth:`as_dict` gives them) and sets ``__slots__ = tuple(INITIAL)``."""
+    order :meth:`as_dict` gives them) and sets ``__slots__ = tuple(INITIAL)``.
+
+    A starting value may be a container (a dict of per-kind counters): each object gets
+    its own copy, so that two objects never count into one dict. A subclass that offers
+    methods to count names them as the others do: ``record`` adds what moved,
+    ``begin_step`` / ``end_step`` open and close a step whose ``last_*`` figures are
+    its own."""
 
     __slots__ = ()
     INITIAL: ClassVar[Dict[str, object]] = {}
 
     def __init__(self):
         for name, value in self.INITIAL.items():
-            setattr(self, name, value)
+            setattr(self, name, copy.deepcopy(value))
 
     def as_dict(self) -> Dict[str, object]:
         return {name: getattr(self, name) for name in self.INITIAL}

@@ -33,12 +33,12 @@ def test_a_plain_bench_runs_stanza_with_one_fc_worker_and_its_variants_when_name
 
 def test_the_bytes_per_step_are_the_steps_traffic_at_the_allreduces_cost_without_setup():
     stats = StanzaStats()
-    stats.count("setup", sent=10**9, received=10**9)  # the broadcast, full_model
+    stats.record("setup", sent=10**9, received=10**9)  # the broadcast, full_model
     for _ in range(4):
-        stats.count("activations", sent=4096 + 256)
-        stats.count("activation_gradients", received=4096)
-        stats.count("conv_allreduce", sent=1000, received=1000)
-        stats.count("control", received=8)
+        stats.record("activations", sent=4096 + 256)
+        stats.record("activation_gradients", received=4096)
+        stats.record("conv_allreduce", sent=1000, received=1000)
+        stats.record("control", received=8)
     # Three conv workers: their allreduce of 1000 bytes moves 2 * 2/3 * 1000 each way.
     trainer = types.SimpleNamespace(stats=stats, roles=stanza_roles(4, 1))
     sent, received = stanza_bytes(trainer, None, 4, steps=4)

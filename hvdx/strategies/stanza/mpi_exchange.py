@@ -51,6 +51,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
+from hvdx.core.counters import Counters
 from hvdx.strategies.stanza.core_roles import CONV, FC, StanzaRoles, auto_fc_workers, median_probe
 from hvdx.mpi import sparse, timeline
 from hvdx.strategies.stanza.core_checks import target_error
@@ -72,7 +73,7 @@ _MPI_FLOATS = {np.dtype(np.float64): MPI.DOUBLE, np.dtype(np.float32): MPI.FLOAT
 _cache: Dict[object, MPI.Comm] = {}
 
 
-class StanzaStats:
+class StanzaStats(Counters):
     """Bytes this rank handed to MPI (``sent``) and got from it (``received``), by kind.
 
     ``sent`` / ``received``: totals; ``last_sent`` / ``last_received``: the last step
@@ -80,31 +81,28 @@ class StanzaStats:
     ``steps``: steps completed.
     """
 
-    __slots__ = ("steps", "sent", "received", "last_sent", "last_received")
-
-    def __init__(self):
-        self.steps = 0
-        self.sent = dict.fromkeys(KINDS, 0)
-        self.received = dict.fromkeys(KINDS, 0)
-        self.last_sent = dict.fromkeys(KINDS, 0)
-        self.last_received = dict.fromkeys(KINDS, 0)
+    INITIAL = {"steps": 0, "sent": dict.fromkeys(KINDS, 0),
+               "received": dict.fromkeys(KINDS, 0), "last_sent": dict.fromkeys(KINDS, 0),
+               "last_received": dict.fromkeys(KINDS, 0)}
+    __slots__ = tuple(INITIAL)
 
     def begin_step(self) -> None:
+        """Open a step: its ``last_*`` figures start from zero."""
         self.last_sent = dict.fromkeys(KINDS, 0)
         self.last_received = dict.fromkeys(KINDS, 0)
 
-    def count(self, kind: str, sent: int = 0, received: int = 0) -> None:
+    def record(self, kind: str, sent: int = 0, received: int = 0) -> None:
+        """Add ``sent`` and ``received`` bytes of ``kind`` (one of :data:`KINDS`) to the
+        totals, and to this step's ``last_*`` unless ``kind`` is ``"setup"``."""
         self.sent[kind] += int(sent)
         self.received[kind] += int(received)
         if kind != "setup":
             self.last_sent[kind] += int(sent)
             self.last_received[kind] += int(received)
 
-    def as_dict(self) -> Dict[str, object]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-    def __repr__(self):
-        return f"StanzaStats({self.as_dict()})"
+    def end_step(self) -> None:
+        """Close a step: add one to ``steps``."""
+        self.steps += 1
 
 
 def role_communicators(world_comm: MPI.Comm, roles: StanzaRoles) -> Tuple[MPI.Comm, MPI.Comm]:
@@ -187,14 +185,14 @@ class StanzaExchange:
         count = np.array([samples], np.int64)
         self._keep.append(count)
         self._isend([count, MPI.INT64_T], self.fc_worker, _BATCH)
-        self.stats.count("control", sent=8)
+        self.stats.record("control", sent=8)
 
     def send_activations(self, activations: np.ndarray, labels: np.ndarray) -> None:
         """Send activations and labels (bytes, C-contiguous) to this rank's FC worker;
         the arrays must stay untouched until :meth:`wait` returns."""
         for values, tag in ((activations, _ACTIVATIONS), (labels, _LABELS)):
             self._isend([values, MPI.BYTE], self.fc_worker, tag)
-        self.stats.count("activations", sent=activations.nbytes + labels.nbytes)
+        self.stats.record("activations", sent=activations.nbytes + labels.nbytes)
 
     # --- FC worker --------------------------------------------------------------------
 
@@ -265,8 +263,8 @@ class StanzaExchange:
         for k, (source, values) in enumerate(zip(self.sources, gradients)):
             self._isend([values, MPI.BYTE], source, _GRADIENTS)
             self._isend([losses[k:k + 1], MPI.DOUBLE], source, _LOSS)
-            self.stats.count("activation_gradients", sent=values.nbytes)
-            self.stats.count("control", sent=8)
+            self.stats.record("activation_gradients", sent=values.nbytes)
+            self.stats.record("control", sent=8)
 
     def global_batch(self, local: int) -> int:
         """The samples of all conv workers this step, from each FC worker's count."""
@@ -274,7 +272,7 @@ class StanzaExchange:
             return int(local)
         total = np.zeros(1, np.int64)
         sparse.wait(self.role_comm.Iallreduce(np.array([local], np.int64), total, MPI.SUM))
-        self.stats.count("control", sent=8, received=8)
+        self.stats.record("control", sent=8, received=8)
         return int(total[0])
 
     # --- both roles -------------------------------------------------------------------
@@ -286,7 +284,7 @@ class StanzaExchange:
         began = timeline.now() if timeline.active else 0
         sparse.wait(self.role_comm.Iallreduce(MPI.IN_PLACE, [buffer, _MPI_FLOATS[buffer.dtype]],
                                               MPI.SUM))
-        self.stats.count(kind, sent=buffer.nbytes, received=buffer.nbytes)
+        self.stats.record(kind, sent=buffer.nbytes, received=buffer.nbytes)
         if began:
             timeline.record(f"HVDX_STANZA_{kind.upper()}", f"stanza {self.role}", began,
                             buffer.nbytes, buffer.nbytes)
@@ -317,7 +315,7 @@ class StanzaExchange:
             if count != expected:
                 raise RuntimeError(f"hvdx.Stanza: rank {status.Get_source()} sent {count} "
                                    f"bytes of {what}, this rank expected {expected}")
-            self.stats.count(kind, received=count)
+            self.stats.record(kind, received=count)
             received += count
         if began:
             # The wait for this step's messages from the other role (with none to
@@ -398,12 +396,12 @@ class StanzaExchange:
             return
         self.role_comm.Bcast([buffer, MPI.BYTE], root)
         mine = self.role_comm.Get_rank() == root
-        self.stats.count("setup", sent=buffer.nbytes if mine else 0,
+        self.stats.record("setup", sent=buffer.nbytes if mine else 0,
                          received=0 if mine else buffer.nbytes)
 
     def send(self, buffer: np.ndarray, dest: int) -> None:
         sparse.wait(self.comm.Isend([buffer, MPI.BYTE], dest, _SETUP))
-        self.stats.count("setup", sent=buffer.nbytes)
+        self.stats.record("setup", sent=buffer.nbytes)
 
     def recv(self, buffer: np.ndarray, source: int) -> None:
         status = MPI.Status()
@@ -413,7 +411,7 @@ class StanzaExchange:
             raise RuntimeError(f"hvdx.Stanza: rank {source} sent "
                                f"{status.Get_count(MPI.BYTE)} bytes of parameters, this "
                                f"rank expected {buffer.nbytes}")
-        self.stats.count("setup", received=buffer.nbytes)
+        self.stats.record("setup", received=buffer.nbytes)
 
     # --- internals --------------------------------------------------------------------
 

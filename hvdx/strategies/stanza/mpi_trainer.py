@@ -139,7 +139,7 @@ class StanzaTrainer:
             loss = self._protocol.fc(self._adapter)
         self._apply_gradients()
         self.steps += 1
-        self.stats.steps += 1
+        self.stats.end_step()
         return loss
 
     # --- the whole model, checkpoints ---------------------------------------------------

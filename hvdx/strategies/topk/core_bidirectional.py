@@ -49,6 +49,7 @@ import numpy as np
 from hvdx.strategies.topk.core_error_feedback import ResidualMemory
 from hvdx.strategies.topk import core_global as global_topk
 from hvdx.core.sharding import shard_bounds, split_by_shard
+from hvdx.core.validation import check_integer
 from hvdx.strategies.topk.core_selection import (
     DEFAULT_SAMPLE_SIZE,
     check_ratio,
@@ -118,8 +119,9 @@ class TopKConfig:
         # One spelling per setting: equality, describe() and the fingerprint compare it.
         object.__setattr__(self, "topk_method",
                            canonical_topk_method(self.topk_method, "topk_method"))
-        _check_integer("sample_size", self.sample_size, 1)
-        _check_integer("seed", self.seed, 0)
+        for name, low in (("sample_size", 1), ("seed", 0)):
+            object.__setattr__(self, name,
+                               check_integer(name, getattr(self, name), low, at_least=">="))
 
     @property
     def bidirectional(self) -> bool:
@@ -428,11 +430,6 @@ def simulate_step(grads_per_rank: Sequence[np.ndarray],
     m = np.concatenate(shards_of_m)
     return StepResult(u, (u,) * n_ranks, m, tuple(sent),
                       StepStats(nnz_up, int(np.count_nonzero(m)), sum(down), recv))
-
-
-def _check_integer(name: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"{name}={value!r} must be an integer >= {low}")
 
 
 def _mode(mode: str) -> str:

@@ -8,12 +8,12 @@ closes each step and counts Horovod's dense allreduce as a ring allreduce would 
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from hvdx.core.counters import Counters
 
 __all__ = ["TopKStats"]
 
 
-class TopKStats:
+class TopKStats(Counters):
     """Bytes this rank handed to MPI (``sent``) and got from it (``received``).
 
     ``last_*``: the last step; ``total_*``: since construction. Sparse exchanges count
@@ -34,23 +34,20 @@ class TopKStats:
     (``"topk"`` or ``"dense"``); ``None`` before.
     """
 
-    __slots__ = ("last_sent", "last_received", "total_sent", "total_received",
-                 "last_sparse_tensors", "last_dense_tensors", "steps", "phases", "autotune")
+    INITIAL = {"last_sent": 0.0, "last_received": 0.0, "total_sent": 0.0,
+               "total_received": 0.0, "last_sparse_tensors": 0, "last_dense_tensors": 0,
+               "steps": 0,
+               "phases": {"up": [0.0, 0.0], "down": [0.0, 0.0], "agree": [0.0, 0.0],
+                          "dense": [0.0, 0.0]},
+               "autotune": None}
+    __slots__ = tuple(INITIAL)
 
-    def __init__(self):
-        self.last_sent = self.last_received = 0.0
-        self.total_sent = self.total_received = 0.0
-        self.last_sparse_tensors = self.last_dense_tensors = 0
-        self.steps = 0
-        self.phases = {"up": [0.0, 0.0], "down": [0.0, 0.0], "agree": [0.0, 0.0],
-                       "dense": [0.0, 0.0]}
-        self.autotune: Optional[Dict] = None
-
-    def _begin(self):
+    def begin_step(self) -> None:
+        """Open a step: its ``last_*`` figures start from zero."""
         self.last_sent = self.last_received = 0.0
         self.last_sparse_tensors = self.last_dense_tensors = 0
 
-    def record(self, sent, received, phase):
+    def record(self, sent: float, received: float, phase: str) -> None:
         """Add ``sent`` and ``received`` bytes to ``phase``'s counters in :attr:`phases`
         (``"up"``, ``"down"``, ``"agree"`` or ``"dense"``), to this step's ``last_*``
         and to the run's ``total_*``."""
@@ -61,8 +58,14 @@ class TopKStats:
         self.total_sent += sent
         self.total_received += received
 
-    def as_dict(self) -> Dict[str, float]:
-        return {name: getattr(self, name) for name in self.__slots__}
+    def end_step(self, sparse: int, dense: int) -> None:
+        """Close a step that compressed ``sparse`` tensors and left ``dense`` to the dense
+        allreduce: set ``last_sparse_tensors`` and ``last_dense_tensors``, add one to
+        ``steps``."""
+        self.last_sparse_tensors, self.last_dense_tensors = sparse, dense
+        self.steps += 1
 
-    def __repr__(self):
-        return f"TopKStats({self.as_dict()})"
+    def record_autotune(self, dense_s: float, topk_s: float, choice: str) -> None:
+        """Keep autotune's decision in :attr:`autotune`: the slowest rank's medians
+        (seconds per step) and ``choice``."""
+        self.autotune = {"dense_s": dense_s, "topk_s": topk_s, "choice": choice}

@@ -24,6 +24,8 @@ from typing import Dict, Tuple
 
 import numpy as np
 
+from hvdx.core.validation import check_integer
+
 __all__ = [
     "DEFAULT_SAMPLE_SIZE",
     "benchmark_selection",
@@ -64,8 +66,7 @@ def k_for(ratio: float, n: int) -> int:
         ValueError: ``ratio`` is not a number in (0, 1], or ``n`` is not an integer >= 0.
     """
     ratio = check_ratio(ratio)
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-        raise ValueError(f"n={n!r} must be an integer >= 0")
+    n = check_integer("n", n, 0, at_least=">=")
     if n == 0:
         return 0
     return min(int(n), max(1, math.ceil(Fraction(str(ratio)) * int(n))))
@@ -89,7 +90,7 @@ def select_exact(x: np.ndarray, k: int) -> Selection:
         ``(indices, values)``: int64 indices sorted ascending, ``values = x[indices]``.
     """
     x = _vector(x)
-    n, k = x.size, _count(k)
+    n, k = x.size, check_integer("k", k, 0, at_least=">=")
     if k == 0:
         return np.empty(0, np.int64), x[:0].copy()
     if k >= n:
@@ -132,12 +133,10 @@ def select_threshold(x: np.ndarray, k: int, rng: np.random.Generator,
         ``(indices, values)`` as :func:`select_exact`, with ``len(indices) <= k``.
     """
     x = _vector(x)
-    n, k = x.size, _count(k)
+    n, k = x.size, check_integer("k", k, 0, at_least=">=")
     if k == 0 or k >= n:
         return select_exact(x, k)
-    if isinstance(sample_size, bool) or not isinstance(sample_size, (int, np.integer)) \
-            or sample_size < 1:
-        raise ValueError(f"sample_size={sample_size!r} must be an integer >= 1")
+    sample_size = check_integer("sample_size", sample_size, 1, at_least=">=")
     needed = math.ceil(_SAMPLE_ABOVE * n / (_OVERSAMPLE * k))
     size = min(int(sample_size), max(_MIN_SAMPLE, needed))
     if n <= size:
@@ -170,7 +169,7 @@ def recall(x: np.ndarray, approx_indices: np.ndarray, k: int) -> float:
     """
     x = _vector(x)
     chosen = np.unique(np.asarray(approx_indices, dtype=np.int64))
-    if chosen.size > _count(k):
+    if chosen.size > check_integer("k", k, 0, at_least=">="):
         raise ValueError(f"approx_indices holds {chosen.size} distinct indices, more than "
                          f"k={k}")
     best = float(np.abs(select_exact(x, k)[1]).sum(dtype=np.float64))
@@ -233,9 +232,3 @@ def _vector(x: np.ndarray) -> np.ndarray:
     if x.ndim != 1:
         raise ValueError(f"expected a flat 1-D array, got shape {x.shape}")
     return x
-
-
-def _count(k: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
-        raise ValueError(f"k={k!r} must be an integer >= 0")
-    return int(k)

@@ -65,7 +65,7 @@ class Autotune:
             return self.choice
         dense_s, topk_s = (float(x) for x in np.max(np.stack(medians), axis=0))
         self.choice = "topk" if topk_s < dense_s else "dense"
-        wire.stats.autotune = {"dense_s": dense_s, "topk_s": topk_s, "choice": self.choice}
+        wire.stats.record_autotune(dense_s, topk_s, self.choice)
         if wire.rank == 0:
             then = "compressing from now on" if self.choice == "topk" else \
                 "staying dense (Horovod's allreduce) for the rest of the run"

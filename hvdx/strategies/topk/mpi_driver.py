@@ -228,7 +228,7 @@ class TopKSynchronizer:
                 and not self.check_finite(first_bad):
             return None
         stats = self.stats
-        stats._begin()
+        stats.begin_step()
         dense, sparse = self.split(sizes, force_dense)
         small = self._averaged_here(dense, sparse, force_dense)
         if small:
@@ -307,7 +307,7 @@ class TopKSynchronizer:
         """
         if not self.overlaps_dense():
             raise RuntimeError("dense_step is for runs whose autotune chose dense")
-        self.stats._begin()
+        self.stats.begin_step()
         self._count_dense(range(len(sizes)), sizes, itemsizes)
         self._count_step(0, len(sizes))
 
@@ -523,6 +523,5 @@ class TopKSynchronizer:
 
     def _count_step(self, sparse: int, dense: int) -> None:
         """The end of every step, compressed or not: tensor counts, then the clocks."""
-        self.stats.last_sparse_tensors, self.stats.last_dense_tensors = sparse, dense
-        self.stats.steps += 1
+        self.stats.end_step(sparse, dense)
         self.step += 1

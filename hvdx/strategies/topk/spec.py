@@ -16,6 +16,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import ClassVar, FrozenSet, List, Optional
 
+from hvdx.core.validation import check_integer
 from hvdx.keywords import bind, unexpected_keyword
 from hvdx.strategies.topk.core_bidirectional import MODES, TopKConfig, canonical_topk_method
 from hvdx.strategies.topk.core_selection import DEFAULT_SAMPLE_SIZE
@@ -123,10 +124,10 @@ class TopKCompression(CompressionStrategy):
             raise TypeError(f"config={self.config!r} must be a TopKConfig")
         if self.mode not in MODES_AUTO:
             raise ValueError(f"mode={self.mode!r} must be one of {MODES_AUTO}")
-        _check_integer("min_size", self.min_size, 0)
-        _check_integer("warmup_steps", self.warmup_steps, 0)
-        _check_integer("sparsity_warmup_steps", self.sparsity_warmup_steps, 0)
-        _check_integer("autotune_steps", self.autotune_steps, 0)
+        for name in ("min_size", "warmup_steps", "sparsity_warmup_steps", "autotune_steps"):
+            # A numpy integer is kept as an int: equality and describe() compare it.
+            object.__setattr__(self, name,
+                               check_integer(name, getattr(self, name), 0, at_least=">="))
         if not isinstance(self.error_feedback, bool):
             raise ValueError(f"error_feedback={self.error_feedback!r} must be True or False")
         if not isinstance(self.momentum_correction, bool):
@@ -376,8 +377,3 @@ topk.__signature__ = _with_preset(_TOPK_SIGNATURE)
 #: ``compression=hvd.Compression.topk`` (not called) is refused by this mark
 #: (:func:`hvdx.strategy_contract.strategy_of`): Horovod's compressors are passed uncalled.
 topk.hvdx_builds = "compression"
-
-
-def _check_integer(name: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name}={value!r} must be an integer >= {low}")
