@@ -11,6 +11,7 @@ import hvdx
 from hvdx import environment
 from hvdx.core import mixing_graphs
 from hvdx.core.cost_model import Cluster, Workload, predict
+from hvdx.strategies.decentralized.spec import MixingGraph
 from hvdx.strategies.decentralized.tape_fit import tape_fit
 
 pytestmark = [pytest.mark.decentralized]
@@ -33,6 +34,9 @@ def test_topology_is_graph_s_old_name_with_a_deprecation_warning(value):
     np.testing.assert_array_equal(old.graph, new.graph)
     with pytest.warns(DeprecationWarning, match=r"use \.graph"):
         np.testing.assert_array_equal(old.topology, new.graph)
+    graph = MixingGraph(value, 2, 0)
+    with pytest.warns(DeprecationWarning, match=r"use \.graph"):
+        np.testing.assert_array_equal(graph.topology, graph.graph)
 
 
 @pytest.mark.parametrize("graph, topology, named", [

@@ -238,6 +238,15 @@ class MixingGraph:
         self.exact = mixing_graphs.is_exact(graph, n)
         self._cache: Dict[int, mixing_graphs.Neighbors] = {}
 
+    @property
+    def topology(self):
+        """The old name of :attr:`graph` (a ``DeprecationWarning``): scripts read it as
+        ``optimizer.hvdx_graph.topology``."""
+        warnings.warn("MixingGraph.topology is deprecated; use .graph (the word "
+                      "'topology' now means the racks only)", DeprecationWarning,
+                      stacklevel=2)
+        return self.graph
+
     def neighbors(self, step: int) -> "mixing_graphs.Neighbors":
         """Send-to and receive-from ranks with the weights of the mix at training step
         ``step`` (0-based, one that mixes)."""
