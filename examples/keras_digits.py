@@ -52,7 +52,7 @@ def distributed_optimizer(optimizer, model, strategy):
         options["compression"] = hvd.Compression.topk(preset="safe")
     elif strategy in ("dssync", "decentralized"):
         options["sync"] = hvdx.DSSync() if strategy == "dssync" else \
-            hvdx.Decentralized(topology="one-peer-exp")
+            hvdx.Decentralized(graph="one-peer-exp")
         # Averaged with the variables: BatchNorm statistics (this model has none).
         options["non_trainable_variables"] = model.non_trainable_variables
     return hvd.DistributedOptimizer(optimizer, **options)

@@ -58,7 +58,7 @@ def tape_options(strategy):
     if strategy == "dssync":
         return {"sync": hvdx.DSSync()}
     if strategy == "decentralized":
-        return {"sync": hvdx.Decentralized(topology="one-peer-exp", order="combine_then_adapt")}
+        return {"sync": hvdx.Decentralized(graph="one-peer-exp", order="combine_then_adapt")}
     return {}
 
 

@@ -58,7 +58,7 @@ def distributed_optimizer(optimizer, model, strategy):
         options["compression"] = hvd.Compression.topk(preset="safe")
     elif strategy in ("dssync", "decentralized"):
         options["sync"] = hvdx.DSSync() if strategy == "dssync" else \
-            hvdx.Decentralized(topology="one-peer-exp")
+            hvdx.Decentralized(graph="one-peer-exp")
         # Averaged with the parameters: BatchNorm statistics (this model has none).
         options["named_buffers"] = model.named_buffers()
     return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),

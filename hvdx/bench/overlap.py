@@ -45,8 +45,8 @@ __all__ = ["MODES", "render", "run"]
 #: mode -> ``hvdx.Decentralized`` options (``None``: the local optimizer alone).
 MODES: Dict[str, object] = {
     "local": None,
-    "atc": {"topology": "one-peer-exp", "order": "adapt_then_combine"},
-    "cta": {"topology": "one-peer-exp", "order": "combine_then_adapt"},
+    "atc": {"graph": "one-peer-exp", "order": "adapt_then_combine"},
+    "cta": {"graph": "one-peer-exp", "order": "combine_then_adapt"},
 }
 
 

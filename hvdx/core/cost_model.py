@@ -80,7 +80,7 @@ from hvdx.strategies.topk.core_cost import topk_pair_bytes
 from hvdx.core.cost.collectives import (  # noqa: F401
     HOROVOD_NEGOTIATION_BYTES, MPICH_SHORT_ALLREDUCE_BYTES, _recursive_halving)
 from hvdx.core.cost.types import Flow, Number  # noqa: F401
-from hvdx.strategies.decentralized.core_cost import DECENTRALIZED_TOPOLOGIES  # noqa: F401
+from hvdx.strategies.decentralized.core_cost import DECENTRALIZED_GRAPHS  # noqa: F401
 
 __all__ = [
     "Cluster",

@@ -1,4 +1,4 @@
-"""Mixing graphs of decentralized SGD, as pure functions of (topology, n, rank, mix).
+"""Mixing graphs of decentralized SGD, as pure functions of (graph, n, rank, mix).
 
 Ying, Yuan, Chen, Hu, Pan and Yin, "Exponential Graph is Provably Efficient for
 Decentralized Deep Training", NeurIPS 2021, arXiv 2110.13363; the reference
@@ -61,6 +61,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
@@ -69,11 +70,11 @@ import numpy as np
 
 from hvdx.core.validation import check_integer
 
-__all__ = ["Neighbors", "TOPOLOGIES", "check_mixing_matrix", "is_exact", "mix_index",
-           "mixing_matrix", "neighbors", "period", "spectral_gap", "topology_name"]
+__all__ = ["GRAPHS", "Neighbors", "check_mixing_matrix", "graph_name", "is_exact",
+           "mix_index", "mixing_matrix", "neighbors", "period", "spectral_gap"]
 
 #: The named graphs, in the order the documentation lists them.
-TOPOLOGIES = ("one-peer-exp", "static-exp", "one-peer-hypercube", "ring", "torus",
+GRAPHS = ("one-peer-exp", "static-exp", "one-peer-hypercube", "ring", "torus",
               "complete")
 
 #: Graphs whose matrix depends on the mix index.
@@ -117,14 +118,14 @@ def _check_n(n) -> int:
     return check_integer("n", n, 1)
 
 
-def _name(topology) -> Optional[str]:
+def _name(graph) -> Optional[str]:
     """The graph's name, or None for a matrix; ValueError for an unknown name."""
-    if isinstance(topology, str):
-        if topology not in TOPOLOGIES:
-            raise ValueError(f"topology={topology!r} is not a known graph; use one of "
-                             f"{', '.join(TOPOLOGIES)}, or pass an n x n doubly stochastic "
+    if isinstance(graph, str):
+        if graph not in GRAPHS:
+            raise ValueError(f"graph={graph!r} is not a known graph; use one of "
+                             f"{', '.join(GRAPHS)}, or pass an n x n doubly stochastic "
                              "mixing matrix")
-        return topology
+        return graph
     return None
 
 
@@ -190,7 +191,7 @@ def _targets(name: str, n: int, rank: int, step: int) -> Tuple[int, ...]:
     return tuple(sorted(out - {rank}))
 
 
-def check_mixing_matrix(w, n=None, name: str = "topology") -> np.ndarray:
+def check_mixing_matrix(w, n=None, name: str = "graph") -> np.ndarray:
     """A float64 copy of ``w`` if it is a doubly stochastic ``n x n`` mixing matrix.
 
     Checks, in order: a 2-D square non-empty array of numbers; ``n x n`` when ``n`` is
@@ -206,7 +207,7 @@ def check_mixing_matrix(w, n=None, name: str = "topology") -> np.ndarray:
         ``w`` as a new float64 array.
 
     Raises:
-        ValueError: naming ``name`` and saying what is wrong, e.g. ``"topology: row 2
+        ValueError: naming ``name`` and saying what is wrong, e.g. ``"graph: row 2
             sums to 0.9; a mixing matrix must be doubly stochastic (every row and column
             sums to 1)"``.
     """
@@ -241,11 +242,11 @@ def check_mixing_matrix(w, n=None, name: str = "topology") -> np.ndarray:
     return m
 
 
-def mixing_matrix(topology, n: int, step: int = 0) -> np.ndarray:
-    """The ``n x n`` float64 mixing matrix of ``topology`` at mix ``step``.
+def mixing_matrix(graph, n: int, step: int = 0) -> np.ndarray:
+    """The ``n x n`` float64 mixing matrix of ``graph`` at mix ``step``.
 
     Args:
-        topology: a name of :data:`TOPOLOGIES` (module docstring) or a mixing matrix.
+        graph: a name of :data:`GRAPHS` (module docstring) or a mixing matrix.
         n: number of ranks, at least 1.
         step: the mix index ``m``, at least 0: the number of mixes before this one
             (:func:`mix_index` of the training step); only the one-peer graphs depend
@@ -260,9 +261,9 @@ def mixing_matrix(topology, n: int, step: int = 0) -> np.ndarray:
     """
     n = _check_n(n)
     step = check_integer("step", step, 0)
-    name = _name(topology)
+    name = _name(graph)
     if name is None:
-        return check_mixing_matrix(topology, n)
+        return check_mixing_matrix(graph, n)
     if name == "complete":
         return np.full((n, n), 1.0 / n)
     rows = np.arange(n)
@@ -273,7 +274,7 @@ def mixing_matrix(topology, n: int, step: int = 0) -> np.ndarray:
     return w / denominator
 
 
-def neighbors(topology, n: int, rank: int, step: int = 0) -> Neighbors:
+def neighbors(graph, n: int, rank: int, step: int = 0) -> Neighbors:
     """Rank ``rank``'s send-to and receive-from ranks and weights at mix ``step``.
 
     A named graph is computed from its definition, in ``O(degree)`` for all but
@@ -281,7 +282,7 @@ def neighbors(topology, n: int, rank: int, step: int = 0) -> Neighbors:
     column. The result agrees exactly with :func:`mixing_matrix`.
 
     Args:
-        topology: a name of :data:`TOPOLOGIES` or a mixing matrix.
+        graph: a name of :data:`GRAPHS` or a mixing matrix.
         n: number of ranks, at least 1.
         rank: this rank, ``0 .. n-1``.
         step: the mix index, at least 0 (:func:`mixing_matrix`).
@@ -292,9 +293,9 @@ def neighbors(topology, n: int, rank: int, step: int = 0) -> Neighbors:
     n = _check_n(n)
     rank = check_integer("rank", rank, 0, n - 1)
     step = check_integer("step", step, 0)
-    name = _name(topology)
+    name = _name(graph)
     if name is None:
-        w = check_mixing_matrix(topology, n)
+        w = check_mixing_matrix(graph, n)
         recv = tuple(int(j) for j in np.flatnonzero(w[rank]) if j != rank)
         send = tuple(int(k) for k in np.flatnonzero(w[:, rank]) if k != rank)
         return Neighbors(send, recv, float(w[rank, rank]),
@@ -307,21 +308,21 @@ def neighbors(topology, n: int, rank: int, step: int = 0) -> Neighbors:
     return Neighbors(_targets(name, n, rank, step), recv, weight[0], tuple(weight[1:]))
 
 
-def period(topology, n: int) -> int:
+def period(graph, n: int) -> int:
     """The number of distinct mixes before the sequence of matrices repeats.
 
     ``tau = ceil(log2 n)`` for the one-peer graphs with ``n > 1``, else 1 (a static graph
     or a user's matrix).
     """
     n = _check_n(n)
-    name = _name(topology)
+    name = _name(graph)
     if name is None:
-        check_mixing_matrix(topology, n)
+        check_mixing_matrix(graph, n)
         return 1
     return _tau(n) if name in _DYNAMIC and n > 1 else 1
 
 
-def is_exact(topology, n: int) -> bool:
+def is_exact(graph, n: int) -> bool:
     """Whether ``period`` consecutive matrices multiply to ``11^T/n`` (exact averaging).
 
     True for ``n = 1``; ``complete``; the one-peer graphs when ``n`` is a power of two
@@ -331,9 +332,9 @@ def is_exact(topology, n: int) -> bool:
     neighbour). A user's matrix: whether it is ``11^T/n`` within ``1e-12``.
     """
     n = _check_n(n)
-    name = _name(topology)
+    name = _name(graph)
     if name is None:
-        w = check_mixing_matrix(topology, n)
+        w = check_mixing_matrix(graph, n)
         return bool(np.allclose(w, 1.0 / n, rtol=0, atol=1e-12))
     if n == 1 or name == "complete":
         return True
@@ -362,14 +363,29 @@ def spectral_gap(w) -> float:
     return float(1.0 - np.linalg.norm(m - 1.0 / n, 2))
 
 
-def topology_name(topology) -> str:
+def graph_name(graph) -> str:
     """A rank-independent name for the cross-rank fingerprint.
 
     The graph's name, or ``"matrix:<12 hex digits>"``: the start of the SHA-1 of the
     matrix's float64 bytes (C order), so ranks that hold different matrices differ.
     """
-    name = _name(topology)
+    name = _name(graph)
     if name is not None:
         return name
-    m = np.ascontiguousarray(check_mixing_matrix(topology))
+    m = np.ascontiguousarray(check_mixing_matrix(graph))
     return f"matrix:{hashlib.sha1(m.tobytes()).hexdigest()[:12]}"
+
+
+#: The old names of this module's graph names (``topology`` now means the racks only,
+#: :mod:`hvdx.core.topology`): still importable, with a ``DeprecationWarning``.
+_OLD_NAMES = {"TOPOLOGIES": "GRAPHS", "topology_name": "graph_name"}
+
+
+def __getattr__(name: str):
+    if name in _OLD_NAMES:
+        new = _OLD_NAMES[name]
+        warnings.warn(f"hvdx.core.mixing_graphs.{name} is deprecated; use {new} (the "
+                      "word 'topology' now means the racks only)", DeprecationWarning,
+                      stacklevel=2)
+        return globals()[new]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

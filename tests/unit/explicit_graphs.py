@@ -90,11 +90,11 @@ def explicit_torus(n):
     return w
 
 
-def explicit(topology, n, m=0):
+def explicit(graph, n, m=0):
     """The matrix of mix ``m`` (the static graphs ignore it)."""
     return {"static-exp": lambda: explicit_static_exp(n),
             "one-peer-exp": lambda: explicit_one_peer_exp(n, m),
             "one-peer-hypercube": lambda: explicit_hypercube(n, m),
             "ring": lambda: explicit_ring(n),
             "torus": lambda: explicit_torus(n),
-            "complete": lambda: np.full((n, n), 1.0 / n)}[topology]()
+            "complete": lambda: np.full((n, n), 1.0 / n)}[graph]()

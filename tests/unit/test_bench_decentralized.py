@@ -25,9 +25,9 @@ def test_a_plain_bench_runs_the_one_peer_graph_and_its_variants_run_when_named()
     options = {name: STRATEGIES[name].cost_options for name in
                ("decentralized", "decentralized_static", "decentralized_cta")}
     assert options == {
-        "decentralized": {"topology": "one-peer-exp", "order": "adapt_then_combine"},
-        "decentralized_static": {"topology": "static-exp", "order": "adapt_then_combine"},
-        "decentralized_cta": {"topology": "one-peer-exp", "order": "combine_then_adapt"}}
+        "decentralized": {"graph": "one-peer-exp", "order": "adapt_then_combine"},
+        "decentralized_static": {"graph": "static-exp", "order": "adapt_then_combine"},
+        "decentralized_cta": {"graph": "one-peer-exp", "order": "combine_then_adapt"}}
 
 
 def test_every_priced_strategy_names_a_cost_model_that_takes_its_options():

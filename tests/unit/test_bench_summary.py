@@ -100,8 +100,8 @@ def test_the_runner_records_the_rotations_and_the_graphs_period():
     # Rack groups (one intra digit): intra_phases intra steps, then one crossing.
     assert period(rotation(10)) == 11 and period(rotation(16)) == 17
 
-    def graph(topology, n, mix_every=1):
-        return SimpleNamespace(hvdx_graph=MixingGraph(topology, n, 0),
+    def graph(name, n, mix_every=1):
+        return SimpleNamespace(hvdx_graph=MixingGraph(name, n, 0),
                                hvdx_strategy=SimpleNamespace(mix_every=mix_every))
 
     period = STRATEGIES["decentralized"].period_of

@@ -380,7 +380,7 @@ def test_a_shift_is_priced_from_the_timed_shifts_and_a_collectives_swap_from_the
     w = Workload(conv_params=250_000, fc_params=0, compute_s=0.1)  # 1 MB of float32
     # The one-peer graph on 4 ranks: i -> i+1, then i -> i+2 (a swap: 0<->2, 1<->3). hvdx's
     # exchange posts its sends first, and its swap moves as a shift: both from the shifts.
-    p = predict("decentralized", c, w, topology="one-peer-exp")
+    p = predict("decentralized", c, w, graph="one-peer-exp")
     assert [ph.seconds for ph in p.phases] == pytest.approx([0.009, 0.009])
     # MPI's allreduce on two hosts swaps halves as its rounds: from the timed swaps,
     # 0.5 MB each way per round, 0.002 + (0.004 - 0.002) * (0.5e6 - 1e3) / (1e6 - 1e3).
@@ -543,7 +543,7 @@ def test_the_wire_the_earlier_waves_send_during_the_local_wait_is_not_added_agai
         assert p.hidden_s == pytest.approx(hidden)
         assert p.step_s == pytest.approx(0.35 - hidden)
     # Combine-then-adapt already overlaps the wire with the step: max(), nothing hidden.
-    cta = dict(topology="one-peer-exp", order="combine_then_adapt")
+    cta = dict(graph="one-peer-exp", order="combine_then_adapt")
     overlapped = predict("decentralized", c, w, local_step_s=0.25, **cta)
     waited = predict("decentralized", c, w, local_step_s=0.25, local_wait_s=0.1,
                      local_cores=2, **cta)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from hvdx.core.mixing_graphs import TOPOLOGIES, mixing_matrix, neighbors
+from hvdx.core.mixing_graphs import GRAPHS, mixing_matrix, neighbors
 from hvdx.core.sharding import shard_bounds, shard_k, split_by_shard
 from hvdx.strategies.dssync.core_schedule import ShuffleSchedule
 from hvdx.strategies.topk.core_bidirectional import TopKConfig, simulate_step
@@ -122,14 +122,14 @@ def test_every_shuffle_step_partitions_the_ranks_into_groups_within_one_in_size(
 
 
 @SETTINGS
-@given(st.sampled_from(sorted(TOPOLOGIES)), st.integers(1, 40), st.integers(0, 1000))
-def test_every_graph_is_doubly_stochastic_and_its_neighbours_are_its_rows(topology, n, step):
-    w = mixing_matrix(topology, n, step)
+@given(st.sampled_from(sorted(GRAPHS)), st.integers(1, 40), st.integers(0, 1000))
+def test_every_graph_is_doubly_stochastic_and_its_neighbours_are_its_rows(graph, n, step):
+    w = mixing_matrix(graph, n, step)
     np.testing.assert_allclose(w.sum(axis=0), 1.0, atol=1e-12)
     np.testing.assert_allclose(w.sum(axis=1), 1.0, atol=1e-12)
     assert np.all(w >= 0)
     for rank in {0, n // 2, n - 1}:
-        nb = neighbors(topology, n, rank, step)
+        nb = neighbors(graph, n, rank, step)
         row = np.zeros(n)
         row[rank] += nb.self_weight
         for j, weight in zip(nb.recv_from, nb.recv_weights):

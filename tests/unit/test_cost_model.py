@@ -189,14 +189,14 @@ def uplink_models_by_phase(p, workload=VGG16):
 
 @pytest.mark.parametrize("n_racks, hosts", [(2, 2), (2, 4), (1, 8), (8, 32)])
 def test_one_peer_exp_graph_sends_exactly_one_model_per_step(n_racks, hosts):
-    p = predict("decentralized", cluster(n_racks, hosts), VGG16, topology="one-peer-exp")
+    p = predict("decentralized", cluster(n_racks, hosts), VGG16, graph="one-peer-exp")
     assert p.bytes_per_rank == pytest.approx(VGG16.model_bytes)
     assert p.label == "decentralized one-peer-exp"
 
 
 @pytest.mark.parametrize("n_racks, hosts, tau", [(2, 2, 2), (2, 4, 3), (2, 8, 4)])
 def test_static_exp_graph_sends_tau_models_per_step(n_racks, hosts, tau):
-    p = predict("decentralized", cluster(n_racks, hosts), VGG16, topology="static-exp")
+    p = predict("decentralized", cluster(n_racks, hosts), VGG16, graph="static-exp")
     assert p.bytes_per_rank == pytest.approx(tau * VGG16.model_bytes)
     assert len(p.phases) == 1 and p.phases[0].weight == 1
 
@@ -209,14 +209,14 @@ def test_the_one_peer_period_is_priced_as_its_mean():
 
 def test_ring_and_complete_graphs_send_two_and_n_minus_1_models():
     c = cluster(2, 4)
-    assert predict("decentralized", c, VGG16, topology="ring").bytes_per_rank == \
+    assert predict("decentralized", c, VGG16, graph="ring").bytes_per_rank == \
         pytest.approx(2 * VGG16.model_bytes)
-    assert predict("decentralized", c, VGG16, topology="complete").bytes_per_rank == \
+    assert predict("decentralized", c, VGG16, graph="complete").bytes_per_rank == \
         pytest.approx(7 * VGG16.model_bytes)
 
 
 def test_blocked_placement_sends_every_flow_of_a_hop_of_a_rack_or_more_across_the_uplink():
-    p = predict("decentralized", cluster(4, 4), VGG16, topology="one-peer-exp")
+    p = predict("decentralized", cluster(4, 4), VGG16, graph="one-peer-exp")
     assert uplink_models_by_phase(p) == {"send model to i+1": 1, "send model to i+2": 2,
                                          "send model to i+4": 4, "send model to i+8": 4}
 
@@ -234,7 +234,7 @@ def test_interleaved_placement_keeps_the_long_hops_inside_the_racks():
     # Per period: 4 models over each uplink interleaved, 7 blocked.
     assert p.comm_s < blocked.comm_s
     static = {pl: phase(predict("decentralized", cluster(2, 4, placement=pl), VGG16,
-                                topology="static-exp"), "send model to i+1, i+2, i+4")
+                                graph="static-exp"), "send model to i+1, i+2, i+4")
               for pl in ("blocked", "interleaved")}
     assert static["blocked"].uplink_bytes == pytest.approx(7 * VGG16.model_bytes)
     assert static["interleaved"].uplink_bytes == pytest.approx(4 * VGG16.model_bytes)
@@ -449,7 +449,7 @@ def test_workload_errors_name_the_field_and_the_value(kwargs, name):
     ("topk", {"mode": "sharded", "downlink_ratio": 1.5}, "downlink_ratio=1.5"),
     ("dssync", {"cross_ranks": 9}, "cross_ranks=9"),
     ("dssync", {"intra_phases": -1}, "intra_phases=-1"),
-    ("decentralized", {"topology": "one_peer"}, "topology='one_peer'"),
+    ("decentralized", {"graph": "one_peer"}, "graph='one_peer'"),
     ("decentralized", {"order": "adapt"}, "order='adapt'"),
     ("decentralized", {"mix_every": 0}, "mix_every=0"),
     ("stanza", {"fc_workers": 8}, "fc_workers=8")])
@@ -470,9 +470,9 @@ def test_the_priced_strategies_and_the_default_comparison_are_pinned():
     assert DEFAULT_STRATEGIES == (
         "horovod", "hierarchical", ("topk", {"mode": "gathered"}),
         ("topk", {"mode": "sharded"}), "dssync",
-        ("decentralized", {"topology": "static-exp"}),
-        ("decentralized", {"topology": "one-peer-exp"}),
-        ("decentralized", {"topology": "one-peer-exp", "order": "combine_then_adapt"}),
+        ("decentralized", {"graph": "static-exp"}),
+        ("decentralized", {"graph": "one-peer-exp"}),
+        ("decentralized", {"graph": "one-peer-exp", "order": "combine_then_adapt"}),
         "stanza")
     assert [type(e) for e in DEFAULT_STRATEGIES] == \
         [str, str, tuple, tuple, str, tuple, tuple, tuple, str]

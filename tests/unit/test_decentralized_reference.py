@@ -96,17 +96,17 @@ def test_four_ranks_mixing_every_other_step_meet_both_partners():
     np.testing.assert_array_equal(after_two, np.full((4, 1), 3.75))
 
 
-@pytest.mark.parametrize("topology", ["one-peer-exp", "one-peer-hypercube"])
+@pytest.mark.parametrize("graph", ["one-peer-exp", "one-peer-hypercube"])
 @pytest.mark.parametrize("n", [2, 4, 8, 16])
 @pytest.mark.parametrize("mix_every", [1, 3])
 @pytest.mark.parametrize("order", ORDERS)
-def test_one_peer_graphs_reach_consensus_in_any_window_of_log2_n_mixes(topology, n,
-                                                                     mix_every, order):
+def test_one_peer_graphs_reach_consensus_in_any_window_of_log2_n_mixes(graph, n,
+                                                                       mix_every, order):
     # Any log2 n * mix_every consecutive steps hold log2 n consecutive mixes.
     x = values(n, seed=n)
     mean = x.mean(axis=0)
     for start in range(2 * tau(n) * mix_every + 1):
-        y = simulate_decentralized(x, zero_grads, 0.0, topology, tau(n) * mix_every,
+        y = simulate_decentralized(x, zero_grads, 0.0, graph, tau(n) * mix_every,
                                    start=start, order=order, mix_every=mix_every)
         assert spread(y) <= 1e-12
         np.testing.assert_allclose(y, np.broadcast_to(mean, y.shape), rtol=0, atol=1e-12)
@@ -132,16 +132,16 @@ def test_static_graph_consensus_decays_at_least_like_one_minus_gap(n):
         np.testing.assert_allclose(y.mean(axis=0), x.mean(axis=0), rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("topology", ["one-peer-exp", "static-exp", "one-peer-hypercube",
-                                      "ring", "torus", "complete"])
+@pytest.mark.parametrize("graph", ["one-peer-exp", "static-exp", "one-peer-hypercube",
+                                   "ring", "torus", "complete"])
 @pytest.mark.parametrize("order", ORDERS)
-def test_the_global_mean_moves_by_the_mean_step_only(topology, order):
+def test_the_global_mean_moves_by_the_mean_step_only(graph, order):
     # W doubly stochastic: mean(W (x - lr d)) = mean(W x - lr d) = mean(x) - lr mean(d).
     n, d, lr = 7, 4, 0.1
     grads = quadratic(n, d, seed=3)
     x = values(n, d, seed=4)
     for step in range(6):
-        y = simulate_decentralized(x, grads, lr, topology, 1, start=step, order=order)
+        y = simulate_decentralized(x, grads, lr, graph, 1, start=step, order=order)
         want = x.mean(axis=0) - lr * grads(x, step).mean(axis=0)
         np.testing.assert_allclose(y.mean(axis=0), want, rtol=0, atol=1e-12)
         x = y
@@ -162,14 +162,14 @@ def test_complete_graph_from_identical_values_is_synchronous_sgd_on_the_mean_gra
 
 
 @pytest.mark.parametrize("order", ORDERS)
-@pytest.mark.parametrize("topology", ["complete", "one-peer-exp"])
-def test_dmsgd_with_identical_values_and_gradients_is_sgd_with_momentum(order, topology):
+@pytest.mark.parametrize("graph", ["complete", "one-peer-exp"])
+def test_dmsgd_with_identical_values_and_gradients_is_sgd_with_momentum(order, graph):
     # Every rank sees the same gradient at the same point, so mixing changes nothing.
     n, d, lr, mu = 4, 3, 0.05, 0.9
     grads = quadratic(n, d, seed=5, same_on_every_rank=True)
     start = values(1, d, seed=6)[0]
     got, buffers = simulate_decentralized(np.broadcast_to(start, (n, d)), grads, lr,
-                                          topology, 20, order=order, momentum=mu,
+                                          graph, 20, order=order, momentum=mu,
                                           return_momentum=True)
     w, m = start.copy(), np.zeros(d)
     for step in range(20):
@@ -212,18 +212,18 @@ def test_between_mixing_steps_every_rank_runs_local_sgd(mix_every, order):
     np.testing.assert_allclose(got, np.broadcast_to(want, got.shape), rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("topology, n", [("one-peer-exp", 4), ("one-peer-exp", 6),
-                                         ("one-peer-exp", 8), ("one-peer-hypercube", 8),
-                                         ("static-exp", 5), ("complete", 3)])
+@pytest.mark.parametrize("graph, n", [("one-peer-exp", 4), ("one-peer-exp", 6),
+                                      ("one-peer-exp", 8), ("one-peer-hypercube", 8),
+                                      ("static-exp", 5), ("complete", 3)])
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 @pytest.mark.parametrize("mix_every, start", [(1, 0), (1, 3), (3, 0), (2, 5), (3, 4)])
-def test_the_reference_is_the_algorithm_written_as_a_loop(topology, n, order, momentum,
+def test_the_reference_is_the_algorithm_written_as_a_loop(graph, n, order, momentum,
                                                           mix_every, start):
     d, lr, steps = 3, 0.05, 9
     grads = quadratic(n, d, seed=n)
     x0 = values(n, d, seed=11)
-    got, buffers = simulate_decentralized(x0, grads, lr, topology, steps, start=start,
+    got, buffers = simulate_decentralized(x0, grads, lr, graph, steps, start=start,
                                           order=order, momentum=momentum,
                                           mix_every=mix_every, return_momentum=True)
     x, m = x0.copy(), np.zeros_like(x0)
@@ -231,7 +231,7 @@ def test_the_reference_is_the_algorithm_written_as_a_loop(topology, n, order, mo
         g = grads(x, t)
         m = momentum * m + g  # local: each row sees only its own rank's gradients
         # The graph follows the mixes: this one is number mixes_before(t) of the run.
-        w = explicit(topology, n, mixes_before(t, mix_every)) \
+        w = explicit(graph, n, mixes_before(t, mix_every)) \
             if (t + 1) % mix_every == 0 else np.eye(n)
         x = w @ (x - lr * m) if order == ADAPT_THEN_COMBINE else w @ x - lr * m
     np.testing.assert_allclose(got, x, rtol=0, atol=1e-12)
@@ -280,13 +280,13 @@ def test_float32_stays_float32_and_integers_become_float64():
     (dict(mix_every=0), "mix_every=0 must be an integer of at least 1"),
     (dict(momentum=-0.1), "momentum=-0.1 must be at least 0"),
     (dict(lr=float("nan")), "lr=nan must be a finite number"),
-    (dict(topology="two-peer"), "topology='two-peer' is not a known graph"),
-    (dict(topology=np.eye(3)), "topology: a 3x3 matrix but the job has 4 ranks"),
+    (dict(graph="two-peer"), "graph='two-peer' is not a known graph"),
+    (dict(graph=np.eye(3)), "graph: a 3x3 matrix but the job has 4 ranks"),
     (dict(grads_fn=lambda v, t: np.zeros(3)), "grads_fn returned shape (3,) at step 0"),
     (dict(initial=np.zeros((0, 2))), "initial="),
 ])
 def test_bad_arguments_are_named_with_their_value(kwargs, message):
-    args = dict(initial=values(4), grads_fn=zero_grads, lr=0.1, topology="ring", steps=2)
+    args = dict(initial=values(4), grads_fn=zero_grads, lr=0.1, graph="ring", steps=2)
     args.update(kwargs)
     with pytest.raises(ValueError) as error:
         simulate_decentralized(**args)

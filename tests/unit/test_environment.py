@@ -63,7 +63,7 @@ def test_a_compression_is_the_spec_the_same_call_builds_in_code(raw, in_code):
      lambda: hvdx.DSSync("shuffle", group_size=2, seed=3)),
     ("DSSync(schedule=[[[0, 1], [2, 3]], [[0, 2], [1, 3]]])",
      lambda: hvdx.DSSync([[[0, 1], [2, 3]], [[0, 2], [1, 3]]])),
-    ("Decentralized(topology='one-peer-exp')", lambda: hvdx.Decentralized("one-peer-exp")),
+    ("Decentralized(graph='one-peer-exp')", lambda: hvdx.Decentralized("one-peer-exp")),
     ("Decentralized([[0.5, 0.5], [0.5, 0.5]], mix_every=2)",
      lambda: hvdx.Decentralized([[0.5, 0.5], [0.5, 0.5]], mix_every=2)),
 ])
@@ -96,7 +96,7 @@ def test_none_and_empty_are_no_strategy(raw):
     ("HVDX_SYNC", "dssync()", "unknown name 'dssync'"),
     ("HVDX_SYNC", "topk(0.1)", "unknown name 'topk'"),
     ("HVDX_SYNC", "DSSync(intra_phases=0)", "intra_phases=0 must be an integer"),
-    ("HVDX_SYNC", "Decentralized(topology='star')", "topology='star'"),
+    ("HVDX_SYNC", "Decentralized(graph='star')", "graph='star'"),
     ("HVDX_SYNC", "DSSync(); import os", "not an expression"),
     ("HVDX_SYNC", "(" * 1000, "not an expression"),
 ])
@@ -140,7 +140,7 @@ def test_the_environment_fills_arguments_the_code_left_at_their_defaults(
         "downlink=0.1 mode=auto min_size=1024 warmup_steps=0 topk_method=exact "
         "sample_size=65536 seed=0 error_feedback=True selection=layerwise (Entry)",
         "[hvdx] HVDX_SYNC=\"Decentralized('ring')\": decentralized SGD, "
-        "Decentralized(topology='ring', order='adapt_then_combine', mix_every=1, "
+        "Decentralized(graph='ring', order='adapt_then_combine', mix_every=1, "
         "global_every=0, swa_start=None, swa_every=1, average_optimizer_state=False) "
         "(Entry)"]
 
@@ -243,7 +243,7 @@ def test_a_rank_launched_with_another_value_is_named_before_what_it_changed():
     ("HVDX_COMPRESSION", "topk(2.0)"),
     ("HVDX_COMPRESSION", "topk(0.1"),
     ("HVDX_SYNC", "DSSync(group_size=3)"),
-    ("HVDX_SYNC", "Decentralized(topology='star')"),
+    ("HVDX_SYNC", "Decentralized(graph='star')"),
     ("HVDX_SYNC", "dssync"),
 ])
 def test_init_refuses_a_value_the_entry_point_would_refuse_with_the_same_message(

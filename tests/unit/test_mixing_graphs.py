@@ -12,16 +12,16 @@ import pytest
 
 from explicit_graphs import (explicit, explicit_static_exp, explicit_torus, mixes_before,
                              receive_from, tau)
-from hvdx.core.mixing_graphs import (TOPOLOGIES, Neighbors, check_mixing_matrix, is_exact,
-                                     mix_index, mixing_matrix, neighbors, period,
-                                     spectral_gap, topology_name)
+from hvdx.core.mixing_graphs import (GRAPHS, Neighbors, check_mixing_matrix, graph_name,
+                                     is_exact, mix_index, mixing_matrix, neighbors, period,
+                                     spectral_gap)
 from hvdx.strategies.decentralized.spec import MixingGraph
 
 pytestmark = [pytest.mark.decentralized]
 
 
-def explicit_period(topology, n):
-    return tau(n) if topology.startswith("one-peer") and n > 1 else 1
+def explicit_period(graph, n):
+    return tau(n) if graph.startswith("one-peer") and n > 1 else 1
 
 
 def second_singular_value(w):
@@ -30,16 +30,16 @@ def second_singular_value(w):
 
 # --- the matrices -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("topology", TOPOLOGIES)
+@pytest.mark.parametrize("graph", GRAPHS)
 @pytest.mark.parametrize("n", range(1, 18))
-def test_every_matrix_is_doubly_stochastic_non_negative_and_its_definition(topology, n):
+def test_every_matrix_is_doubly_stochastic_non_negative_and_its_definition(graph, n):
     for step in range(2 * max(tau(n), 1) + 1):
-        w = mixing_matrix(topology, n, step)
+        w = mixing_matrix(graph, n, step)
         assert w.shape == (n, n) and w.dtype == np.float64
         assert (w >= 0).all()
         np.testing.assert_allclose(w.sum(axis=0), 1.0, rtol=0, atol=1e-12)
         np.testing.assert_allclose(w.sum(axis=1), 1.0, rtol=0, atol=1e-12)
-        np.testing.assert_allclose(w, explicit(topology, n, step), rtol=0, atol=1e-15)
+        np.testing.assert_allclose(w, explicit(graph, n, step), rtol=0, atol=1e-15)
 
 
 def test_static_exponential_graph_on_four_ranks_written_out():
@@ -153,14 +153,14 @@ def test_static_consensus_decays_at_least_like_one_minus_gap(n):
 
 # --- exactness and period ---------------------------------------------------------------
 
-@pytest.mark.parametrize("topology", ["one-peer-exp", "one-peer-hypercube"])
+@pytest.mark.parametrize("graph", ["one-peer-exp", "one-peer-hypercube"])
 @pytest.mark.parametrize("n", [2, 4, 8, 16])
-def test_one_peer_graphs_average_exactly_over_tau_steps_from_any_step(topology, n):
-    assert period(topology, n) == tau(n) and is_exact(topology, n)
+def test_one_peer_graphs_average_exactly_over_tau_steps_from_any_step(graph, n):
+    assert period(graph, n) == tau(n) and is_exact(graph, n)
     for first in range(2 * tau(n) + 1):
         product = np.eye(n)
         for step in range(first, first + tau(n)):
-            product = mixing_matrix(topology, n, step) @ product
+            product = mixing_matrix(graph, n, step) @ product
         np.testing.assert_allclose(product, np.full((n, n), 1 / n), rtol=0, atol=1e-12)
 
 
@@ -187,31 +187,31 @@ def test_a_rank_meets_every_one_peer_partner_in_turn_whatever_mix_every_is(mix_e
     assert [cube.neighbors(t).send_to for t in mixing_steps[:4]] == [(0,), (3,)] * 2
 
 
-@pytest.mark.parametrize("topology", ["one-peer-exp", "one-peer-hypercube"])
+@pytest.mark.parametrize("graph", ["one-peer-exp", "one-peer-hypercube"])
 @pytest.mark.parametrize("n", [6, 12])
-def test_one_peer_graphs_are_not_exact_for_other_n(topology, n):
+def test_one_peer_graphs_are_not_exact_for_other_n(graph, n):
     product = np.eye(n)
     for step in range(tau(n)):
-        product = explicit(topology, n, step) @ product
+        product = explicit(graph, n, step) @ product
     assert np.abs(product - 1 / n).max() > 1e-3
-    assert not is_exact(topology, n)
-    assert period(topology, n) == tau(n)
+    assert not is_exact(graph, n)
+    assert period(graph, n) == tau(n)
 
 
-@pytest.mark.parametrize("topology", TOPOLOGIES)
+@pytest.mark.parametrize("graph", GRAPHS)
 @pytest.mark.parametrize("n", range(1, 18))
-def test_is_exact_and_period_match_the_product_of_explicit_matrices(topology, n):
-    assert period(topology, n) == explicit_period(topology, n)
+def test_is_exact_and_period_match_the_product_of_explicit_matrices(graph, n):
+    assert period(graph, n) == explicit_period(graph, n)
     product = np.eye(n)
-    for step in range(explicit_period(topology, n)):
-        product = explicit(topology, n, step) @ product
+    for step in range(explicit_period(graph, n)):
+        product = explicit(graph, n, step) @ product
     exact = np.allclose(product, 1.0 / n, rtol=0, atol=1e-12)
-    assert is_exact(topology, n) == exact
+    assert is_exact(graph, n) == exact
     # The sequence repeats after one period.
-    p = period(topology, n)
+    p = period(graph, n)
     for step in range(p):
-        np.testing.assert_array_equal(mixing_matrix(topology, n, step),
-                                      mixing_matrix(topology, n, step + p))
+        np.testing.assert_array_equal(mixing_matrix(graph, n, step),
+                                      mixing_matrix(graph, n, step + p))
 
 
 def test_a_user_matrix_has_period_one_and_is_exact_only_when_it_is_the_average():
@@ -221,17 +221,17 @@ def test_a_user_matrix_has_period_one_and_is_exact_only_when_it_is_the_average()
 
 # --- neighbours -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("topology", TOPOLOGIES + ("matrix",))
+@pytest.mark.parametrize("graph", GRAPHS + ("matrix",))
 @pytest.mark.parametrize("n", range(1, 13))
-def test_neighbors_agree_exactly_with_the_matrix(topology, n):
+def test_neighbors_agree_exactly_with_the_matrix(graph, n):
     rng = np.random.default_rng(n)
-    if topology == "matrix":
+    if graph == "matrix":
         p = np.eye(n)[rng.permutation(n)]
-        topology = 0.5 * np.eye(n) + 0.5 * p
+        graph = 0.5 * np.eye(n) + 0.5 * p
     for step in range(2 * max(tau(n), 1)):
-        w = explicit(topology, n, step) if isinstance(topology, str) else topology
+        w = explicit(graph, n, step) if isinstance(graph, str) else graph
         for rank in range(n):
-            nb = neighbors(topology, n, rank, step)
+            nb = neighbors(graph, n, rank, step)
             assert isinstance(nb, Neighbors)
             recv = tuple(j for j in range(n) if j != rank and w[rank, j] != 0)
             assert nb.recv_from == recv
@@ -281,12 +281,12 @@ def test_neighbors_refuses_a_rank_outside_the_job():
     ([["a", "b"], ["c", "d"]], None, "is not a matrix of numbers"),
 ])
 def test_bad_matrices_are_refused_naming_the_argument_and_the_value(bad, n, message):
-    with pytest.raises(ValueError, match=r"^topology") as error:
+    with pytest.raises(ValueError, match=r"^graph") as error:
         check_mixing_matrix(bad, n)
     assert message in str(error.value)
     with pytest.raises(ValueError, match=r"^W"):
         check_mixing_matrix(bad, n, name="W")
-    with pytest.raises(ValueError, match=r"^topology"):
+    with pytest.raises(ValueError, match=r"^graph"):
         mixing_matrix(bad, 4 if n else len(np.asarray(bad)))
 
 
@@ -308,22 +308,22 @@ def test_check_mixing_matrix_returns_a_float64_copy_and_tolerates_rounding():
     lambda: neighbors("two-peer", 1, 0),
     lambda: period("two-peer", 4),
     lambda: is_exact("two-peer", 1),
-    lambda: topology_name("two-peer"),
+    lambda: graph_name("two-peer"),
 ])
 def test_an_unknown_name_is_named_and_the_accepted_ones_listed(call):
-    with pytest.raises(ValueError, match=r"topology='two-peer'") as error:
+    with pytest.raises(ValueError, match=r"graph='two-peer'") as error:
         call()
-    assert all(name in str(error.value) for name in TOPOLOGIES)
+    assert all(name in str(error.value) for name in GRAPHS)
 
 
 # --- fingerprint ------------------------------------------------------------------------
 
-def test_topology_name_is_the_name_or_a_hash_of_the_matrix_bytes():
-    for name in TOPOLOGIES:
-        assert topology_name(name) == name
+def test_graph_name_is_the_name_or_a_hash_of_the_matrix_bytes():
+    for name in GRAPHS:
+        assert graph_name(name) == name
     w = [[0.25, 0.75], [0.75, 0.25]]
     want = "matrix:" + hashlib.sha1(np.array(w, dtype=np.float64).tobytes()).hexdigest()[:12]
-    assert topology_name(w) == want
-    assert topology_name(np.array(w, dtype=np.float32)) == want
-    assert topology_name(np.array(w).T.copy()) == want  # symmetric: same bytes
-    assert topology_name([[0.5, 0.5], [0.5, 0.5]]) != want
+    assert graph_name(w) == want
+    assert graph_name(np.array(w, dtype=np.float32)) == want
+    assert graph_name(np.array(w).T.copy()) == want  # symmetric: same bytes
+    assert graph_name([[0.5, 0.5], [0.5, 0.5]]) != want

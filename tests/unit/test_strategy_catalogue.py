@@ -335,7 +335,7 @@ def test_a_fifth_built_in_strategy_is_one_catalogue_entry(monkeypatch):
     assert environment_variables._accepted(SYNC_VARIABLE) == (
         "none, DSSync, Decentralized, Fifth, or a call of any of them with literal "
         "arguments, e.g. \"DSSync(intra_phases=4)\" or "
-        "\"Decentralized(topology='one-peer-exp')\" or \"Fifth(level=2)\"")
+        "\"Decentralized(graph='one-peer-exp')\" or \"Fifth(level=2)\"")
     assert environment.parse(SYNC_VARIABLE, "Fifth(level=3)").describe() == \
         "fifth level=3"
 

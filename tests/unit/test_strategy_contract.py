@@ -75,7 +75,7 @@ OVERRIDES = {
 def strategies():
     """One instance of each built-in strategy an entry point carries, keyed by its
     catalogue entry: its first example, built as its variable builds it
-    (``HVDX_SYNC="Decentralized(topology='one-peer-exp')"``), or its override above. A
+    (``HVDX_SYNC="Decentralized(graph='one-peer-exp')"``), or its override above. A
     new built-in strategy needs no line here."""
     built = {}
     for entry in catalogue.BUILT_IN:
@@ -263,7 +263,7 @@ def test_a_matrix_of_another_size_is_an_error_of_the_job_not_of_the_constructor(
     w = np.full((3, 3), 1 / 3)
     strategy = hvdx.Decentralized(w)  # fine without a job
     resolved = resolve(strategy, job(size=4))
-    assert isinstance(resolved.error, ValueError) and "topology" in str(resolved.error)
+    assert isinstance(resolved.error, ValueError) and "graph" in str(resolved.error)
     assert resolve(strategy, job(size=3)).error is None
 
 

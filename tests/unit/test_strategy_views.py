@@ -37,7 +37,7 @@ def test_the_variables_accept_what_their_messages_say():
                             "downlink_ratio=0.05)\"",
         "HVDX_SYNC": "none, DSSync, Decentralized, or a call of either with literal "
                      "arguments, e.g. \"DSSync(intra_phases=4)\" or "
-                     "\"Decentralized(topology='one-peer-exp')\""}
+                     "\"Decentralized(graph='one-peer-exp')\""}
 
 
 # (name, label, cost model, cost options, hvd.init's arguments, env, default, roles,
@@ -62,15 +62,15 @@ BENCH_TABLE = [
     ("dssync_adaptive", "DS-Sync rotation, re-planned from a bandwidth probe every 10 steps",
      "dssync", {}, {"process_sets": "dynamic"}, {}, False, False, True, True, False, False),
     ("decentralized", "decentralized SGD, one-peer exponential graph, adapt-then-combine",
-     "decentralized", {"order": "adapt_then_combine", "topology": "one-peer-exp"}, {}, {},
+     "decentralized", {"order": "adapt_then_combine", "graph": "one-peer-exp"}, {}, {},
      True, False, False, True, True, True),
     ("decentralized_static", "decentralized SGD, static exponential graph (log2 n peers), "
      "adapt-then-combine", "decentralized",
-     {"order": "adapt_then_combine", "topology": "static-exp"}, {}, {}, False, False, False,
+     {"order": "adapt_then_combine", "graph": "static-exp"}, {}, {}, False, False, False,
      True, True, True),
     ("decentralized_cta", "decentralized SGD, one-peer exponential graph, combine-then-adapt "
      "(exchange during forward and backward)", "decentralized",
-     {"order": "combine_then_adapt", "topology": "one-peer-exp"}, {}, {}, False, False,
+     {"order": "combine_then_adapt", "graph": "one-peer-exp"}, {}, {}, False, False,
      False, True, True, True),
     ("stanza", "Stanza layer separation, 1 FC worker (the last rank)", "stanza",
      {"fc_workers": 1}, {}, {}, True, True, True, False, True, False),
@@ -111,11 +111,11 @@ SCRIPT_VALUES = {
     "safe": {"HVDX_COMPRESSION": "safe"},
     "dssync": {"HVDX_SYNC": "DSSync()"},
     "dssync_adaptive": {"HVDX_SYNC": "DSSync(probe_every=10, probe_bytes=1048576)"},
-    "decentralized": {"HVDX_SYNC": "Decentralized(topology='one-peer-exp', "
+    "decentralized": {"HVDX_SYNC": "Decentralized(graph='one-peer-exp', "
                                    "order='adapt_then_combine')"},
-    "decentralized_static": {"HVDX_SYNC": "Decentralized(topology='static-exp', "
+    "decentralized_static": {"HVDX_SYNC": "Decentralized(graph='static-exp', "
                                           "order='adapt_then_combine')"},
-    "decentralized_cta": {"HVDX_SYNC": "Decentralized(topology='one-peer-exp', "
+    "decentralized_cta": {"HVDX_SYNC": "Decentralized(graph='one-peer-exp', "
                                        "order='combine_then_adapt')"},
 }
 STANZA_WHY = ("Stanza needs code (hvd.Stanza(features, head, ...) drives the training "
@@ -193,18 +193,18 @@ PLAN_LINES = [
     "compression=hvd.Compression.topk(0.01, 0.01, mode='sharded'), or "
     "HVDX_COMPRESSION=fast (tuned, the same bytes)",
     "sync=hvdx.DSSync(intra_phases=1, cross_ranks=2)",
-    "sync=hvdx.Decentralized('static-exp')",
-    "sync=hvdx.Decentralized('one-peer-exp')",
-    "sync=hvdx.Decentralized('one-peer-exp', order='combine_then_adapt')",
+    "sync=hvdx.Decentralized(graph='static-exp')",
+    "sync=hvdx.Decentralized(graph='one-peer-exp')",
+    "sync=hvdx.Decentralized(graph='one-peer-exp', order='combine_then_adapt')",
     "hvd.Stanza(features, head, optimizer, fc_workers=1), in code only"]
 PLAN_LINES_GIVEN = [
     "hvd.DistributedOptimizer(optimizer, ...), no hvdx argument (Horovod's own)", None,
     "compression=hvd.Compression.topk(0.02, 0.05, mode='gathered')",
     "compression=hvd.Compression.topk(0.02, 0.05, mode='sharded')",
     "sync=hvdx.DSSync(intra_phases=3, cross_ranks=1)",
-    "sync=hvdx.Decentralized('static-exp', mix_every=2)",
-    "sync=hvdx.Decentralized('one-peer-exp', mix_every=2)",
-    "sync=hvdx.Decentralized('one-peer-exp', order='combine_then_adapt', mix_every=2)",
+    "sync=hvdx.Decentralized(graph='static-exp', mix_every=2)",
+    "sync=hvdx.Decentralized(graph='one-peer-exp', mix_every=2)",
+    "sync=hvdx.Decentralized(graph='one-peer-exp', order='combine_then_adapt', mix_every=2)",
     "hvd.Stanza(features, head, optimizer, fc_workers=2), in code only"]
 PLAN_OPTIONS_HELP = """strategy options:
   --ratio RATIO         topk: uplink ratio

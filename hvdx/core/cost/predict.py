@@ -61,7 +61,7 @@ def predict(strategy: str, cluster: Cluster, workload: Workload,
         local_cores: the cores the local run's ranks shared (``hvdx bench``: this
             machine's); none hidden with at least one core per rank.
         **options: the strategy's options: topk ``ratio``, ``downlink_ratio``, ``mode``;
-            dssync ``intra_phases``, ``cross_ranks``; decentralized ``topology``,
+            dssync ``intra_phases``, ``cross_ranks``; decentralized ``graph``,
             ``order``, ``mix_every``; stanza ``fc_workers``.
 
     Raises:

@@ -20,8 +20,8 @@ __all__ = ["DECENTRALIZED_CTA_OPTIONS", "DECENTRALIZED_OPTIONS",
 #: ``2 (n - 1) / n`` models each way), adapt-then-combine. The static exponential graph
 #: sends ``tau = ceil(log2 n)`` models each way per step; combine-then-adapt sends the
 #: same bytes as adapt-then-combine, during the forward and backward pass.
-DECENTRALIZED_OPTIONS: Dict = {"topology": "one-peer-exp", "order": "adapt_then_combine"}
-DECENTRALIZED_STATIC_OPTIONS: Dict = dict(DECENTRALIZED_OPTIONS, topology="static-exp")
+DECENTRALIZED_OPTIONS: Dict = {"graph": "one-peer-exp", "order": "adapt_then_combine"}
+DECENTRALIZED_STATIC_OPTIONS: Dict = dict(DECENTRALIZED_OPTIONS, graph="static-exp")
 DECENTRALIZED_CTA_OPTIONS: Dict = dict(DECENTRALIZED_OPTIONS, order="combine_then_adapt")
 
 
@@ -92,9 +92,9 @@ _ORDERS = {"adapt_then_combine": "adapt-then-combine",
 
 def decentralized_strategy(name: str, **changes) -> BenchRow:
     """A decentralized row: :data:`DECENTRALIZED_OPTIONS` with ``changes``
-    (``topology=``, ``order=``)."""
+    (``graph=``, ``order=``)."""
     options = dict(DECENTRALIZED_OPTIONS, **changes)
-    label = (f"decentralized SGD, {_GRAPHS[options['topology']]}, "
+    label = (f"decentralized SGD, {_GRAPHS[options['graph']]}, "
              f"{_ORDERS[options['order']]}")
     return BenchRow(name, label, _decentralized_with(options), decentralized_bytes,
                     cost_model="decentralized", cost_options=dict(options),

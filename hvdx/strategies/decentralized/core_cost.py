@@ -4,7 +4,7 @@ graph (the cost model prices it under ``decentralized``: its descriptor's
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -12,17 +12,17 @@ from hvdx.core.cost.types import Cluster, Flow, Workload, _Plan, _Traffic
 from hvdx.core.validation import check_integer
 
 #: The graphs :func:`_decentralized` prices (those of ``hvdx.Decentralized``).
-DECENTRALIZED_TOPOLOGIES = ("one-peer-exp", "static-exp", "one-peer-hypercube", "ring",
+DECENTRALIZED_GRAPHS = ("one-peer-exp", "static-exp", "one-peer-hypercube", "ring",
                             "torus", "complete")
 _ORDERS = ("adapt_then_combine", "combine_then_adapt")
 
 
-def _graph_step_flows(topology: str, n: int, step: int, nbytes: float) -> Tuple[List[Flow], str]:
+def _graph_step_flows(graph: str, n: int, step: int, nbytes: float) -> Tuple[List[Flow], str]:
     """Mix ``step``'s flows: rank ``j`` sends ``nbytes`` to every ``i`` with
     ``W[i, j] > 0``, ``i != j``; and a name (the shifts, for a circulant graph)."""
     from hvdx.core import mixing_graphs
 
-    w = np.asarray(mixing_graphs.mixing_matrix(topology, n, step))
+    w = np.asarray(mixing_graphs.mixing_matrix(graph, n, step))
     dst, src = np.nonzero((w != 0) & ~np.eye(n, dtype=bool))
     if len(src) == 0:
         return [], "no exchange"
@@ -39,8 +39,9 @@ def _graph_step_flows(topology: str, n: int, step: int, nbytes: float) -> Tuple[
     return [(src, dst, nbytes)], name
 
 
-def _decentralized(c: Cluster, w: Workload, topology: str = "one-peer-exp",
-                   order: str = "adapt_then_combine", mix_every: int = 1) -> _Plan:
+def _decentralized(c: Cluster, w: Workload, graph: Optional[str] = None,
+                   order: str = "adapt_then_combine", mix_every: int = 1,
+                   topology: Optional[str] = None) -> _Plan:
     """Decentralized SGD over a graph (Ying et al., "Exponential Graph is Provably
     Efficient for Decentralized Deep Training", NeurIPS 2021), as ``hvdx.Decentralized``.
 
@@ -51,24 +52,32 @@ def _decentralized(c: Cluster, w: Workload, topology: str = "one-peer-exp",
        ``period * mix_every`` training steps hold each of the ``period`` mixes once,
        and local steps in between with ``mix_every > 1``;
     3. combine-then-adapt overlaps the exchange with the next forward and backward pass.
+
+    ``graph`` defaults to ``"one-peer-exp"``; ``topology`` is its old name, which the
+    ``cost_options`` of results saved by ``hvdx bench`` before the rename hold: they
+    still price.
     """
     from hvdx.core import mixing_graphs
 
-    if topology not in DECENTRALIZED_TOPOLOGIES:
-        raise ValueError(f"topology={topology!r} must be one of "
-                         f"{', '.join(DECENTRALIZED_TOPOLOGIES)}")
+    if topology is not None and graph is not None:
+        raise ValueError(f"graph={graph!r} and topology={topology!r}: topology is the "
+                         "old name of graph; give graph only")
+    graph = graph or topology or "one-peer-exp"
+    if graph not in DECENTRALIZED_GRAPHS:
+        raise ValueError(f"graph={graph!r} must be one of "
+                         f"{', '.join(DECENTRALIZED_GRAPHS)}")
     if order not in _ORDERS:
         raise ValueError(f"order={order!r} must be one of {', '.join(_ORDERS)}")
     mix_every = check_integer("mix_every", mix_every, 1)
     n = c.ranks
-    label = f"decentralized {topology}" + (" cta" if order == _ORDERS[1] else "") + \
+    label = f"decentralized {graph}" + (" cta" if order == _ORDERS[1] else "") + \
         (f" every {mix_every}" if mix_every > 1 else "")
     if n == 1:
         return _Plan(label, [])
-    period = mixing_graphs.period(topology, n)
+    period = mixing_graphs.period(graph, n)
     traffic = []
     for step in range(period):
-        flows, name = _graph_step_flows(topology, n, step, w.model_bytes)
+        flows, name = _graph_step_flows(graph, n, step, w.model_bytes)
         if flows:
             traffic.append(_Traffic(name, flows, 1, 1 / (period * mix_every),
                                     sends_first=True))

@@ -10,7 +10,7 @@ parameters with its neighbours in a mixing graph (:mod:`hvdx.core.mixing_graphs`
 2. local momentum (DmSGD): ``m_i <- momentum * m_i + g_i``, the buffer starting at zero,
    so ``m_i = g_i`` on the first step as in PyTorch's SGD (dampening 0, no Nesterov);
    the direction is ``d_i = m_i`` (``g_i`` when ``momentum = 0``);
-3. the step mixes when ``(t + 1) % mix_every == 0``, with ``W_t = mixing_matrix(topology,
+3. the step mixes when ``(t + 1) % mix_every == 0``, with ``W_t = mixing_matrix(graph,
    n, m)`` and ``m = t // mix_every`` the number of mixes before it
    (:func:`hvdx.core.mixing_graphs.mix_index`: the graph follows the mixes, so a
    one-peer graph takes every shift in turn); the other steps are local SGD steps
@@ -49,12 +49,12 @@ from hvdx.core.validation import check_integer
 __all__ = ["mix", "simulate_decentralized"]
 
 
-def mix(values, topology, step: int = 0) -> np.ndarray:
+def mix(values, graph, step: int = 0) -> np.ndarray:
     """One mixing step ``x_new[i] = sum_j W_step[i, j] x[j]`` on all ranks (a new array).
 
     Args:
         values: values per rank, shape ``(n, ...)``, floating point.
-        topology: a name of :data:`hvdx.core.mixing_graphs.TOPOLOGIES` or a mixing matrix.
+        graph: a name of :data:`hvdx.core.mixing_graphs.GRAPHS` or a mixing matrix.
         step: the mix index, the number of mixes before this one (the one-peer graphs
             depend on it).
 
@@ -62,7 +62,7 @@ def mix(values, topology, step: int = 0) -> np.ndarray:
         The mixed values, same shape and dtype, computed as the module docstring says.
     """
     x = _floating(values, "values")
-    return _mix(x, _graph(topology, x.shape[0], step))
+    return _mix(x, _graph(graph, x.shape[0], step))
 
 
 def _floating(values, name: str) -> np.ndarray:
@@ -76,9 +76,9 @@ def _floating(values, name: str) -> np.ndarray:
     return x
 
 
-def _graph(topology, n: int, step: int) -> List[mixing_graphs.Neighbors]:
+def _graph(graph, n: int, step: int) -> List[mixing_graphs.Neighbors]:
     """Every rank's neighbours at ``step``."""
-    return [mixing_graphs.neighbors(topology, n, rank, step) for rank in range(n)]
+    return [mixing_graphs.neighbors(graph, n, rank, step) for rank in range(n)]
 
 
 def _mix(x: np.ndarray, graph: List[mixing_graphs.Neighbors]) -> np.ndarray:
@@ -93,7 +93,7 @@ def _mix(x: np.ndarray, graph: List[mixing_graphs.Neighbors]) -> np.ndarray:
 
 
 def simulate_decentralized(initial, grads_fn: Callable[[np.ndarray, int], np.ndarray],
-                           lr: float, topology, steps: int, start: int = 0,
+                           lr: float, graph, steps: int, start: int = 0,
                            order: str = ADAPT_THEN_COMBINE, momentum: float = 0.0,
                            mix_every: int = 1, return_momentum: bool = False):
     """Runs ``steps`` steps of decentralized SGD from ``start`` on all ranks.
@@ -106,7 +106,7 @@ def simulate_decentralized(initial, grads_fn: Callable[[np.ndarray, int], np.nda
         grads_fn: ``grads_fn(values, step)`` returns every rank's gradient at its own
             current values, same shape.
         lr: learning rate.
-        topology: a name of :data:`hvdx.core.mixing_graphs.TOPOLOGIES` or an ``n x n``
+        graph: a name of :data:`hvdx.core.mixing_graphs.GRAPHS` or an ``n x n``
             doubly stochastic mixing matrix.
         steps: number of steps, at least 0.
         start: the first step's index (``mix_every`` and, through the number of mixes
@@ -124,7 +124,7 @@ def simulate_decentralized(initial, grads_fn: Callable[[np.ndarray, int], np.nda
 
     Raises:
         ValueError: naming the argument and its value: a bad ``order``, ``steps``,
-            ``start``, ``mix_every``, ``lr`` or ``momentum``, or a topology that
+            ``start``, ``mix_every``, ``lr`` or ``momentum``, or a graph that
             :func:`hvdx.core.mixing_graphs.mixing_matrix` refuses.
     """
     if order not in (ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT):
@@ -139,9 +139,9 @@ def simulate_decentralized(initial, grads_fn: Callable[[np.ndarray, int], np.nda
         raise ValueError(f"momentum={momentum!r} must be at least 0 (0: no momentum)")
     values = _floating(initial, "initial")
     n = values.shape[0]
-    if not isinstance(topology, str):
-        topology = mixing_graphs.check_mixing_matrix(topology, n)
-    period = mixing_graphs.period(topology, n)
+    if not isinstance(graph, str):
+        graph = mixing_graphs.check_mixing_matrix(graph, n)
+    period = mixing_graphs.period(graph, n)
     graphs: Dict[int, List[mixing_graphs.Neighbors]] = {}
     buffers = np.zeros_like(values)
     for step in range(start, start + steps):
@@ -153,7 +153,7 @@ def simulate_decentralized(initial, grads_fn: Callable[[np.ndarray, int], np.nda
         mixes = (step + 1) % mix_every == 0
         key = mixing_graphs.mix_index(step, mix_every) % period
         if mixes and key not in graphs:
-            graphs[key] = _graph(topology, n, key)
+            graphs[key] = _graph(graph, n, key)
         if order == ADAPT_THEN_COMBINE:
             values = values - lr * buffers
             if mixes:

@@ -17,15 +17,15 @@ DECENTRALIZED = StrategyDescriptor(
     cost_model="decentralized",
     cost_layout="hvdx.strategies.decentralized.core_cost:_decentralized",
     # The exponential graphs: static, one-peer, and one-peer overlapped with the compute.
-    cost_compared=({"topology": "static-exp"}, {"topology": "one-peer-exp"},
-                   {"topology": "one-peer-exp", "order": "combine_then_adapt"}),
+    cost_compared=({"graph": "static-exp"}, {"graph": "one-peer-exp"},
+                   {"graph": "one-peer-exp", "order": "combine_then_adapt"}),
     state_exports=("hvdx.tensorflow.mixing_state:STATE_GETTERS.decentralized_state",),
-    examples=("Decentralized(topology='one-peer-exp')",),
+    examples=("Decentralized(graph='one-peer-exp')",),
     bench=tuple(BenchVariant(name, "hvdx.strategies.decentralized.bench_rows:decentralized_strategy", kwargs,
                              default=not kwargs) for name, kwargs in (
-        ("decentralized", {}), ("decentralized_static", {"topology": "static-exp"}),
+        ("decentralized", {}), ("decentralized_static", {"graph": "static-exp"}),
         ("decentralized_cta", {"order": "combine_then_adapt"}))),
-    soak="Decentralized('one-peer-exp')",
+    soak="Decentralized(graph='one-peer-exp')",
     plan_line="hvdx.strategies.decentralized.plan_line:decentralized_line",
     plan_options=(PlanOption("--mix-every", int, "decentralized: mix every N steps, "
                              "local steps between", 1),))

@@ -15,7 +15,7 @@ __all__ = ["decentralized_line"]
 def decentralized_line(given: Dict[str, object], cluster: Cluster) -> str:
     """``decentralized``'s line: the graph, and the order and mixing period where not
     the defaults."""
-    arguments = [repr(given.get("topology", "one-peer-exp"))]
+    arguments = [f"graph={given.get('graph', 'one-peer-exp')!r}"]
     if given.get("order", "adapt_then_combine") != "adapt_then_combine":
         arguments.append(f"order={given['order']!r}")
     if given.get("mix_every", 1) != 1:

@@ -52,53 +52,62 @@ from hvdx.core.group_averaging import ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT
 from hvdx.core.validation import check_integer
 from hvdx.strategy_contract import Job, MixingStrategy, validating
 
-__all__ = ["ORDERS", "Decentralized", "DecentralizedStats", "MixingGraph"]
+__all__ = ["DEFAULT_GRAPH", "ORDERS", "Decentralized", "DecentralizedStats", "MixingGraph"]
 
 #: Accepted ``order`` values.
 ORDERS = (ADAPT_THEN_COMBINE, COMBINE_THEN_ADAPT)
+
+#: The graph when none is given: one peer per step, exact every ``log2 n`` mixes for
+#: ``n`` a power of two.
+DEFAULT_GRAPH = "one-peer-exp"
 
 
 class Decentralized(MixingStrategy):
     """Decentralized SGD: local steps, then averaging with the graph's neighbours.
 
     Args:
-        topology: ``"one-peer-exp"`` (default: one peer per step, exact averaging every
+        graph: ``"one-peer-exp"`` (default: one peer per step, exact averaging every
             ``log2 n`` steps for ``n`` a power of two), ``"static-exp"`` (``log2 n``
             peers every step), ``"one-peer-hypercube"`` (pairwise exchanges),
             ``"ring"``, ``"torus"``, ``"complete"`` (every rank: the exact average, the
             most bytes), or an ``n x n`` doubly stochastic mixing matrix ``W``
-            (``x_i <- sum_j W[i, j] x_j``).
+            (``x_i <- sum_j W[i, j] x_j``). ``None``: the default.
         order: ``"adapt_then_combine"`` (default) or ``"combine_then_adapt"`` (module
             docstring).
         mix_every: mix every ``mix_every`` steps (local steps in between).
         global_every, swa_start, swa_every, average_optimizer_state: as for every
             mixing strategy (:class:`hvdx.strategy_contract.MixingStrategy`).
+        topology: the old name of ``graph`` (a ``DeprecationWarning``): "topology"
+            means the racks of the cluster (:mod:`hvdx.core.topology`).
 
     Raises:
-        ValueError: naming the argument and its value: an unknown topology, a matrix
-            that is not doubly stochastic, ``mix_every`` below 1, an unknown order.
+        ValueError: naming the argument and its value: an unknown graph, a matrix
+            that is not doubly stochastic, ``mix_every`` below 1, an unknown order;
+            ``graph`` and ``topology`` both given, naming both.
     """
 
     name = "decentralized"
     state_key = "hvdx_decentralized"
 
     @validating
-    def __init__(self, topology="one-peer-exp", order: str = ADAPT_THEN_COMBINE,
+    def __init__(self, graph=None, order: str = ADAPT_THEN_COMBINE,
                  mix_every: int = 1, global_every: int = 0, swa_start=None,
-                 swa_every: int = 1, average_optimizer_state: bool = False):
-        if isinstance(topology, str):
-            if topology not in mixing_graphs.TOPOLOGIES:
-                raise ValueError(f"topology={topology!r} must be one of "
-                                 f"{mixing_graphs.TOPOLOGIES} or a mixing matrix")
-            self.topology = topology
+                 swa_every: int = 1, average_optimizer_state: bool = False, *,
+                 topology=None):
+        graph = _graph_or_old_name(graph, topology)
+        if isinstance(graph, str):
+            if graph not in mixing_graphs.GRAPHS:
+                raise ValueError(f"graph={graph!r} must be one of "
+                                 f"{mixing_graphs.GRAPHS} or a mixing matrix")
+            self.graph = graph
         else:
             try:
-                self.topology = mixing_graphs.check_mixing_matrix(topology, name="topology")
+                self.graph = mixing_graphs.check_mixing_matrix(graph, name="graph")
             except (TypeError, ValueError) as error:
-                if isinstance(error, ValueError) and str(error).startswith("topology"):
+                if isinstance(error, ValueError) and str(error).startswith("graph"):
                     raise
-                raise ValueError(f"topology={topology!r} must be one of "
-                                 f"{mixing_graphs.TOPOLOGIES} or a mixing matrix") from None
+                raise ValueError(f"graph={graph!r} must be one of "
+                                 f"{mixing_graphs.GRAPHS} or a mixing matrix") from None
         if order not in ORDERS:
             raise ValueError(f"order={order!r} must be one of {ORDERS}")
         self.order = order
@@ -112,18 +121,20 @@ class Decentralized(MixingStrategy):
     def prepare(self, job: Job) -> "MixingGraph":
         """Check the arguments against the job and return this rank's graph."""
         self.check_gradient_arguments(job, "decentralized SGD")
-        graph = MixingGraph(self.topology, job.size, job.rank, self.mix_every)
-        if job.rank == 0 and isinstance(self.topology, str) and \
-                self.topology.startswith("one-peer") and not graph.exact:
+        graph = MixingGraph(self.graph, job.size, job.rank, self.mix_every)
+        if job.rank == 0 and isinstance(self.graph, str) and \
+                self.graph.startswith("one-peer") and not graph.exact:
             warnings.warn(
-                f"hvdx.Decentralized(topology={self.topology!r}) on {job.size} ranks: "
+                f"hvdx.Decentralized(graph={self.graph!r}) on {job.size} ranks: "
                 "one-peer graphs average exactly only when the number of ranks is a "
-                "power of two; consensus is slower here. Consider topology='static-exp'.",
+                "power of two; consensus is slower here. Consider graph='static-exp'.",
                 stacklevel=4)
         return graph
 
     def fingerprint_settings(self, job: Job, setup) -> List[Tuple[str, object]]:
-        return [("decentralized.topology", mixing_graphs.topology_name(self.topology)),
+        # The key keeps its old word: a mismatch names it, and scripts and tests that
+        # read the message know it (the fingerprint is compared, never saved).
+        return [("decentralized.topology", mixing_graphs.graph_name(self.graph)),
                 ("decentralized.size", job.size),
                 ("decentralized.order", self.order),
                 ("decentralized.mix_every", self.mix_every),
@@ -168,12 +179,43 @@ class Decentralized(MixingStrategy):
     def __repr__(self) -> str:
         if self.error is not None:
             return self.invalid_repr()
-        topology = self.topology if isinstance(self.topology, str) else \
-            mixing_graphs.topology_name(self.topology)
-        return (f"Decentralized(topology={topology!r}, order={self.order!r}, "
+        graph = self.graph if isinstance(self.graph, str) else \
+            mixing_graphs.graph_name(self.graph)
+        return (f"Decentralized(graph={graph!r}, order={self.order!r}, "
                 f"mix_every={self.mix_every}, global_every={self.global_every}, "
                 f"swa_start={self.swa_start}, swa_every={self.swa_every}, "
                 f"average_optimizer_state={self.average_optimizer_state})")
+
+
+    @property
+    def topology(self):
+        """The old name of :attr:`graph` (a ``DeprecationWarning``)."""
+        warnings.warn("hvdx.Decentralized.topology is deprecated; use .graph (the word "
+                      "'topology' now means the racks only)", DeprecationWarning,
+                      stacklevel=2)
+        return self.graph
+
+
+def _graph_or_old_name(graph, topology):
+    """``graph``, or ``topology``, its old name, with a ``DeprecationWarning``; the
+    default graph when neither is given. Both given: ``ValueError`` naming both."""
+    if topology is None:
+        return DEFAULT_GRAPH if graph is None else graph
+    if graph is not None:
+        raise ValueError(f"graph={_short(graph)} and topology={_short(topology)}: "
+                         "topology is the old name of graph; give graph only")
+    warnings.warn("hvdx.Decentralized(topology=...) is deprecated; use graph=... (the "
+                  "same values; 'topology' now means the racks of the cluster)",
+                  DeprecationWarning, stacklevel=4)
+    return topology
+
+
+def _short(value) -> str:
+    """``repr(value)``, or a matrix's shape (a message names it, not its entries)."""
+    if isinstance(value, str):
+        return repr(value)
+    shape = getattr(value, "shape", None)
+    return f"<{'x'.join(map(str, shape))} matrix>" if shape else "<a matrix>"
 
 
 class MixingGraph:
@@ -185,23 +227,32 @@ class MixingGraph:
     :attr:`period` mixes; each mix's neighbours are computed once.
     """
 
-    def __init__(self, topology, n: int, rank: int, mix_every: int = 1):
-        if not isinstance(topology, str):
-            topology = mixing_graphs.check_mixing_matrix(topology, n, name="topology")
-        self.topology = topology
+    def __init__(self, graph, n: int, rank: int, mix_every: int = 1):
+        if not isinstance(graph, str):
+            graph = mixing_graphs.check_mixing_matrix(graph, n, name="graph")
+        self.graph = graph
         self.n = n
         self.rank = rank
         self.mix_every = mix_every
-        self.period = mixing_graphs.period(topology, n)
-        self.exact = mixing_graphs.is_exact(topology, n)
+        self.period = mixing_graphs.period(graph, n)
+        self.exact = mixing_graphs.is_exact(graph, n)
         self._cache: Dict[int, mixing_graphs.Neighbors] = {}
+
+    @property
+    def topology(self):
+        """The old name of :attr:`graph` (a ``DeprecationWarning``): scripts read it as
+        ``optimizer.hvdx_graph.topology``."""
+        warnings.warn("MixingGraph.topology is deprecated; use .graph (the word "
+                      "'topology' now means the racks only)", DeprecationWarning,
+                      stacklevel=2)
+        return self.graph
 
     def neighbors(self, step: int) -> "mixing_graphs.Neighbors":
         """Send-to and receive-from ranks with the weights of the mix at training step
         ``step`` (0-based, one that mixes)."""
         key = mixing_graphs.mix_index(step, self.mix_every) % self.period
         if key not in self._cache:
-            self._cache[key] = mixing_graphs.neighbors(self.topology, self.n, self.rank, key)
+            self._cache[key] = mixing_graphs.neighbors(self.graph, self.n, self.rank, key)
         return self._cache[key]
 
 

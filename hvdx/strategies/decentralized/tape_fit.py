@@ -46,9 +46,14 @@ def tape_fit(sync):
 
 
 def _given(sync) -> dict:
-    """The arguments the ``HVDX_SYNC`` value that built ``sync`` gives, by name."""
+    """The arguments the ``HVDX_SYNC`` value that built ``sync`` gives, by name; the
+    old name ``topology`` as ``graph`` (the value warned once, when it was read)."""
     _, args, kwargs = call_of(*sync.environment)
-    return dict(inspect.signature(type(sync)).bind(*args, **kwargs).arguments)
+    given = dict(inspect.signature(type(sync)).bind(*args, **kwargs).arguments)
+    if "topology" in given:
+        given = {("graph" if key == "topology" else key): value
+                 for key, value in given.items()}
+    return given
 
 
 def with_order(sync, order: str) -> str:

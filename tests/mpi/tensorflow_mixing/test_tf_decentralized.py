@@ -60,7 +60,7 @@ def power_of_two(n):
     return n & (n - 1) == 0
 
 
-def expected_run(topology, order, steps, lr=LR, mix_every=1, global_every=0, first=0):
+def expected_run(graph, order, steps, lr=LR, mix_every=1, global_every=0, first=0):
     """The explicit-matrix recursion of every rank (n x d)."""
     n = hvd.size()
     centres, x = quadratic(n)
@@ -69,7 +69,7 @@ def expected_run(topology, order, steps, lr=LR, mix_every=1, global_every=0, fir
         if global_every and (t + 1) % global_every == 0:
             w = np.full((n, n), 1.0 / n)
         elif (t + 1) % mix_every == 0:
-            w = explicit(topology, n, mixes_before(t, mix_every))
+            w = explicit(graph, n, mixes_before(t, mix_every))
         else:
             w = np.eye(n)
         x = w @ local if order == ATC else w @ x - lr * (x - centres)
@@ -79,17 +79,17 @@ def expected_run(topology, order, steps, lr=LR, mix_every=1, global_every=0, fir
 # --- against explicit matrices --------------------------------------------------------
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("topology", ["one-peer-exp", "static-exp"])
+@pytest.mark.parametrize("graph", ["one-peer-exp", "static-exp"])
 @pytest.mark.parametrize("entry,order", ENTRIES)
-def test_steps_match_explicit_mixing_matrices(entry, order, topology):
+def test_steps_match_explicit_mixing_matrices(entry, order, graph):
     n, rank = hvd.size(), hvd.rank()
     centres, initial = quadratic(n)
     x = tf.Variable(initial[rank])
-    sync = hvdx.Decentralized(topology, order=order)
+    sync = hvdx.Decentralized(graph, order=order)
     step, state = trainer(entry, sync, x, centres[rank])
     for _ in range(5):
         step()
-    np.testing.assert_allclose(everyone(x.numpy()), expected_run(topology, order, 5),
+    np.testing.assert_allclose(everyone(x.numpy()), expected_run(graph, order, 5),
                                rtol=0, atol=1e-12)
     assert int(state().step.numpy()) == 5
 
@@ -303,16 +303,16 @@ def test_decentralized_with_topk_compression_fails_naming_compression(entry):
 
 
 @pytest.mark.mpi(min_size=1)
-def test_a_matrix_of_another_size_fails_on_every_rank_naming_topology():
+def test_a_matrix_of_another_size_fails_on_every_rank_naming_graph():
     n = hvd.size()
     sync = hvdx.Decentralized(np.full((n + 1, n + 1), 1.0 / (n + 1)))
-    with pytest.raises(ValueError, match="topology"):
+    with pytest.raises(ValueError, match="graph"):
         hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), sync=sync)
 
 
 @pytest.mark.mpi(min_size=2)
-def test_one_rank_with_another_topology_fails_on_every_rank():
-    topology = "ring" if hvd.rank() == 1 else "one-peer-exp"
+def test_one_rank_with_another_graph_fails_on_every_rank():
+    graph = "ring" if hvd.rank() == 1 else "one-peer-exp"
     with pytest.raises(ValueError, match="decentralized.topology"):
         hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1),
-                                       sync=hvdx.Decentralized(topology))
+                                       sync=hvdx.Decentralized(graph))

@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 2,
                                  reason="the environment switch: checked at 1 and 2 ranks"),
               pytest.mark.dssync, pytest.mark.decentralized]
 
-DECENTRALIZED = "Decentralized(topology='one-peer-exp', order='combine_then_adapt')"
+DECENTRALIZED = "Decentralized(graph='one-peer-exp', order='combine_then_adapt')"
 SYNCS = {"DSSync()": lambda: hvdx.DSSync(),
          DECENTRALIZED: lambda: hvdx.Decentralized("one-peer-exp",
                                                    order="combine_then_adapt")}
@@ -151,7 +151,7 @@ def test_an_order_the_tape_cannot_run_set_by_the_environment_says_the_value_that
     message = str(info.value)
     assert len(set(hvd.allgather_object(message))) == 1
     assert message.startswith(f"HVDX_SYNC={value!r}: ")
-    assert "HVDX_SYNC=\"Decentralized(topology='ring', order='combine_then_adapt')\"" \
+    assert "HVDX_SYNC=\"Decentralized(graph='ring', order='combine_then_adapt')\"" \
         in message
     total = hvd.allreduce(tf.ones(2), op=hvd.Sum, name="after.tape.order")
     assert total.numpy().tolist() == [float(hvd.size())] * 2

@@ -122,19 +122,19 @@ def power_of_two(n):
 # --- identities -----------------------------------------------------------------------
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("topology", ["one-peer-exp", "one-peer-hypercube"])
+@pytest.mark.parametrize("graph", ["one-peer-exp", "one-peer-hypercube"])
 @pytest.mark.parametrize("first, mix_every", [(0, 1), (1, 1), (2, 1), (0, 2), (3, 2),
                                               (1, 3)])
 def test_one_peer_graphs_reach_exact_consensus_after_log2_n_mixes_from_any_step(
-        topology, first, mix_every):
+        graph, first, mix_every):
     # Any log2 n * mix_every consecutive steps hold log2 n consecutive mixes.
     n, rank = hvd.size(), hvd.rank()
     if not power_of_two(n):
         pytest.skip("exact averaging is promised for a power-of-two number of ranks")
     model = Point(start(rank))
-    opt = point_optimizer(model, hvdx.Decentralized(topology, mix_every=mix_every), lr=0.0)
+    opt = point_optimizer(model, hvdx.Decentralized(graph, mix_every=mix_every), lr=0.0)
     opt.load_state_dict({**opt.state_dict(), STATE_KEY: {"step": first}})
-    name = f"consensus.{topology}.{first}.{mix_every}"
+    name = f"consensus.{graph}.{first}.{mix_every}"
     initial = everyone(model.x, name + ".before")
     train_point(model, opt, max(tau(n), 1) * mix_every, rank)
     opt.synchronize()
@@ -193,43 +193,43 @@ def test_complete_graph_from_identical_weights_is_horovod_synchronous_sgd():
 # --- against explicit matrices --------------------------------------------------------
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("topology", sorted(MATRICES))
+@pytest.mark.parametrize("graph", sorted(MATRICES))
 @pytest.mark.parametrize("order", ["adapt_then_combine", "combine_then_adapt"])
-def test_steps_match_explicit_mixing_matrices(topology, order):
+def test_steps_match_explicit_mixing_matrices(graph, order):
     n, rank = hvd.size(), hvd.rank()
-    if topology == "one-peer-hypercube" and not power_of_two(n):
+    if graph == "one-peer-hypercube" and not power_of_two(n):
         pytest.skip("the hypercube's pairs are defined for powers of two")
     model = Point(start(rank))
-    opt = point_optimizer(model, hvdx.Decentralized(topology, order=order))
+    opt = point_optimizer(model, hvdx.Decentralized(graph, order=order))
     steps = 5
     train_point(model, opt, steps, rank)
     opt.synchronize()
-    got = everyone(model.x, f"explicit.{topology}.{order}")
+    got = everyone(model.x, f"explicit.{graph}.{order}")
 
     x = np.stack([start(r) for r in range(n)])
     c = np.stack([centre(r) for r in range(n)])
     for t in range(steps):
-        w = MATRICES[topology](n, t)  # every step mixes: step t is mix t
+        w = MATRICES[graph](n, t)  # every step mixes: step t is mix t
         x = w @ (x - LR * (x - c)) if order == "adapt_then_combine" else \
             w @ x - LR * (x - c)
     np.testing.assert_allclose(got, x, rtol=0, atol=1e-12)
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("topology, mix_every", [("static-exp", 3), ("one-peer-exp", 2),
-                                                 ("one-peer-exp", 3)])
-def test_mix_every_j_takes_local_steps_in_between(topology, mix_every):
+@pytest.mark.parametrize("graph, mix_every", [("static-exp", 3), ("one-peer-exp", 2),
+                                              ("one-peer-exp", 3)])
+def test_mix_every_j_takes_local_steps_in_between(graph, mix_every):
     n, rank = hvd.size(), hvd.rank()
     model = Point(start(rank))
-    opt = point_optimizer(model, hvdx.Decentralized(topology, mix_every=mix_every))
+    opt = point_optimizer(model, hvdx.Decentralized(graph, mix_every=mix_every))
     train_point(model, opt, 7, rank)
-    got = everyone(model.x, f"mix_every.{topology}.{mix_every}")
+    got = everyone(model.x, f"mix_every.{graph}.{mix_every}")
     x = np.stack([start(r) for r in range(n)])
     c = np.stack([centre(r) for r in range(n)])
     for t in range(7):
         x = x - LR * (x - c)
         if (t + 1) % mix_every == 0:
-            x = MATRICES[topology](n, mixes_before(t, mix_every)) @ x
+            x = MATRICES[graph](n, mixes_before(t, mix_every)) @ x
     np.testing.assert_allclose(got, x, rtol=0, atol=1e-12)
 
 
@@ -363,7 +363,7 @@ def test_resumed_run_continues_the_same_peer_sequence_bitwise(order, mix_every):
 
 @pytest.mark.mpi(min_size=1)
 def test_bad_arguments_raise_value_errors_naming_them():
-    refused(lambda: hvdx.Decentralized("two-peer"), "topology='two-peer'")
+    refused(lambda: hvdx.Decentralized("two-peer"), "graph='two-peer'")
     refused(lambda: hvdx.Decentralized(np.array([[0.5, 0.5], [0.6, 0.4]])),
             "doubly stochastic")
     refused(lambda: hvdx.Decentralized(mix_every=0), "mix_every=0")
@@ -389,8 +389,8 @@ def test_decentralized_with_topk_compression_fails_naming_compression():
 
 
 @pytest.mark.mpi(min_size=2)
-def test_one_rank_with_another_topology_fails_on_every_rank():
+def test_one_rank_with_another_graph_fails_on_every_rank():
     model = Point(start(hvd.rank()))
-    topology = "ring" if hvd.rank() == hvd.size() - 1 else "static-exp"
+    graph = "ring" if hvd.rank() == hvd.size() - 1 else "static-exp"
     with pytest.raises(ValueError, match="decentralized.topology"):
-        point_optimizer(model, hvdx.Decentralized(topology))
+        point_optimizer(model, hvdx.Decentralized(graph))

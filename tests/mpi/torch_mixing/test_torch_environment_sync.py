@@ -62,7 +62,7 @@ def refused_everywhere(sync, name, **arguments):
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("value, in_code", [
     ("DSSync()", lambda: hvdx.DSSync()),
-    ("Decentralized(topology='one-peer-exp')", lambda: hvdx.Decentralized("one-peer-exp")),
+    ("Decentralized(graph='one-peer-exp')", lambda: hvdx.Decentralized("one-peer-exp")),
 ])
 def test_a_sync_from_the_environment_trains_bitwise_like_the_same_sync_in_code(
         value, in_code):
@@ -82,7 +82,7 @@ def test_a_sync_in_the_code_wins_over_the_environment(capsys):
             if line.startswith("[hvdx] HVDX_SYNC=")]
     assert len(said) == (hvd.rank() == 0)
     assert all("'DSSync()': ignored: the code passes sync=decentralized SGD, "
-               "Decentralized(topology='static-exp'" in line for line in said)
+               "Decentralized(graph='static-exp'" in line for line in said)
 
 
 @pytest.mark.mpi(min_size=1)
@@ -100,9 +100,9 @@ def test_a_value_that_is_not_accepted_fails_every_rank_naming_the_variable(value
 @pytest.mark.mpi(min_size=2)
 def test_a_rank_launched_with_another_strategy_fails_every_rank():
     message = refused_everywhere(
-        "Decentralized(topology='ring')" if hvd.rank() == 1 else "DSSync()", "another")
+        "Decentralized(graph='ring')" if hvd.rank() == 1 else "DSSync()", "another")
     assert "setting 'HVDX_SYNC' differs between ranks" in message
-    assert "rank 1 has \"Decentralized(topology='ring')\"" in message
+    assert "rank 1 has \"Decentralized(graph='ring')\"" in message
 
 
 @pytest.mark.mpi(min_size=1)

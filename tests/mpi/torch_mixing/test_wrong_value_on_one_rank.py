@@ -39,13 +39,13 @@ SPECS = {
                             "intra_phases=0"),
     "dssync group_size": (lambda: hvdx.DSSync("shuffle", group_size=2),
                           lambda: hvdx.DSSync("shuffle", group_size=-1), "group_size=-1"),
-    "decentralized topology": (lambda: hvdx.Decentralized("ring"),
-                               lambda: hvdx.Decentralized("star"), "topology='star'"),
+    "decentralized graph": (lambda: hvdx.Decentralized("ring"),
+                            lambda: hvdx.Decentralized("star"), "graph='star'"),
     "decentralized mix_every": (lambda: hvdx.Decentralized(),
                                 lambda: hvdx.Decentralized(mix_every=0), "mix_every=0"),
     "decentralized matrix": (lambda: hvdx.Decentralized(),
                              lambda: hvdx.Decentralized([[0.5, 0.5], [0.5, 0.6]]),
-                             "topology"),
+                             "graph"),
 }
 
 
@@ -99,7 +99,7 @@ def test_alone_the_constructor_raises_at_once(name):
     if hvd.size() > 1:
         pytest.skip("a job of one rank")
     _, wrong, text = SPECS[name]
-    with pytest.raises(ValueError, match="topology" if name.endswith("matrix") else text):
+    with pytest.raises(ValueError, match="graph" if name.endswith("matrix") else text):
         wrong()
 
 
