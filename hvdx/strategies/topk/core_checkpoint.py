@@ -16,14 +16,19 @@ Two kinds of copy:
    differ give the ranks different updates). Not the worker residuals, nor a
    ``sharded`` server's shard: those are each rank's own. Taking it from a run of
    another mode, size or selection is refused (:func:`check_shared`).
+
+:class:`TopKCheckpointing` gives TopK's synchronizer these as the methods of the
+compression drivers' protocol (``state_dict``, ``check_state_dict``,
+``load_state_dict``, ``empty_state``, ``check_saved_rank``, ``shared_state``,
+``load_shared_state``, ``holds_own_state``).
 """
 
 from __future__ import annotations
 
 from typing import List, NamedTuple, Optional
 
-__all__ = ["Placement", "check_checkpoint", "check_saved_rank", "check_shared",
-           "checkpoint", "layout_from", "shared"]
+__all__ = ["Placement", "TopKCheckpointing", "check_checkpoint", "check_saved_rank",
+           "check_shared", "checkpoint", "layout_from", "shared"]
 
 
 class Placement(NamedTuple):
@@ -99,3 +104,78 @@ def check_shared(state, placement: Placement) -> None:
             f"the broadcast TopK state is for mode={theirs[0]} on {theirs[1]} ranks with "
             f"selection={theirs[2]!r}; this optimizer runs mode={mine[0]} on "
             f"{mine[1]} ranks with selection={mine[2]!r}")
+
+
+class TopKCheckpointing:
+    """Methods of :class:`~hvdx.strategies.topk.mpi_driver.TopKSynchronizer`; they read
+    its ``mode``, ``size``, ``rank``, ``selection``, ``step``, ``choice``, ``timings``
+    and ``memory``."""
+
+    def _placement(self) -> Placement:
+        return Placement(self.mode, self.size, self.rank, self.selection)
+
+    def state_dict(self) -> dict:
+        """The step, the layout the server residuals belong to, and copies of the residuals."""
+        return checkpoint(self._placement(), self.step, self.choice, self.timings,
+                                     self.layout, self.worker.state_dict(),
+                                     self.server.state_dict())
+
+    def check_state_dict(self, state) -> None:
+        """Raise what :meth:`load_state_dict` would raise, changing nothing.
+
+        Adapters call it before loading anything else, so that a refused checkpoint
+        leaves the wrapped optimizer as it was too.
+
+        Raises:
+            ValueError: see :func:`~hvdx.strategies.topk.core_check_checkpoint`.
+        """
+        check_checkpoint(state, self._placement())
+
+    def load_state_dict(self, state) -> None:
+        """Restore :meth:`state_dict`'s content (residuals as numpy arrays).
+
+        Raises:
+            ValueError: see :meth:`check_state_dict`; nothing is changed.
+        """
+        self.check_state_dict(state)
+        layout = layout_from(state.get("layout"))
+        self.worker.load_state_dict(state["worker"])
+        self.server.load_state_dict(state["server"])
+        self.memory.layout = layout
+        self.step = int(state["step"])
+        self.choice = state.get("choice")
+        self.timings = [(float(a), float(b)) for a, b in state.get("timings", [])]
+
+    @staticmethod
+    def empty_state() -> dict:
+        """The state of a run that has taken no step."""
+        return {"step": 0, "mode": None, "size": None, "rank": None, "worker": {},
+                "server": {}}
+
+    check_saved_rank = staticmethod(check_saved_rank)
+
+    def holds_own_state(self) -> bool:
+        """Whether this rank holds residuals of its own, which a broadcast does not
+        copy (the worker residuals: what it has not sent yet)."""
+        return bool(self.worker.state_dict())
+
+    def shared_state(self) -> dict:
+        """What every rank must hold alike, as a broadcast from one rank gives it
+        (:func:`~hvdx.strategies.topk.core_shared`)."""
+        server = self.server.state_dict() if self.mode == "gathered" else None
+        return shared(self._placement(), self.step, self.choice, self.layout,
+                                 server)
+
+    def load_shared_state(self, state) -> None:
+        """Take :meth:`shared_state` from another rank (after a broadcast).
+
+        Raises:
+            ValueError: it comes from a run of another mode, size or selection;
+                nothing is changed.
+        """
+        check_shared(state, self._placement())
+        self.memory.layout = layout_from(state["layout"])
+        self.step = int(state["step"])
+        self.choice = state["choice"]
+        if state["server"] is not None:
+            self.server.load_state_dict(state["server"])

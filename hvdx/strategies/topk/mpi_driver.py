@@ -69,7 +69,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from hvdx.strategies.topk import core_checkpoint as checkpoint
+from hvdx.strategies.topk.core_checkpoint import TopKCheckpointing
 from hvdx.strategies.topk.core_compressor import SparseUpdate, TopKCompressor, decompress
 from hvdx.strategies.topk.core_concatenation import INDEX_LIMIT, Concatenation, cut, layout_of
 from hvdx.strategies.topk.core_counters import TopKStats
@@ -89,7 +89,7 @@ Joined = Callable[[List[int]], Optional[np.ndarray]]
 Out = Callable[[int], Optional[np.ndarray]]
 
 
-class TopKSynchronizer:
+class TopKSynchronizer(TopKCheckpointing):
     """The driver of one TopK run (steps 1 to 5 above).
 
     Args:
@@ -348,77 +348,6 @@ class TopKSynchronizer:
         forced = set(force_dense)
         return [p for p, d in enumerate(sizes)
                 if p not in forced and d >= self.compression.min_size]
-
-    # --- state (:mod:`hvdx.strategies.topk.core_checkpoint`) ------------------------------
-
-    def _placement(self) -> checkpoint.Placement:
-        return checkpoint.Placement(self.mode, self.size, self.rank, self.selection)
-
-    def state_dict(self) -> dict:
-        """The step, the layout the server residuals belong to, and copies of the residuals."""
-        return checkpoint.checkpoint(self._placement(), self.step, self.choice, self.timings,
-                                     self.layout, self.worker.state_dict(),
-                                     self.server.state_dict())
-
-    def check_state_dict(self, state) -> None:
-        """Raise what :meth:`load_state_dict` would raise, changing nothing.
-
-        Adapters call it before loading anything else, so that a refused checkpoint
-        leaves the wrapped optimizer as it was too.
-
-        Raises:
-            ValueError: see :func:`~hvdx.strategies.topk.core_checkpoint.check_checkpoint`.
-        """
-        checkpoint.check_checkpoint(state, self._placement())
-
-    def load_state_dict(self, state) -> None:
-        """Restore :meth:`state_dict`'s content (residuals as numpy arrays).
-
-        Raises:
-            ValueError: see :meth:`check_state_dict`; nothing is changed.
-        """
-        self.check_state_dict(state)
-        layout = checkpoint.layout_from(state.get("layout"))
-        self.worker.load_state_dict(state["worker"])
-        self.server.load_state_dict(state["server"])
-        self.memory.layout = layout
-        self.step = int(state["step"])
-        self.choice = state.get("choice")
-        self.timings = [(float(a), float(b)) for a, b in state.get("timings", [])]
-
-    @staticmethod
-    def empty_state() -> dict:
-        """The state of a run that has taken no step."""
-        return {"step": 0, "mode": None, "size": None, "rank": None, "worker": {},
-                "server": {}}
-
-    check_saved_rank = staticmethod(checkpoint.check_saved_rank)
-
-    def holds_own_state(self) -> bool:
-        """Whether this rank holds residuals of its own, which a broadcast does not
-        copy (the worker residuals: what it has not sent yet)."""
-        return bool(self.worker.state_dict())
-
-    def shared_state(self) -> dict:
-        """What every rank must hold alike, as a broadcast from one rank gives it
-        (:func:`~hvdx.strategies.topk.core_checkpoint.shared`)."""
-        server = self.server.state_dict() if self.mode == "gathered" else None
-        return checkpoint.shared(self._placement(), self.step, self.choice, self.layout,
-                                 server)
-
-    def load_shared_state(self, state) -> None:
-        """Take :meth:`shared_state` from another rank (after a broadcast).
-
-        Raises:
-            ValueError: it comes from a run of another mode, size or selection;
-                nothing is changed.
-        """
-        checkpoint.check_shared(state, self._placement())
-        self.memory.layout = checkpoint.layout_from(state["layout"])
-        self.step = int(state["step"])
-        self.choice = state["choice"]
-        if state["server"] is not None:
-            self.server.load_state_dict(state["server"])
 
     # --- internals -----------------------------------------------------------------------
 
