@@ -149,3 +149,39 @@ def test_every_column_of_the_recipe_table_is_horovod_or_a_catalogue_entry():
     catalogue entries; Horovod's own column is the baseline."""
     names = {entry.name for entry in catalogue.BUILT_IN}
     assert set(recipes.COLUMNS) - {"horovod"} <= names
+
+
+def test_a_compression_entry_names_a_synchronizer_the_shared_drivers_can_run(
+        catalogue_entry):
+    """Every compression strategy, built-in or registered, runs on the shared drivers
+    over its synchronizer: the entry names one that has every method and attribute of
+    the protocol (hvdx.core.compression_protocol.SYNCHRONIZER_METHODS)."""
+    from hvdx.core.compression_protocol import missing_from_synchronizer
+    from hvdx.strategies.descriptor import COMPRESSION_DRIVERS
+
+    if catalogue_entry.kind != "compression":
+        assert catalogue_entry.synchronizer is None
+        return
+    assert catalogue_entry.synchronizer is not None
+    assert missing_from_synchronizer(load(catalogue_entry.synchronizer)) == []
+    for field, path in COMPRESSION_DRIVERS.items():
+        assert getattr(catalogue_entry, field) == path, field
+
+
+def test_the_shared_compression_drivers_name_no_strategy():
+    """A new compression strategy needs no edit in the drivers: they import none (their
+    docstrings may cite TopK as an example)."""
+    import ast
+
+    root = pathlib.Path(hvdx.__file__).parent
+    for path in ["torch/compression_driver.py", "tensorflow/compression_driver.py",
+                 "tensorflow/compression_residuals.py", "torch/dense_allreduce.py"]:
+        imported = set()
+        for node in ast.walk(ast.parse((root / path).read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module)
+            elif isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+        assert not {m for m in imported if m.startswith("hvdx.strategies.")
+                    and m not in ("hvdx.strategies.catalogue", "hvdx.strategies.descriptor")
+                    or "user_compression" in m}, path
