@@ -36,7 +36,7 @@ def test_the_variables_accept_what_their_messages_say():
         "HVDX_COMPRESSION": "none, fast, safe, topk, int8, sign, or a call of any of them "
                             "with literal arguments, e.g. \"topk(0.01, 0.01)\" or "
                             "\"topk(preset='safe', downlink_ratio=0.05)\" or "
-                            "\"int8(chunk=256)\"",
+                            "\"int8(chunk=256)\" or \"sign()\"",
         "HVDX_SYNC": "none, DSSync, Decentralized, or a call of either with literal "
                      "arguments, e.g. \"DSSync(intra_phases=4)\" or "
                      "\"Decentralized(graph='one-peer-exp')\""}

@@ -24,5 +24,5 @@ INT8 = StrategyDescriptor(
 SIGN = StrategyDescriptor(
     name="sign", kind="compression", title="1-bit sign compression",
     constructors=(Constructor("sign", "hvdx.strategies.low_precision.spec:sign"),),
-    # No example: it takes no argument, and the message lists the bare name.
-    synchronizer=_SYNCHRONIZER)
+    synchronizer=_SYNCHRONIZER,
+    examples=("sign()",))

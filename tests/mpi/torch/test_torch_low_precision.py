@@ -22,7 +22,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from hvdx_variables import hvdx_variables  # noqa: E402
 
 pytestmark = [pytest.mark.up_to_two_ranks("the compressors against their numpy reference"),
-              pytest.mark.int8, pytest.mark.sign]
+              pytest.mark.int8, pytest.mark.sign, pytest.mark.user_compression]
 
 LR = 0.1
 
