@@ -31,6 +31,7 @@ from hvdx.strategies.decentralized.descriptor import DECENTRALIZED
 from hvdx.strategies.descriptor import (KINDS, VARIABLES, Builder, Constructor,
                                         StrategyDescriptor, load)
 from hvdx.strategies.dssync.descriptor import DSSYNC
+from hvdx.strategies.low_precision.descriptor import INT8, SIGN
 from hvdx.strategies.stanza.descriptor import STANZA
 from hvdx.strategies.topk.descriptor import TOPK
 
@@ -43,6 +44,7 @@ __all__ = ["BUILT_IN", "ClassRegistry", "LazyView", "RegisteredClassSpec", "fiel
 #: The built-in strategies, each once (each from its folder's descriptor.py).
 BUILT_IN: Tuple[StrategyDescriptor, ...] = (
     TOPK,
+    INT8, SIGN,
     StrategyDescriptor(
         name="user_compression", kind="compression",
         title="a registered compressor with error feedback",

@@ -9,7 +9,7 @@ import pytest
 
 from test_launchers import ROOT, run
 
-pytestmark = [pytest.mark.topk, pytest.mark.user_compression]
+pytestmark = [pytest.mark.topk, pytest.mark.user_compression, pytest.mark.sign]
 
 SCRIPT = ROOT / "examples" / "pytorch_synthetic_benchmark.py"
 

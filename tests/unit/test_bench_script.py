@@ -11,7 +11,8 @@ from hvdx.bench.cli import main
 from hvdx.bench.script import (SCRIPT_STRATEGIES, parse_throughput, script_strategies,
                                strategy_environment, switch_imports)
 
-pytestmark = [pytest.mark.topk, pytest.mark.dssync, pytest.mark.decentralized, pytest.mark.stanza]
+pytestmark = [pytest.mark.topk, pytest.mark.dssync, pytest.mark.decentralized, pytest.mark.stanza,
+              pytest.mark.sign]
 
 
 # --- switching the imports ---------------------------------------------------------------

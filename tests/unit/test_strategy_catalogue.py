@@ -22,9 +22,11 @@ from hvdx.strategies.topk.spec import topk
 from hvdx.strategy_contract import Strategy
 
 pytestmark = [pytest.mark.topk, pytest.mark.user_compression, pytest.mark.dssync,
-              pytest.mark.decentralized, pytest.mark.user_mixer, pytest.mark.stanza]
+              pytest.mark.decentralized, pytest.mark.user_mixer, pytest.mark.stanza,
+              pytest.mark.int8, pytest.mark.sign]
 
-BUILT_IN = {"topk", "user_compression", "dssync", "decentralized", "user_mixer", "stanza"}
+BUILT_IN = {"topk", "int8", "sign", "user_compression", "dssync", "decentralized", "user_mixer",
+            "stanza"}
 FRAMEWORKS = ("torch", "tensorflow")
 
 #: Registry view -> the descriptor field it shows.

@@ -27,14 +27,16 @@ from hvdx.strategies.descriptor import load
 from hvdx.strategies.topk.spec import topk
 
 pytestmark = [pytest.mark.topk, pytest.mark.user_compression, pytest.mark.dssync,
-              pytest.mark.decentralized, pytest.mark.user_mixer, pytest.mark.stanza]
+              pytest.mark.decentralized, pytest.mark.user_mixer, pytest.mark.stanza,
+              pytest.mark.int8, pytest.mark.sign]
 
 
 def test_the_variables_accept_what_their_messages_say():
     assert ACCEPTED == {
-        "HVDX_COMPRESSION": "none, fast, safe, topk or topk(...) with literal arguments, "
-                            "e.g. \"topk(0.01, 0.01)\" or \"topk(preset='safe', "
-                            "downlink_ratio=0.05)\"",
+        "HVDX_COMPRESSION": "none, fast, safe, topk, int8, sign, or a call of any of them "
+                            "with literal arguments, e.g. \"topk(0.01, 0.01)\" or "
+                            "\"topk(preset='safe', downlink_ratio=0.05)\" or "
+                            "\"int8(chunk=256)\" or \"sign()\"",
         "HVDX_SYNC": "none, DSSync, Decentralized, or a call of either with literal "
                      "arguments, e.g. \"DSSync(intra_phases=4)\" or "
                      "\"Decentralized(graph='one-peer-exp')\""}

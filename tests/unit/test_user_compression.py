@@ -15,7 +15,8 @@ from hvdx.core.user_compression import Compressor, step_all_ranks
 from hvdx.strategies.topk.spec import topk
 from hvdx.strategy_contract import Job, resolve, strategy_of
 
-pytestmark = [pytest.mark.topk, pytest.mark.user_compression]
+pytestmark = [pytest.mark.topk, pytest.mark.user_compression, pytest.mark.int8,
+              pytest.mark.sign]
 
 
 class ScaledSign(Compressor):

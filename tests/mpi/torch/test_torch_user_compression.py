@@ -25,7 +25,7 @@ from hvdx_variables import hvdx_variables  # noqa: E402
 # The protocol's steps, checkpoints and Horovod's join do not depend on the size past two
 # ranks (tests/conftest.py).
 pytestmark = [pytest.mark.up_to_two_ranks('a registered compressor against its numpy reference'),
-              pytest.mark.user_compression]
+              pytest.mark.user_compression, pytest.mark.sign]
 
 
 class ScaledSign(Compressor):
