@@ -95,6 +95,23 @@ class ExchangeStats(Counters):
                "messages_sent": 0, "exchanges": 0, "allocations": 0}
     __slots__ = tuple(INITIAL)
 
+    def record_sent(self, nbytes: int, messages: int) -> None:
+        """Count one exchange that hands ``messages`` messages of ``nbytes`` bytes in all
+        to MPI: add to ``bytes_sent``, ``messages_sent`` and ``exchanges``, and set
+        ``last_bytes_sent``."""
+        self.bytes_sent += nbytes
+        self.last_bytes_sent = nbytes
+        self.messages_sent += messages
+        self.exchanges += 1
+
+    def record_received(self, nbytes: int) -> None:
+        """Count ``nbytes`` bytes that arrived."""
+        self.bytes_received += nbytes
+
+    def record_allocation(self) -> None:
+        """Count one receive buffer allocated."""
+        self.allocations += 1
+
 
 class NeighborExchange:
     """Non-blocking exchange of one fused buffer with a rank's neighbours (module docstring).
@@ -180,10 +197,7 @@ class NeighborExchange:
         self._statuses = [MPI.Status() for _ in requests]
         self._complete = False
         sent = buffer.nbytes * len(destinations)
-        self.stats.bytes_sent += sent
-        self.stats.last_bytes_sent = sent
-        self.stats.messages_sent += len(destinations)
-        self.stats.exchanges += 1
+        self.stats.record_sent(sent, len(destinations))
 
     def test(self) -> bool:
         """Drive MPI progress once (``MPI_Testall``); True when the exchange is complete.
@@ -312,7 +326,7 @@ class NeighborExchange:
         total = 0
         for source, status in zip(self._sources, self._statuses):
             count = status.Get_count(MPI.BYTE)
-            self.stats.bytes_received += count
+            self.stats.record_received(count)
             total += count
             if count != expected:
                 self._clear()
@@ -344,7 +358,7 @@ class NeighborExchange:
             values = np.empty_like(buffer)
             self._pool.append(values)
             self._pool_specs.append(_spec(values))
-            self.stats.allocations += 1
+            self.stats.record_allocation()
         return self._pool_specs[:count]
 
 

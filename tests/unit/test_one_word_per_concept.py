@@ -123,3 +123,31 @@ def test_a_stanza_step_is_counted_by_its_public_methods_setup_in_the_totals_only
     assert (stats.sent["setup"], stats.last_sent["setup"]) == (1000, 0)
     assert (stats.sent["activations"], stats.last_sent["activations"]) == (96, 32)
     assert (stats.received["control"], stats.last_received["control"]) == (8, 0)
+
+
+def test_no_module_sets_a_counter_outside_its_class():
+    """Counters change only through their class's public methods (``record``,
+    ``begin_step``, ...): an assignment to ``<...>stats.<counter>`` elsewhere is a
+    second place that knows how a counter adds up."""
+    assignment = re.compile(r"stats\.[a-z_]+\s*[-+]?=[^=]|stats\.[a-z_]+\s*,\s*[\w.]+\s*=[^=]")
+    found = [f"{path.relative_to(ROOT)}:{number}"
+             for path in MODULES
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if assignment.search(line)]
+    assert found == []
+
+
+def test_the_neighbour_exchange_and_dssync_count_through_their_methods():
+    exchange = ExchangeStats()
+    exchange.record_sent(96, 2)
+    exchange.record_sent(40, 1)
+    exchange.record_received(48)
+    exchange.record_allocation()
+    assert exchange.as_dict() == {"bytes_sent": 136, "bytes_received": 48,
+                                  "last_bytes_sent": 40, "messages_sent": 3,
+                                  "exchanges": 2, "allocations": 1}
+    dssync = DSSyncStats()
+    dssync.record_adaptation(probes=2, probe_seconds=0.5, adaptations=0)
+    dssync.record_adaptation(probes=3, probe_seconds=0.75, adaptations=1, step=12)
+    assert (dssync.probes, dssync.probe_seconds, dssync.adaptations,
+            dssync.last_adaptation_step) == (3, 0.75, 1, 12)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import atexit
 import os
 import time
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from mpi4py import MPI
 
@@ -56,6 +56,15 @@ class DSSyncStats(Counters):
                "probes": 0, "adaptations": 0, "last_adaptation_step": -1,
                "probe_seconds": 0.0}
     __slots__ = tuple(INITIAL)
+
+    def record_adaptation(self, probes: int, probe_seconds: float,
+                          adaptations: int, step: Optional[int] = None) -> None:
+        """Take the adaptation's figures (``DSSync(probe_every=K)``): the probes run, the
+        seconds they took and the rotations rebuilt; ``step``, where a rotation was
+        rebuilt at it, becomes ``last_adaptation_step``."""
+        self.probes, self.probe_seconds, self.adaptations = probes, probe_seconds, adaptations
+        if step is not None:
+            self.last_adaptation_step = step
 
     def record(self, group_size: int, model_bytes: int):
         """Count one step averaged in a group of ``group_size`` ranks: add the ring
@@ -168,7 +177,10 @@ class DSSyncGroups:
         """Rebuild the rotation :meth:`load_state` kept (collective)."""
         adapted, self._restored = self._restored, None
         self._swap(self.adaptation.restore(adapted, self.schedule))
-        self.stats.adaptations = self.adaptation.adaptations
+        # The rotations rebuilt before the checkpoint; this run's probes count afresh.
+        stats = self.stats
+        stats.record_adaptation(stats.probes, stats.probe_seconds,
+                                self.adaptation.adaptations)
 
     # --- adaptation (DSSync(probe_every=K)) ------------------------------------------
 
@@ -180,11 +192,11 @@ class DSSyncGroups:
             return
         self._probed_step = step
         new = self.adaptation.maybe_adapt(step, self.schedule)
-        a, stats = self.adaptation, self.stats
-        stats.probes, stats.probe_seconds = a.probes, a.probe_seconds
+        a = self.adaptation
         if new is not None:
             self._swap(new)
-            stats.adaptations, stats.last_adaptation_step = a.adaptations, step
+        self.stats.record_adaptation(a.probes, a.probe_seconds, a.adaptations,
+                                     step if new is not None else None)
 
     def _swap(self, schedule) -> None:
         """Use ``schedule`` from now on; register its groups (collective, same order)."""
