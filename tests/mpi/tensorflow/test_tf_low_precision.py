@@ -18,29 +18,13 @@ import hvdx.tensorflow as hvd
 from hvdx.strategies.low_precision.spec import Int8Compression, SignCompression
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from low_precision_reference import int8_round_trip, sign_round_trip  # noqa: E402
 from hvdx_variables import hvdx_variables  # noqa: E402
 
 pytestmark = [pytest.mark.up_to_two_ranks("the compressors against their numpy reference"),
               pytest.mark.int8, pytest.mark.sign, pytest.mark.user_compression]
 
 LR = np.float32(0.1)
-
-
-def int8_round_trip(x, chunk=4):
-    """Min-max quantisation of each chunk of ``chunk`` entries, and back."""
-    flat, out = x.reshape(-1).astype(np.float64), np.empty(x.size)
-    for start in range(0, x.size, chunk):
-        piece = flat[start:start + chunk]
-        lo, hi = np.float64(np.float32(piece.min())), np.float64(np.float32(piece.max()))
-        q = np.round((piece - lo) / (hi - lo) * 255) if hi > lo else np.zeros(piece.size)
-        out[start:start + chunk] = lo + q * (hi - lo) / 255
-    return out.reshape(x.shape).astype(np.float32)
-
-
-def sign_round_trip(x):
-    """The signs (0 counts as +), scaled by the mean magnitude as float32."""
-    return (np.where(x < 0, -1.0, 1.0) *
-            np.float32(np.abs(x).mean(dtype=np.float64))).astype(np.float32)
 
 
 CASES = [(lambda: hvd.Compression.int8(chunk=4), int8_round_trip, Int8Compression),
