@@ -38,7 +38,7 @@ from hvdx.strategies.topk.descriptor import TOPK
 __all__ = ["BUILT_IN", "ClassRegistry", "LazyView", "RegisteredClassSpec", "field_table",
            "all_descriptors", "descriptor", "environment_constructors", "exports",
            "module_exports", "of_kind", "qualified", "register", "registered_entry",
-           "settings_of", "unregister", "variable_kind"]
+           "settings_of", "synchronizer_of", "unregister", "variable_kind"]
 
 
 #: The built-in strategies, each once (each from its folder's descriptor.py).
@@ -139,6 +139,12 @@ def module_exports(module: str, framework: str
         return sorted(set(vars(sys.modules[module])) | set(exports(framework)))
 
     return __getattr__, __dir__
+
+
+def synchronizer_of(spec) -> type:
+    """The synchronizer class of a compression spec's entry (its ``synchronizer``), which
+    the shared compression drivers run (:mod:`hvdx.core.compression_protocol`)."""
+    return load(descriptor(spec.name).synchronizer)
 
 
 def registered_entry(shared: str, name: str, title: str,

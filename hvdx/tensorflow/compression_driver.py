@@ -65,15 +65,10 @@ import horovod.tensorflow as _hvd
 from hvdx.core.finite import first_nonfinite
 from hvdx.mpi import communicator_for
 from hvdx.strategies import catalogue
-from hvdx.strategies.descriptor import load
 from hvdx.tensorflow.allreduce_replacement import eagerly, on_keras_optimizer, on_tape
 from hvdx.tensorflow.compression_residuals import CompressionState, tape_state
 
 __all__ = ["keras_adapter", "make_allreduce_grads", "tape_adapter", "tape_counters"]
-
-
-def _synchronizer_class(spec) -> type:
-    return load(catalogue.descriptor(spec.name).synchronizer)
 
 
 def _keys(variables) -> List[str]:
@@ -94,7 +89,7 @@ def make_allreduce_grads(spec, op, gradient_predivide_factor, process_set, state
     prescale = postscale = 1.0
     if op == _hvd.Average and gradient_predivide_factor != 1.0:
         prescale, postscale = 1.0 / gradient_predivide_factor, gradient_predivide_factor
-    name = f"{_synchronizer_class(spec).TENSORFLOW_ATTRIBUTE}_synchronize"
+    name = f"{catalogue.synchronizer_of(spec).TENSORFLOW_ATTRIBUTE}_synchronize"
 
     # Plain Python at trace time: AutoGraph would otherwise try to convert everything it
     # calls (the synchronizer, mpi4py), which costs tens of seconds and changes nothing.
@@ -168,7 +163,7 @@ def _step(sync, tensors, force_dense, op, prescale, postscale, process_set):
 def tape_adapter(horovod, spec, setup, args, gradtape):
     """``DistributedGradientTape``: Horovod's tape, with the strategy on it (the
     arguments passed the spec's job checks)."""
-    cls = _synchronizer_class(spec)
+    cls = catalogue.synchronizer_of(spec)
     tape = on_tape(horovod(), make_allreduce_grads(
         spec, args.op, args.gradient_predivide_factor, args.process_set,
         lambda variables: tape_state(cls, variables)))
@@ -180,7 +175,7 @@ def keras_adapter(horovod, spec, setup, args, optimizer):
     """Keras' ``DistributedOptimizer``: Horovod's optimizer, with the strategy on it;
     its state is tracked as ``optimizer.<TENSORFLOW_ATTRIBUTE>`` (``hvdx_topk``,
     ``hvdx_compression``), its bytes are ``optimizer.hvdx_stats``."""
-    cls = _synchronizer_class(spec)
+    cls = catalogue.synchronizer_of(spec)
     state = CompressionState(cls)
     return on_keras_optimizer(horovod(), state, cls.TENSORFLOW_ATTRIBUTE,
                               make_allreduce_grads(spec, args.op,

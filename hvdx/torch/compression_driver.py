@@ -62,7 +62,6 @@ import horovod.torch as _hvd
 import torch
 
 from hvdx.strategies import catalogue
-from hvdx.strategies.descriptor import load
 from hvdx.torch.compressing_optimizer import CompressingOptimizer
 from hvdx.torch.dense_allreduce import DenseAllreduce
 from hvdx.torch.finite import first_nonfinite
@@ -70,12 +69,7 @@ from hvdx.torch.momentum_correction import MomentumCorrection
 from hvdx.torch.optimizer_state import say_once_per_job
 from hvdx.torch.wrapping import subclass_of
 
-__all__ = ["adapter", "make_compression_optimizer", "synchronizer_class"]
-
-
-def synchronizer_class(spec) -> type:
-    """The synchronizer class of ``spec``'s catalogue entry (its ``synchronizer``)."""
-    return load(catalogue.descriptor(spec.name).synchronizer)
+__all__ = ["adapter", "make_compression_optimizer"]
 
 
 def make_compression_optimizer(optimizer, named_parameters, spec, backward_passes_per_step,
@@ -108,7 +102,7 @@ class _CompressionOptimizer(MomentumCorrection, DenseAllreduce, CompressingOptim
         entries = self._hvdx_init_surface(named_parameters, backward_passes_per_step)
         self._hvdx_entries: List[Tuple[str, torch.Tensor]] = entries
         self._hvdx_spec = spec
-        self._hvdx_sync = synchronizer_class(spec).for_spec(
+        self._hvdx_sync = catalogue.synchronizer_of(spec).for_spec(
             [n for n, _ in entries], spec, comm, sum_op=op == _hvd.Sum,
             shapes=[tuple(p.shape) for _, p in entries])
         self._hvdx_sparse_as_dense = sparse_as_dense
